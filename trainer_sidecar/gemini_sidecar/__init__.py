@@ -1,0 +1,1 @@
+"""Checkpoint sidecar, trainer library and launcher."""

@@ -1,0 +1,1 @@
+"""Trainer integration: snapshot/restore library, shared-memory slots and the launcher."""
