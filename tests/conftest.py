@@ -1,3 +1,7 @@
 """Shared pytest configuration: fixtures live in tests/fixtures/, one module per real part."""
 
-pytest_plugins: list[str] = []
+pytest_plugins: list[str] = [
+    "tests.fixtures.cluster",
+    "tests.fixtures.s3",
+    "tests.fixtures.operator",
+]

@@ -12,6 +12,10 @@ import sys
 from collections.abc import Sequence
 
 COMMAND_MODULES: list[str] = [
+    "gemini.cli.local",
+    "gemini.cli.plan",
+    "gemini.cli.sidecar",
+    "gemini.cli.simulate",
 ]
 
 

@@ -1,0 +1,5 @@
+import sys
+
+from gemini.cli import main
+
+sys.exit(main())

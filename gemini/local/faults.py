@@ -1,0 +1,117 @@
+"""Fault injection on the local cluster: crash a container, lose a node, cut a node off.
+
+- kill_container: signal a container's process group, as a software crash would.
+- lose_node: SIGKILL the node's agent and every process it started at once (a power loss);
+  the Node stops heart-beating and the control plane notices on its own.
+- partition_node / heal_node: nftables rules that drop every packet between the node's
+  processes (agent and containers, recognised by the node's group id, and its /24 of loopback
+  addresses) and the rest; the agent's API traffic is cut with it. Needs root and `nft`.
+- add_node: start a fresh node agent (a spare) and wait until its Node is registered.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+from gemini.local import nodes
+from gemini.local.nodeagent.addressing import NodeNetwork
+from gemini.local.pki import Pki
+
+
+class FaultError(RuntimeError):
+    """A fault cannot be injected as asked; the message says why."""
+
+
+def kill_container(
+    state_dir: Path, namespace: str, pod: str, container: str, sig: int = signal.SIGKILL
+) -> int:
+    """Send `sig` to a running container (SIGKILL: its whole process group); return its pid."""
+    pattern = f"nodes/*/pods/{namespace}_{pod}_*/containers/{container}.pid"
+    for pid_file in sorted(state_dir.glob(pattern)):
+        try:
+            pid = int(pid_file.read_text().split()[0])
+            if sig == signal.SIGKILL:
+                os.killpg(pid, sig)
+            else:
+                os.kill(pid, sig)
+            return pid
+        except (OSError, ValueError, IndexError):
+            continue
+    raise FaultError(f"container {container!r} of pod {namespace}/{pod} is not running on any "
+                     f"local node of {state_dir}")
+
+
+def lose_node(state_dir: Path, node: str) -> int:
+    """Power loss: kill the node's agent and all its processes at once; return how many."""
+    if nodes.running_agent_pid(state_dir, node) is None:
+        raise FaultError(f"node {node!r} is not running (already lost or stopped)")
+    return nodes.kill_node_processes(state_dir, node)
+
+
+def _table(state_dir: Path, node: str) -> tuple[str, NodeNetwork, int | None]:
+    config = nodes.node_config(state_dir, node)
+    net = NodeNetwork.of(Path(config.state_dir), config.spec.index)
+    return f"gemini_{net.octet}_{net.index}", net, config.gid
+
+
+def _nft(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    if shutil.which("nft") is None:
+        raise FaultError("network partitions need nftables: apt-get install -y nftables")
+    return subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True,
+                          check=False)
+
+
+def partition_node(state_dir: Path, node: str) -> None:
+    """Cut the node off: its processes reach nothing outside its /24, nothing reaches them."""
+    table, net, gid = _table(state_dir, node)
+    if gid is None or os.geteuid() != 0:
+        raise FaultError("network partitions need root: the node's processes must run with "
+                         "their own group id (start the cluster as root)")
+    # Packets leaving the node's processes for elsewhere are dropped (replies inside
+    # connections that other node-local processes opened stay allowed), and so are packets
+    # from anyone else to the node's addresses.
+    rules = f"""
+table inet {table} {{
+  chain output {{
+    type filter hook output priority -10; policy accept;
+    meta skgid {gid} ct direction original ip daddr != {net.cidr} drop
+    ip daddr {net.cidr} ip saddr != {net.cidr} meta skgid != {gid} drop
+  }}
+}}
+"""
+    _nft(["delete", "table", "inet", table])
+    result = _nft(["-f", "-"], rules)
+    if result.returncode != 0:
+        raise FaultError(f"nft refused the partition rules: {result.stderr.strip()}")
+
+
+def heal_node(state_dir: Path, node: str, missing_ok: bool = True) -> bool:
+    """Lift a partition; True if the node was partitioned."""
+    table, _, _ = _table(state_dir, node)
+    if shutil.which("nft") is None:
+        if missing_ok:
+            return False
+        raise FaultError("nftables is not installed, so no node can be partitioned")
+    result = _nft(["delete", "table", "inet", table])
+    if result.returncode != 0 and not missing_ok:
+        raise FaultError(f"node {node!r} is not partitioned")
+    return result.returncode == 0
+
+
+def is_partitioned(state_dir: Path, node: str) -> bool:
+    table, _, _ = _table(state_dir, node)
+    if shutil.which("nft") is None:
+        return False
+    return _nft(["list", "table", "inet", table]).returncode == 0
+
+
+def add_node(kubeconfig: Path, pki: Pki, state_dir: Path, spec: nodes.NodeSpec,
+             timeout: float = 30.0) -> int:
+    """Start a fresh node (a spare) and wait until its Node is registered; return its pid."""
+    pid = nodes.start_node_agent(kubeconfig, pki, state_dir, spec)
+    nodes.wait_for_node_agents(state_dir, [spec.name], timeout)
+    return pid

@@ -1,0 +1,92 @@
+"""Detached background processes tracked by pid files, for the local cluster's daemons.
+
+Each daemon runs in its own session (so it outlives the command that started it and can be
+killed as a group) and has `<pid_dir>/<name>.pid`; the pid file also records the executable,
+so a recycled pid is never mistaken for our daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+
+def spawn(
+    name: str, argv: Sequence[str], pid_dir: Path, log_dir: Path,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """Start `argv` detached, output to `<log_dir>/<name>.log`; return its pid."""
+    pid_dir.mkdir(parents=True, exist_ok=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"{name}.log", "ab") as log:
+        proc = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, env=dict(env) if env is not None else None,
+        )
+    (pid_dir / f"{name}.pid").write_text(f"{proc.pid}\n{argv[0]}\n")
+    return proc.pid
+
+
+def running_pid(name: str, pid_dir: Path) -> int | None:
+    """The pid of daemon `name` if it is alive and still runs the recorded executable."""
+    try:
+        pid_text, exe = (pid_dir / f"{name}.pid").read_text().splitlines()[:2]
+        pid = int(pid_text)
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return None
+    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+        return None
+    # An empty command line is a process caught in the middle of exec: still ours.
+    return pid if cmdline[0].decode() in (exe, "") else None
+
+
+def stop(name: str, pid_dir: Path, grace_seconds: float = 5.0) -> bool:
+    """SIGTERM the daemon's process group, SIGKILL after the grace period. False if not running."""
+    pid = running_pid(name, pid_dir)
+    (pid_dir / f"{name}.pid").unlink(missing_ok=True)
+    if pid is None:
+        return False
+    _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    _signal_group(pid, signal.SIGKILL)
+    return True
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on `host` (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False

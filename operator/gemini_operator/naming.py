@@ -1,0 +1,61 @@
+"""Names, labels and well-known values shared by rendering, observing and the CRD.
+
+Children have deterministic names so that a restarted operator finds them again:
+`<job>-worker-<rank>` pods, a headless Service named like the job, `<job>-peer-auth` Secret.
+"""
+
+from __future__ import annotations
+
+GROUP = "gemini.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "GeminiJob"
+PLURAL = "geminijobs"
+
+LABEL_JOB = "gemini.io/job-name"
+LABEL_RANK = "gemini.io/rank"
+LABEL_RESTART_ATTEMPT = "gemini.io/restart-attempt"
+LABEL_ROLE = "gemini.io/role"
+ROLE_WORKER = "worker"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "gemini-operator"
+
+TRAINER_CONTAINER = "trainer"
+SIDECAR_CONTAINER = "gemini-sidecar"
+SHM_VOLUME = "gemini-shm"
+SECRET_TOKEN_KEY = "token"
+
+# Keys a persistence credentials Secret carries (the AWS SDK's names).
+S3_ACCESS_KEY_KEY = "AWS_ACCESS_KEY_ID"
+S3_SECRET_KEY_KEY = "AWS_SECRET_ACCESS_KEY"
+S3_REGION_KEY = "AWS_REGION"
+
+
+def worker_pod_name(job: str, rank: int) -> str:
+    return f"{job}-worker-{rank}"
+
+
+def service_name(job: str) -> str:
+    """The headless Service; also the pods' DNS subdomain."""
+    return job
+
+
+def secret_name(job: str) -> str:
+    return f"{job}-peer-auth"
+
+
+def worker_selector(job: str) -> dict[str, str]:
+    return {LABEL_JOB: job, LABEL_ROLE: ROLE_WORKER}
+
+
+def worker_labels(job: str, rank: int, attempt: int) -> dict[str, str]:
+    return {
+        **worker_selector(job),
+        LABEL_RANK: str(rank),
+        LABEL_RESTART_ATTEMPT: str(attempt),
+        LABEL_MANAGED_BY: MANAGER,
+    }
+
+
+def job_labels(job: str) -> dict[str, str]:
+    return {LABEL_JOB: job, LABEL_MANAGED_BY: MANAGER}

@@ -1,0 +1,77 @@
+"""Helpers for sidecar tests: configs for sidecars on loopback and trainer-side shm writes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from gemini_sidecar.config import PeerAddress, SidecarConfig, make_placement
+from gemini_trainer.shm import ShardSlots, SlotInfo, shard_path
+
+JOB = "job-a"
+TOKEN = b"job-a-secret-token-0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_config(
+    rank: int,
+    world: int,
+    shm_dir: Path,
+    ports: dict[int, int],
+    hold: tuple[int, ...] = (),
+    send_to: tuple[int, ...] = (),
+    budget: int = 1 << 30,
+    job: str = JOB,
+    token: bytes = TOKEN,
+    **extra: object,
+) -> SidecarConfig:
+    peers = {r: PeerAddress("127.0.0.1", p) for r, p in ports.items()}
+    placement = make_placement(peers, hold, send_to, rank, world)
+    fields: dict[str, object] = dict(
+        job=job, rank=rank, world_size=world, bind_host="127.0.0.1", peer_port=ports[rank],
+        api_port=0, placement=placement, memory_budget_bytes=budget, auth_token=token,
+        shm_dir=shm_dir / f"rank{rank}", traffic_mode="immediate", chunk_bytes=1 << 20,
+    )
+    fields.update(extra)
+    os.makedirs(shm_dir / f"rank{rank}", exist_ok=True)
+    return SidecarConfig(**fields)  # type: ignore[arg-type]
+
+
+def payload(version: int, size: int) -> bytes:
+    rng = np.random.default_rng(version)
+    return rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+
+
+def write_local(cfg: SidecarConfig, version: int, data: bytes, capacity: int = 0) -> SlotInfo:
+    """What the trainer does: commit `data` as `version` into this rank's slot file."""
+    path = shard_path(cfg.rank, cfg.shm_dir, cfg.job)
+    with ShardSlots(path, capacity or max(len(data), 1 << 20), rank=cfg.rank) as slots:
+        view = slots.begin(version, len(data))
+        view[:] = data
+        view.release()
+        return slots.commit(version)
+
+
+def read_local(cfg: SidecarConfig, version: int) -> bytes:
+    with ShardSlots(shard_path(cfg.rank, cfg.shm_dir, cfg.job)) as slots:
+        view = slots.read(version, verify=True)
+        out = bytes(view)
+        view.release()
+        return out
+
+
+async def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not cond():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        await asyncio.sleep(0.02)

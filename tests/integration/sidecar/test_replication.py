@@ -1,0 +1,146 @@
+"""Two and three sidecars on loopback: replication, checksums, fetch, refusals, budget."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from gemini_sidecar.app import Sidecar
+from gemini_sidecar.config import PeerAddress
+from gemini_sidecar.peer_client import connect
+from gemini_sidecar.protocol import (
+    CHALLENGE_BYTES,
+    HEADER_BYTES,
+    Frame,
+    FrameType,
+    PeerRefused,
+    ProtocolError,
+)
+
+from tests.integration.sidecar.conftest import (
+    JOB,
+    TOKEN,
+    free_port,
+    make_config,
+    payload,
+    wait_for,
+    write_local,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _complete(sidecar: Sidecar, rank: int, version: int) -> bool:
+    return any(r.rank == rank and r.version == version and r.complete
+               for r in sidecar.store.inventory())
+
+
+async def test_new_local_version_is_replicated_bit_exactly_with_two_versions_kept(tmp_path):
+    ports = {0: free_port(), 1: free_port()}
+    a = Sidecar(make_config(0, 2, tmp_path, ports, send_to=(1,)))
+    b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,)))
+    await a.start()
+    await b.start()
+    try:
+        for version in (1, 2, 3):
+            data = payload(version, 3 * (1 << 20) + 13)
+            info = write_local(a.cfg, version, data)
+            a.notify(version, 0.01)
+            await wait_for(lambda v=version: _complete(b, 0, v), what=f"v{version} at rank 1")
+            replica, view = b.store.get(0, version)
+            assert bytes(view) == data
+            assert replica.checksum == info.checksum
+        versions = {(r.version, r.complete) for r in b.store.inventory()}
+        assert versions == {(2, True), (3, True)}
+        assert a.replicator.status.peers[1].acked_version == 3
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def _raw_exchange(port: int, data: bytes) -> bytes:
+    """Connect, read the challenge, send `data`, return whatever comes back before close."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        await reader.readexactly(CHALLENGE_BYTES)
+        writer.write(data)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    except ConnectionResetError:  # closed with our bytes unread: refused as well
+        return b""
+    finally:
+        writer.close()
+
+
+async def test_bad_peers_are_refused_and_logged_while_the_sidecar_keeps_serving(tmp_path, caplog):
+    ports = {0: free_port(), 1: free_port()}
+    a = Sidecar(make_config(0, 2, tmp_path, ports, send_to=(1,)))
+    b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,), max_frame_bytes=2 << 20))
+    await a.start()
+    await b.start()
+    addr = PeerAddress("127.0.0.1", b.peer_port)
+    try:
+        # unauthenticated garbage, then a well-formed HELLO without the right token
+        assert await _raw_exchange(b.peer_port, b"GET / HTTP/1.1\r\n" * 20) == b""
+        with pytest.raises(PeerRefused):
+            await connect(addr, JOB, b"not-the-job-token-at-all-xx", 1 << 20)
+        with pytest.raises(PeerRefused):  # another job, with its own token
+            await connect(addr, "job-b", b"job-b-secret-token-0123456789", 1 << 20)
+        # authenticated, then an oversized frame
+        chan = await connect(addr, JOB, TOKEN, 1 << 30)
+        await chan.send(Frame(FrameType.PUT_CHUNK, 0, 1, 0, 64 << 20, 0))
+        with pytest.raises((ConnectionError, ProtocolError)):
+            await chan.recv()
+        chan.close()
+        # authenticated, then a malformed frame (bad magic, not even a header)
+        chan = await connect(addr, JOB, TOKEN, 1 << 30)
+        await asyncio.get_running_loop().sock_sendall(chan.sock, b"\x00" * HEADER_BYTES)
+        with pytest.raises((ConnectionError, ProtocolError)):
+            await chan.recv()
+        chan.close()
+        await wait_for(lambda: _refused(b) >= 5, what="five refusals counted")
+        assert "another job" not in caplog.text or "job-b" in caplog.text
+        assert "oversized frame" in caplog.text
+        assert "bad frame magic" in caplog.text
+        # still serving the legitimate peer
+        data = payload(7, 5 << 20)
+        write_local(a.cfg, 7, data)
+        a.notify(7, None)
+        await wait_for(lambda: _complete(b, 0, 7), what="replication after refusals")
+        assert bytes(b.store.get(0, 7)[1]) == data
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+def _refused(sidecar: Sidecar) -> float:
+    for metric in sidecar.metrics.registry.collect():
+        if metric.name == "gemini_peer_refused":
+            return sum(s.value for s in metric.samples if s.name.endswith("_total"))
+    return 0.0
+
+
+async def test_a_version_over_the_memory_budget_is_refused_and_the_last_one_kept(tmp_path):
+    size = 3 << 20
+    ports = {0: free_port(), 1: free_port()}
+    a = Sidecar(make_config(0, 2, tmp_path, ports, send_to=(1,)))
+    b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,), budget=size + size // 2))
+    await a.start()
+    await b.start()
+    try:
+        first = payload(1, size)
+        write_local(a.cfg, 1, first)
+        a.notify(1, None)
+        await wait_for(lambda: _complete(b, 0, 1), what="v1")
+        write_local(a.cfg, 2, payload(2, size))
+        a.notify(2, None)
+        await wait_for(lambda: a.replicator.status.peers[1].last_error != "", what="refusal")
+        assert "over its budget" in a.replicator.status.peers[1].last_error
+        assert [(r.version, r.complete) for r in b.store.inventory()] == [(1, True)]
+        assert bytes(b.store.get(0, 1)[1]) == first
+        assert b.store.used_bytes <= b.cfg.memory_budget_bytes
+        body = b.metrics.render().decode()
+        assert 'gemini_memory_budget_refusals_total{job="job-a",rank="1"} 1.0' in body
+    finally:
+        await a.stop()
+        await b.stop()

@@ -1,0 +1,58 @@
+"""Test builders for GeminiJob manifests: `make_job("x").with_nodes(4).set("suspend", True).obj()`."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from gemini_operator import naming
+
+
+class JobBuilder:
+    def __init__(self, name: str, namespace: str = "default") -> None:
+        self._obj: dict[str, Any] = {
+            "apiVersion": naming.API_VERSION,
+            "kind": naming.KIND,
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "numNodes": 4,
+                "template": {"image": "python:3.11", "command": ["python", "train.py"]},
+            },
+        }
+
+    def with_nodes(self, count: int) -> JobBuilder:
+        return self.set("numNodes", count)
+
+    def with_replicas(self, count: int) -> JobBuilder:
+        return self.set("checkpoint.replicas", count)
+
+    def with_uid(self, uid: str) -> JobBuilder:
+        self._obj["metadata"]["uid"] = uid
+        return self
+
+    def set(self, path: str, value: Any) -> JobBuilder:
+        """Set `spec.<path>` (dotted; `metadata.` paths address the metadata instead)."""
+        keys = path.split(".")
+        node = self._obj if keys[0] == "metadata" else self._obj["spec"]
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+        return self
+
+    def drop(self, path: str) -> JobBuilder:
+        keys = path.split(".")
+        node = self._obj["spec"]
+        for key in keys[:-1]:
+            node = node[key]
+        del node[keys[-1]]
+        return self
+
+    def obj(self) -> dict[str, Any]:
+        return copy.deepcopy(self._obj)
+
+    def spec(self) -> dict[str, Any]:
+        return copy.deepcopy(self._obj["spec"])
+
+
+def make_job(name: str = "train", namespace: str = "default") -> JobBuilder:
+    return JobBuilder(name, namespace)

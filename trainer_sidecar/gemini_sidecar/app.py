@@ -1,0 +1,255 @@
+"""The sidecar process: peer server, replicator, replica store, S3 and the control API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from gemini_sidecar import s3 as s3mod
+from gemini_sidecar.checksum import finish, word_sum
+from gemini_sidecar.config import PeerAddress, Placement, SidecarConfig, parse_address
+from gemini_sidecar.fetcher import Fetched, FetchRequest, fetch
+from gemini_sidecar.local import LocalShard
+from gemini_sidecar.metrics import SidecarMetrics, make_metrics
+from gemini_sidecar.pacing import Profile, load_profile, profile_path
+from gemini_sidecar.peer_server import PeerServer, ServerContext
+from gemini_sidecar.replicator import Replicator
+from gemini_sidecar.store import ReplicaStore
+
+log = logging.getLogger(__name__)
+
+
+class Sidecar:
+    """One rank's checkpoint sidecar. `start()` binds both servers; `stop()` releases them."""
+
+    def __init__(self, cfg: SidecarConfig) -> None:
+        self.cfg = cfg
+        self.placement: Placement = cfg.placement
+        self.metrics: SidecarMetrics = make_metrics(cfg.job, cfg.rank)
+        self.metrics.memory_budget.set(cfg.memory_budget_bytes)
+        self.store = ReplicaStore(cfg.memory_budget_bytes)
+        self.local = LocalShard(cfg.shm_dir, cfg.rank, cfg.job)
+        self.pushed_profile: Profile | None = None
+        self.replicator = Replicator(
+            cfg, self.local, self.metrics, lambda: self.placement, self.profile
+        )
+        self.server = PeerServer(
+            ServerContext(
+                job=cfg.job, token=cfg.auth_token, rank=cfg.rank,
+                max_payload=cfg.max_frame_bytes, store=self.store, local=self.local,
+                metrics=self.metrics, hold_ranks=lambda: self.placement.hold_ranks,
+                on_complete=self._replica_complete,
+            )
+        )
+        self.s3 = s3mod.open_store(cfg.s3) if cfg.s3 else None
+        self.peer_port = 0
+        self.api_port = 0
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        from gemini_sidecar.api import make_app  # the API module builds on this class
+
+        self.peer_port = await self.server.start(self.cfg.bind_host, self.cfg.peer_port)
+        self.replicator.start()
+        self._runner = web.AppRunner(make_app(self), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.cfg.bind_host, self.cfg.api_port)
+        await site.start()
+        self.api_port = int(self._runner.addresses[0][1])
+        log.info("sidecar rank %d of job %s: peers on %s:%d, API on %s:%d", self.cfg.rank,
+                 self.cfg.job, self.cfg.bind_host, self.peer_port, self.cfg.bind_host,
+                 self.api_port)
+
+    async def stop(self) -> None:
+        await self.replicator.stop()
+        await self.server.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()
+        self.local.close()
+
+    # -- state -------------------------------------------------------------------------------
+    def profile(self) -> Profile | None:
+        """The traffic profile pushed over the API, else the one the trainer wrote in shm."""
+        if self.cfg.traffic_mode == "immediate":
+            return None
+        return self.pushed_profile or load_profile(
+            profile_path(self.cfg.shm_dir, self.cfg.rank, self.cfg.job)
+        )
+
+    def set_placement(self, placement: Placement) -> None:
+        for rank in self.store.held_ranks():
+            if rank not in placement.hold_ranks:
+                self.store.drop(rank)
+        self.placement = placement
+        self.replicator.reset_channels()
+        self._refresh_gauges()
+
+    def _replica_complete(self, rank: int, version: int) -> None:
+        log.debug("replica of rank %d version %d complete", rank, version)
+
+    def _refresh_gauges(self) -> None:
+        self.metrics.memory_used.set(self.store.used_bytes)
+        self.metrics.replicas_held.set(len(self.store.held_ranks()))
+        done = {i.rank for i in self.store.inventory() if i.complete}
+        self.metrics.replicas_complete.set(len(done))
+
+    def notify(self, version: int, stall_seconds: float | None) -> None:
+        if stall_seconds is not None:
+            self.metrics.snapshot_stall.observe(stall_seconds)
+        self.metrics.latest_local_version.set(version)
+        self.replicator.notify(version)
+
+    def holders_for(self, rank: int, given: Sequence[int | str] | None) -> list[PeerAddress]:
+        """Holder addresses: given as ranks (looked up in the peer map) or host:port."""
+        if not given:
+            given = [rank] if rank != self.cfg.rank else []
+        out = []
+        for item in given:
+            if isinstance(item, int):
+                if item not in self.placement.peers:
+                    raise ValueError(f"no peer address for rank {item}; POST /peers first")
+                out.append(self.placement.peers[item])
+            else:
+                out.append(parse_address(item))
+        if not out:
+            raise ValueError(f"name the holders of rank {rank} to fetch it from")
+        return out
+
+    # -- fetch -------------------------------------------------------------------------------
+    async def fetch(
+        self, rank: int, version: int | None, holders: list[PeerAddress], into: str
+    ) -> Fetched:
+        """Pull (rank, version) from holders into local shm (own rank) or the replica store."""
+        req = FetchRequest(self.cfg.job, self.cfg.auth_token, self.cfg.max_frame_bytes, rank,
+                           version, holders, self.cfg.chunk_bytes)
+        started = time.perf_counter()
+        if into == "shm":
+            result = await self._fetch_into_shm(req)
+        else:
+            result = await self._fetch_into_store(req)
+        self.metrics.fetch_seconds.observe(time.perf_counter() - started)
+        return result
+
+    async def _fetch_into_shm(self, req: FetchRequest) -> Fetched:
+        if req.rank != self.cfg.rank:
+            raise ValueError(f"only this sidecar's own rank {self.cfg.rank} goes into shm")
+        opened: list[Any] = []
+
+        def allocate(version: int, length: int, crc: int) -> memoryview:
+            slots, view = self.local.begin_write(version, length)
+            opened.append(slots)
+            return view
+
+        try:
+            result = await fetch(req, allocate, self.metrics)
+        except BaseException:
+            for slots in opened[-1:]:
+                slots.abort()
+            raise
+        opened[-1].commit(result.version, result.checksum)
+        self.metrics.latest_local_version.set(result.version)
+        return result
+
+    async def _fetch_into_store(self, req: FetchRequest) -> Fetched:
+        if req.rank not in self.placement.hold_ranks:
+            raise ValueError(f"rank {req.rank} is not among the ranks this sidecar holds "
+                             f"{list(self.placement.hold_ranks)}; POST /peers first")
+
+        def allocate(version: int, length: int, crc: int) -> memoryview:
+            self.store.begin(req.rank, version, length, crc)
+            return self.store.chunk_view(req.rank, version, 0, length)
+
+        result = await fetch(req, allocate, self.metrics)
+        view = self.store.chunk_view(req.rank, result.version, 0, result.length)
+        words = word_sum(view)
+        self.store.chunk_done(req.rank, result.version, 0, result.length, words)
+        self.store.finish(req.rank, result.version, finish(words, result.length))
+        self._refresh_gauges()
+        return result
+
+    # -- S3 ----------------------------------------------------------------------------------
+    def _need_s3(self) -> s3mod.S3Store:
+        if self.s3 is None:
+            raise ValueError("S3 is not configured: set GEMINI_S3_BUCKET (and endpoint/keys)")
+        return self.s3
+
+    async def persist(self, version: int | None) -> dict[str, Any]:
+        store = self._need_s3()
+        info, data = self.local.read(version)
+        started = time.perf_counter()
+        try:
+            key = await asyncio.to_thread(
+                s3mod.persist_shard, store, self.cfg.job, info.version, self.cfg.rank, data,
+                info.checksum,
+            )
+        except Exception:
+            self.metrics.s3_failures.inc()
+            raise
+        if not self.local.still_valid(info):
+            self.metrics.s3_failures.inc()
+            raise ValueError(f"version {info.version} was overwritten during the upload; "
+                             "persist a newer version")
+        seconds = time.perf_counter() - started
+        self.metrics.s3_persist_seconds.observe(seconds)
+        return {"key": key, "version": info.version, "bytes": len(data), "seconds": seconds,
+                "crc32": info.checksum}
+
+    async def commit(self, version: int) -> dict[str, Any]:
+        store = self._need_s3()
+        retain = self.cfg.s3.retain if self.cfg.s3 else 3
+        key = await asyncio.to_thread(
+            s3mod.commit_checkpoint, store, self.cfg.job, version, self.cfg.world_size
+        )
+        deleted = await asyncio.to_thread(s3mod.apply_retention, store, self.cfg.job, retain)
+        return {"marker": key, "version": version, "deleted_steps": deleted}
+
+    async def restore_from_s3(self, version: int | None) -> dict[str, Any]:
+        """Download this rank's object of a committed step into local shm."""
+        store = self._need_s3()
+        if version is None:
+            version = await asyncio.to_thread(s3mod.latest_committed, store, self.cfg.job)
+            if version is None:
+                raise ValueError(f"no committed checkpoint of job {self.cfg.job} in S3")
+        marker = await asyncio.to_thread(s3mod.read_marker, store, self.cfg.job, version)
+        entry = marker["ranks"][str(self.cfg.rank)]
+        length, crc = int(entry["bytes"]), int(entry["crc32"])
+        slots, view = self.local.begin_write(version, length)
+        started = time.perf_counter()
+        try:
+            await asyncio.to_thread(
+                s3mod.download_shard, store, self.cfg.job, version, self.cfg.rank, view, crc
+            )
+        except BaseException:
+            self.metrics.s3_failures.inc()
+            slots.abort()
+            raise
+        slots.commit(version, crc)
+        seconds = time.perf_counter() - started
+        self.metrics.s3_restore_seconds.observe(seconds)
+        return {"version": version, "bytes": length, "seconds": seconds}
+
+
+async def serve_forever(cfg: SidecarConfig) -> None:
+    """Run a sidecar until SIGTERM/SIGINT; prints one JSON line with the bound ports."""
+    import json
+    import signal
+    import sys
+
+    sidecar = Sidecar(cfg)
+    await sidecar.start()
+    print(json.dumps({"event": "ready", "rank": cfg.rank, "peer_port": sidecar.peer_port,
+                      "api_port": sidecar.api_port}), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await sidecar.stop()
+        print(json.dumps({"event": "stopped", "rank": cfg.rank}), file=sys.stderr, flush=True)

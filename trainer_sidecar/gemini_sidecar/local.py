@@ -1,0 +1,81 @@
+"""The local shard: the slot file the trainer writes in shared memory (gemini_trainer.shm).
+
+The sidecar reads what the trainer committed, to send it to peers and to serve fetches, and
+writes a version fetched from a peer or S3 into it, so the restarted trainer restores from
+shared memory as in any other recovery.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gemini_trainer.shm import ShardSlots, SlotError, SlotInfo, shard_path
+
+
+class LocalShardError(Exception):
+    """The local slot file is missing, unreadable or does not hold the version asked for."""
+
+
+class LocalShard:
+    """Lazy handle on this rank's slot file (the trainer usually creates it)."""
+
+    def __init__(self, shm_dir: Path, rank: int, job: str = "") -> None:
+        self.path = shard_path(rank, shm_dir, job)
+        self.rank = rank
+        self._slots: ShardSlots | None = None
+
+    def _open(self) -> ShardSlots | None:
+        if self._slots is None and self.path.exists():
+            try:
+                self._slots = ShardSlots(self.path)
+            except (SlotError, ValueError, OSError):
+                return None  # being created by the trainer right now; try again later
+        return self._slots
+
+    def latest(self) -> SlotInfo | None:
+        slots = self._open()
+        return slots.latest_complete() if slots else None
+
+    def find(self, version: int) -> SlotInfo | None:
+        slots = self._open()
+        return slots.find(version) if slots else None
+
+    def read(self, version: int | None = None) -> tuple[SlotInfo, memoryview]:
+        """A complete version (newest when None) and a read-only view of its payload."""
+        slots = self._open()
+        info = None
+        if slots is not None:
+            info = slots.latest_complete() if version is None else slots.find(version)
+        if slots is None or info is None:
+            raise LocalShardError(f"version {version} of rank {self.rank} not in {self.path}")
+        return info, slots.read(info.version)
+
+    def still_valid(self, info: SlotInfo) -> bool:
+        slots = self._open()
+        return slots is not None and slots.still_valid(info)
+
+    def begin_write(self, version: int, length: int) -> tuple[ShardSlots, memoryview]:
+        """Writable memory for a version fetched from elsewhere; the file is created if new.
+
+        Raises SlotBusy while the trainer holds the writer lock (it must be stopped first).
+        """
+        slots = self._open()
+        if slots is None:
+            slots = ShardSlots(self.path, length, rank=self.rank)
+            self._slots = slots
+        if length > slots.capacity:
+            slots.close()
+            self._slots = None
+            raise LocalShardError(
+                f"{self.path} holds {slots.capacity} bytes per slot, version {version} needs "
+                f"{length}; remove the file so it is made again with the new size"
+            )
+        return slots, slots.begin(version, length)
+
+    def close(self) -> None:
+        if self._slots is not None:
+            try:
+                self._slots.close()
+            except BufferError:  # a view is still referenced (e.g. by a traceback): let GC unmap
+                pass
+            self._slots = None

@@ -1,0 +1,92 @@
+"""Prometheus metrics of one sidecar, in their own registry (labels: job and rank only)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_STALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+_TRANSFER_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+@dataclass(frozen=True)
+class SidecarMetrics:
+    registry: CollectorRegistry
+    snapshot_stall: Histogram
+    replication_bytes: Counter
+    replication_seconds: Histogram
+    replication_lag: Gauge
+    replicas_held: Gauge
+    replicas_complete: Gauge
+    memory_used: Gauge
+    memory_budget: Gauge
+    budget_refusals: Counter
+    refused_frames: Counter
+    s3_persist_seconds: Histogram
+    s3_restore_seconds: Histogram
+    s3_failures: Counter
+    fetch_seconds: Histogram
+    fetch_failures: Counter
+    latest_local_version: Gauge
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def make_metrics(job: str, rank: int) -> SidecarMetrics:
+    reg = CollectorRegistry()
+    labels = {"job": job, "rank": str(rank)}
+    names = list(labels)
+
+    def counter(name: str, doc: str) -> Counter:
+        return Counter(name, doc, names, registry=reg).labels(**labels)  # type: ignore[return-value]
+
+    def gauge(name: str, doc: str) -> Gauge:
+        return Gauge(name, doc, names, registry=reg).labels(**labels)  # type: ignore[return-value]
+
+    def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+        metric = Histogram(name, doc, names, buckets=buckets, registry=reg)
+        return metric.labels(**labels)  # type: ignore[return-value]
+
+    return SidecarMetrics(
+        registry=reg,
+        snapshot_stall=histogram(
+            "gemini_snapshot_stall_seconds",
+            "Time the training step was blocked copying its shard to shared memory.",
+            _STALL_BUCKETS),
+        replication_bytes=counter(
+            "gemini_replication_bytes_total", "Shard bytes sent to peer sidecars."),
+        replication_seconds=histogram(
+            "gemini_replication_seconds",
+            "Time to send one version of the local shard to one peer.", _TRANSFER_BUCKETS),
+        replication_lag=gauge(
+            "gemini_replication_lag_steps",
+            "Newest local version minus the newest version complete on every peer."),
+        replicas_held=gauge("gemini_replicas_held", "Peer ranks whose shards this sidecar holds."),
+        replicas_complete=gauge(
+            "gemini_replicas_complete", "Held peer ranks with at least one complete version."),
+        memory_used=gauge("gemini_memory_used_bytes", "Bytes allocated by the replica store."),
+        memory_budget=gauge("gemini_memory_budget_bytes", "Replica store memory budget."),
+        budget_refusals=counter(
+            "gemini_memory_budget_refusals_total",
+            "Replica versions refused because they would exceed the memory budget."),
+        refused_frames=counter(
+            "gemini_peer_refused_total",
+            "Peer connections refused: unauthenticated, another job, malformed or oversized."),
+        s3_persist_seconds=histogram(
+            "gemini_s3_persist_seconds", "Time to upload one shard version to S3.",
+            _TRANSFER_BUCKETS),
+        s3_restore_seconds=histogram(
+            "gemini_s3_restore_seconds", "Time to download one shard version from S3.",
+            _TRANSFER_BUCKETS),
+        s3_failures=counter("gemini_s3_failures_total", "Failed S3 uploads or downloads."),
+        fetch_seconds=histogram(
+            "gemini_fetch_seconds", "Time to fetch one shard version from peer holders.",
+            _TRANSFER_BUCKETS),
+        fetch_failures=counter(
+            "gemini_fetch_failures_total",
+            "Failed fetch attempts from a holder (unreachable, refused, corrupt chunk)."),
+        latest_local_version=gauge(
+            "gemini_local_version", "Newest complete version of the local shard."),
+    )

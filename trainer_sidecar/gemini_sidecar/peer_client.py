@@ -1,0 +1,170 @@
+"""Peer client: send a shard version to a holder (chunked, paced, pipelined) and fetch one.
+
+Replies on a connection come in request order, so the client matches them first-in
+first-out and keeps up to `window` chunks in flight: while the peer copies one chunk out of its
+socket buffer, the next ones are already on the wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gemini_sidecar.checksum import combine, finish, word_sum
+from gemini_sidecar.config import PeerAddress
+from gemini_sidecar.protocol import (
+    FLAG_COMPLETE,
+    Channel,
+    Frame,
+    FrameType,
+    PeerRefused,
+    ProtocolError,
+)
+
+log = logging.getLogger(__name__)
+CONNECT_TIMEOUT_S = 10.0
+REPLY_TIMEOUT_S = 120.0
+RESEND_ROUNDS = 2
+
+
+class SourceChanged(Exception):
+    """The local slot was reused by the trainer while it was being sent; the send is void."""
+
+
+class FetchFailed(Exception):
+    """No holder could deliver the version intact."""
+
+
+@dataclass(frozen=True)
+class PlannedChunk:
+    offset: int  # multiple of 8
+    length: int
+    delay_s: float  # earliest send time, seconds after the send started
+
+
+async def connect(addr: PeerAddress, job: str, token: bytes, max_payload: int) -> Channel:
+    """Open an authenticated channel to a peer sidecar; PeerRefused if it turns us away."""
+    loop = asyncio.get_running_loop()
+    family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    try:
+        await asyncio.wait_for(loop.sock_connect(sock, (addr.host, addr.port)), CONNECT_TIMEOUT_S)
+        chan = Channel(sock, token, max_payload, server=False)
+        await asyncio.wait_for(chan.client_handshake(job), CONNECT_TIMEOUT_S)
+    except (ConnectionError, ProtocolError) as err:
+        sock.close()
+        raise PeerRefused(f"{addr} refused the handshake (wrong job or token?): {err}") from err
+    except BaseException:
+        sock.close()
+        raise
+    return chan
+
+
+def even_plan(length: int, chunk_bytes: int) -> list[PlannedChunk]:
+    """All chunks at once (the "immediate" mode)."""
+    step = max(8, chunk_bytes // 8 * 8)
+    return [PlannedChunk(o, min(step, length - o), 0.0) for o in range(0, length, step)]
+
+
+async def _expect_ack(chan: Channel) -> Frame:
+    reply = await asyncio.wait_for(chan.recv(), REPLY_TIMEOUT_S)
+    if reply.type == FrameType.ERROR:
+        raise PeerRefused((await chan.recv_payload(reply)).decode(errors="replace"))
+    if reply.type != FrameType.ACK:
+        raise ProtocolError(f"expected ACK, got {reply.type.name}")
+    await chan.discard(reply.length)
+    return reply
+
+
+async def send_version(
+    chan: Channel,
+    rank: int,
+    version: int,
+    data: memoryview,
+    source_checksum: int,
+    plan: Sequence[PlannedChunk],
+    still_valid: Callable[[], bool],
+    window: int = 8,
+) -> int:
+    """Send one version to the peer on `chan`; returns the payload bytes sent.
+
+    Raises PeerRefused (budget, not a holder, persistent corruption), SourceChanged.
+    """
+    begin = Frame(FrameType.PUT_BEGIN, rank, version, total=len(data), checksum=source_checksum)
+    await chan.send(begin)
+    await _expect_ack(chan)
+    sums: dict[int, int] = {}
+    todo = list(plan)
+    sent = 0
+    for _ in range(RESEND_ROUNDS + 1):
+        failed = await _send_chunks(chan, rank, version, data, todo, sums, window)
+        sent += sum(c.length for c in todo)
+        if not failed:
+            break
+        log.warning("peer reported %d corrupt chunks of rank %d v%d; resending", len(failed),
+                    rank, version)
+        todo = [PlannedChunk(c.offset, c.length, 0.0) for c in failed]
+    else:
+        raise PeerRefused(f"chunks of rank {rank} v{version} kept arriving corrupt")
+    if not still_valid():
+        raise SourceChanged(f"rank {rank} version {version} was overwritten while being sent")
+    whole = finish(combine(list(sums.values())), len(data))
+    await chan.send(Frame(FrameType.PUT_END, rank, version, checksum=whole))
+    reply = await _expect_ack(chan)
+    if not reply.flags & FLAG_COMPLETE:
+        raise ProtocolError("peer did not confirm the version complete")
+    return sent
+
+
+async def _send_chunks(
+    chan: Channel, rank: int, version: int, data: memoryview, plan: Sequence[PlannedChunk],
+    sums: dict[int, int], window: int,
+) -> list[PlannedChunk]:
+    """Send `plan` with up to `window` chunks unacknowledged; returns chunks to resend."""
+    loop = asyncio.get_running_loop()
+    slots = asyncio.Semaphore(window)
+    pending: asyncio.Queue[PlannedChunk | None] = asyncio.Queue()
+    failed: list[PlannedChunk] = []
+
+    async def read_replies() -> None:
+        try:
+            while (chunk := await pending.get()) is not None:
+                reply = await asyncio.wait_for(chan.recv(), REPLY_TIMEOUT_S)
+                if reply.type == FrameType.ERROR:
+                    message = (await chan.recv_payload(reply)).decode(errors="replace")
+                    if "checksum mismatch" not in message:
+                        raise PeerRefused(message)
+                    failed.append(chunk)
+                elif reply.type != FrameType.ACK or reply.offset != chunk.offset:
+                    raise ProtocolError(f"unexpected reply {reply.type.name} at {reply.offset}")
+                slots.release()
+        finally:
+            for _ in range(window + 1):  # wake a sender blocked on the window if we failed
+                slots.release()
+
+    reader = asyncio.create_task(read_replies())
+    try:
+        start = loop.time()
+        for chunk in plan:
+            wait = start + chunk.delay_s - loop.time()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            await slots.acquire()
+            if reader.done():
+                break
+            piece = data[chunk.offset : chunk.offset + chunk.length]
+            words = word_sum(piece)
+            sums[chunk.offset] = words
+            pending.put_nowait(chunk)
+            frame = Frame(FrameType.PUT_CHUNK, rank, version, chunk.offset, chunk.length,
+                          finish(words, chunk.length))
+            await chan.send(frame, piece)
+        pending.put_nowait(None)
+        await reader
+    finally:
+        reader.cancel()
+    return failed

@@ -1,0 +1,244 @@
+"""Peer wire protocol: length-prefixed frames with an HMAC-authenticated fixed header.
+
+A connection starts with the server's challenge (magic + 16-byte nonce). The client answers
+with a HELLO frame whose payload is its own nonce and the job name. Every frame header then
+carries a direction, a per-direction sequence number and an HMAC-SHA256 over
+(both nonces, direction, header fields) keyed with the job token, so a peer without the token
+(another job, or nobody) cannot open a session, and frames cannot be replayed or reordered.
+The payload is covered by the 64-bit checksum in the authenticated header (see checksum.py);
+hashing every payload byte with HMAC would cost more than the transfer itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import hashlib
+import hmac
+import os
+import socket
+import struct
+from dataclasses import dataclass
+
+from gemini_sidecar.checksum import checksum
+
+MAGIC = b"GMN1"
+CHALLENGE_MAGIC = b"GMNS"
+NONCE_BYTES = 16
+MAX_JOB_NAME_BYTES = 253
+_FIELDS = struct.Struct(">4sBBHIQQQQQQ")
+_MAC_BYTES = 32
+HEADER_BYTES = _FIELDS.size + _MAC_BYTES
+CHALLENGE_BYTES = len(CHALLENGE_MAGIC) + NONCE_BYTES
+
+
+class FrameType(enum.IntEnum):
+    HELLO = 1
+    WELCOME = 2
+    ERROR = 3
+    PUT_BEGIN = 10
+    PUT_CHUNK = 11
+    PUT_END = 12
+    ACK = 13
+    GET_INFO = 20
+    INFO = 21
+    GET = 22
+    DATA = 23
+
+
+FLAG_COMPLETE = 1  # INFO/ACK: the version is complete
+FLAG_EXACT = 2  # GET_INFO: the version field names the version wanted (else: newest)
+_CLIENT_TO_SERVER = 0
+_SERVER_TO_CLIENT = 1
+
+
+class ProtocolError(Exception):
+    """A malformed, unexpected or oversized frame: the connection is dropped."""
+
+
+class AuthError(ProtocolError):
+    """A frame that fails authentication (no token, another job's token, replay)."""
+
+
+class PeerRefused(Exception):
+    """The peer answered with an ERROR frame; the message says why."""
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame header. `length` is the payload length that follows on the wire."""
+
+    type: FrameType
+    rank: int = 0
+    version: int = 0
+    offset: int = 0
+    length: int = 0
+    checksum: int = 0
+    total: int = 0
+    flags: int = 0
+
+
+def _pack_fields(frame: Frame, seq: int) -> bytes:
+    return _FIELDS.pack(
+        MAGIC, int(frame.type), frame.flags, 0, frame.rank, frame.version, frame.offset,
+        frame.length, frame.checksum, frame.total, seq,
+    )
+
+
+def _mac(token: bytes, nonces: bytes, direction: int, fields: bytes) -> bytes:
+    return hmac.new(token, nonces + bytes([direction]) + fields, hashlib.sha256).digest()
+
+
+def _unpack(raw: bytes) -> tuple[Frame, int]:
+    magic, ftype, flags, _, rank, version, offset, length, csum, total, seq = _FIELDS.unpack(
+        raw[: _FIELDS.size]
+    )
+    if magic != MAGIC:
+        raise ProtocolError(f"bad frame magic {magic!r}")
+    try:
+        kind = FrameType(ftype)
+    except ValueError as err:
+        raise ProtocolError(f"unknown frame type {ftype}") from err
+    return Frame(kind, rank, version, offset, length, csum, total, flags), seq
+
+
+class Channel:
+    """One authenticated connection over a non-blocking socket, driven by the event loop.
+
+    Payloads are received straight into caller-provided memory (sock_recv_into), and sent
+    from caller memory without copies (sock_sendall on a memoryview).
+    """
+
+    def __init__(self, sock: socket.socket, token: bytes, max_payload: int, server: bool) -> None:
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self._token = token
+        self._max_payload = max_payload
+        self._send_dir = _SERVER_TO_CLIENT if server else _CLIENT_TO_SERVER
+        self._recv_dir = 1 - self._send_dir
+        self._nonces = b""
+        self._send_seq = 0
+        self._recv_seq = 0
+        self._loop = asyncio.get_running_loop()
+
+    async def _recv_exact(self, view: memoryview) -> None:
+        got = 0
+        while got < len(view):
+            n = await self._loop.sock_recv_into(self.sock, view[got:])
+            if n == 0:
+                raise ConnectionError("peer closed the connection mid-frame")
+            got += n
+
+    async def recv_bytes(self, count: int) -> bytes:
+        buf = bytearray(count)
+        await self._recv_exact(memoryview(buf))
+        return bytes(buf)
+
+    async def send(self, frame: Frame, payload: memoryview | bytes | None = None) -> None:
+        fields = _pack_fields(frame, self._send_seq)
+        self._send_seq += 1
+        mac = _mac(self._token, self._nonces, self._send_dir, fields)
+        if payload is not None and len(payload) <= 64 * 1024:
+            await self._loop.sock_sendall(self.sock, fields + mac + bytes(payload))
+            return
+        await self._loop.sock_sendall(self.sock, fields + mac)
+        if payload is not None:
+            await self._loop.sock_sendall(self.sock, payload)
+
+    async def recv(self) -> Frame:
+        """Read and authenticate the next header; the caller then reads `frame.length` bytes."""
+        raw = await self.recv_bytes(HEADER_BYTES)
+        frame, seq = _unpack(raw)
+        expected = _mac(self._token, self._nonces, self._recv_dir, raw[: _FIELDS.size])
+        if not hmac.compare_digest(expected, raw[_FIELDS.size :]):
+            raise AuthError(f"bad frame authentication on {frame.type.name}")
+        if seq != self._recv_seq:
+            raise AuthError(f"frame sequence {seq}, expected {self._recv_seq} (replayed?)")
+        self._recv_seq += 1
+        if frame.length > self._max_payload:
+            raise ProtocolError(
+                f"oversized frame: {frame.length} payload bytes > limit {self._max_payload}"
+            )
+        return frame
+
+    async def recv_into(self, frame: Frame, view: memoryview) -> None:
+        """Receive the payload of `frame` into `view` and verify its checksum."""
+        if len(view) != frame.length:
+            raise ProtocolError(f"payload view of {len(view)} bytes for {frame.length}")
+        await self._recv_exact(view)
+        if checksum(view) != frame.checksum:
+            raise ChecksumMismatch(frame)
+
+    async def recv_payload(self, frame: Frame) -> bytes:
+        data = await self.recv_bytes(frame.length)
+        if checksum(data) != frame.checksum:
+            raise ChecksumMismatch(frame)
+        return data
+
+    async def discard(self, length: int) -> None:
+        """Drain `length` payload bytes we decided not to keep, to stay in sync."""
+        scratch = memoryview(bytearray(min(length, 1 << 20) or 1))
+        while length > 0:
+            step = min(length, len(scratch))
+            await self._recv_exact(scratch[:step])
+            length -= step
+
+    async def send_error(self, message: str) -> None:
+        data = message.encode()[:4096]
+        await self.send(Frame(FrameType.ERROR, length=len(data), checksum=checksum(data)), data)
+
+    # -- handshake -------------------------------------------------------------------------
+    async def server_handshake(self, job: str) -> None:
+        server_nonce = os.urandom(NONCE_BYTES)
+        await self._loop.sock_sendall(self.sock, CHALLENGE_MAGIC + server_nonce)
+        self._nonces = server_nonce
+        raw = await self.recv_bytes(HEADER_BYTES)
+        frame, seq = _unpack(raw)
+        if frame.type != FrameType.HELLO or seq != 0:
+            raise ProtocolError(f"expected HELLO, got {frame.type.name}")
+        if not NONCE_BYTES < frame.length <= NONCE_BYTES + MAX_JOB_NAME_BYTES:
+            raise ProtocolError(f"HELLO payload of {frame.length} bytes")
+        payload = await self.recv_bytes(frame.length)
+        peer_job = payload[NONCE_BYTES:].decode(errors="replace")
+        if peer_job != job:
+            raise AuthError(f"peer of job {peer_job!r} refused (this sidecar serves {job!r})")
+        expected = _mac(self._token, self._nonces, self._recv_dir, raw[: _FIELDS.size])
+        if not hmac.compare_digest(expected, raw[_FIELDS.size :]) or checksum(
+            payload
+        ) != frame.checksum:
+            raise AuthError(f"peer claiming job {job!r} failed authentication (wrong token)")
+        self._recv_seq = 1
+        self._nonces = server_nonce + payload[:NONCE_BYTES]
+        await self.send(Frame(FrameType.WELCOME))
+
+    async def client_handshake(self, job: str) -> None:
+        challenge = await self.recv_bytes(CHALLENGE_BYTES)
+        if challenge[: len(CHALLENGE_MAGIC)] != CHALLENGE_MAGIC:
+            raise ProtocolError("peer is not a GEMINI sidecar (bad challenge)")
+        server_nonce = challenge[len(CHALLENGE_MAGIC) :]
+        client_nonce = os.urandom(NONCE_BYTES)
+        payload = client_nonce + job.encode()
+        self._nonces = server_nonce
+        hello = Frame(FrameType.HELLO, length=len(payload), checksum=checksum(payload))
+        await self.send(hello, payload)
+        self._nonces = server_nonce + client_nonce
+        reply = await self.recv()
+        if reply.type == FrameType.ERROR:
+            raise PeerRefused((await self.recv_payload(reply)).decode(errors="replace"))
+        if reply.type != FrameType.WELCOME:
+            raise ProtocolError(f"expected WELCOME, got {reply.type.name}")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+class ChecksumMismatch(ProtocolError):
+    """A payload whose checksum differs from the one in its (authenticated) header."""
+
+    def __init__(self, frame: Frame) -> None:
+        super().__init__(
+            f"checksum mismatch in {frame.type.name} rank {frame.rank} version {frame.version}"
+            f" at offset {frame.offset} ({frame.length} bytes)"
+        )
+        self.frame = frame

@@ -1,0 +1,168 @@
+"""Sends each new local version to this rank's peers (m-1 of them), one task per peer.
+
+Notifications coalesce: if versions arrive faster than they can be sent, the newest one is
+sent next and the ones in between are skipped (the checkpoint interval then stretches, and
+the inventory says so). A send is void if the trainer reused the slot while it was read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gemini.domain.traffic import LinkModel
+from gemini_sidecar.config import Placement, SidecarConfig
+from gemini_sidecar.local import LocalShard, LocalShardError
+from gemini_sidecar.metrics import SidecarMetrics
+from gemini_sidecar.pacing import Plans, Profile, plan
+from gemini_sidecar.peer_client import SourceChanged, connect, send_version
+from gemini_sidecar.protocol import Channel, PeerRefused, ProtocolError
+
+log = logging.getLogger(__name__)
+DEFAULT_LINK = LinkModel(alpha_seconds=50e-6, bandwidth_bytes_per_second=2.0 * (1 << 30))
+
+
+@dataclass
+class PeerState:
+    acked_version: int = -1
+    sending_version: int = -1
+    last_error: str = ""
+    last_seconds: float = 0.0
+
+
+@dataclass
+class ReplicationStatus:
+    notified_version: int = -1
+    skipped_versions: int = 0
+    peers: dict[int, PeerState] = field(default_factory=dict)
+    plan_reason: str = ""
+    fits_idle_spans: bool = True
+    interval_iterations: int | None = 1
+
+
+class Replicator:
+    def __init__(
+        self,
+        cfg: SidecarConfig,
+        local: LocalShard,
+        metrics: SidecarMetrics,
+        placement: Callable[[], Placement],
+        profile: Callable[[], Profile | None],
+    ) -> None:
+        self.cfg = cfg
+        self.local = local
+        self.metrics = metrics
+        self._placement = placement
+        self._profile = profile
+        self.status = ReplicationStatus()
+        self.link = DEFAULT_LINK
+        self._wake = asyncio.Event()
+        self._channels: dict[int, Channel] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.idle = asyncio.Event()
+        self.idle.set()
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self.reset_channels()
+
+    def reset_channels(self) -> None:
+        """Drop peer connections (after a placement change they may point at dead pods)."""
+        for chan in self._channels.values():
+            chan.close()
+        self._channels.clear()
+
+    def notify(self, version: int) -> None:
+        if self._wake.is_set() or not self.idle.is_set():
+            self.status.skipped_versions += 1
+        self.status.notified_version = version
+        self.idle.clear()
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._replicate(self.status.notified_version)
+            except Exception:  # keep replicating later versions whatever went wrong here
+                log.exception("replication of version %d failed", self.status.notified_version)
+            if not self._wake.is_set():
+                self.idle.set()
+
+    async def _replicate(self, version: int) -> None:
+        targets = self._placement().send_to
+        try:
+            info, data = self.local.read(version)
+        except LocalShardError as err:
+            log.warning("cannot replicate: %s", err)
+            return
+        self.metrics.latest_local_version.set(info.version)
+        plans = plan(len(data), len(targets), self.cfg.chunk_bytes, self._profile(), self.link)
+        self._record_plan(plans)
+        sends = [
+            self._send_to_peer(rank, info.version, info.checksum, data, plans, i, info)
+            for i, rank in enumerate(targets)
+        ]
+        try:
+            await asyncio.gather(*sends)
+        finally:
+            data.release()
+        self._update_lag(info.version, targets)
+
+    def _record_plan(self, plans: Plans) -> None:
+        sched = plans.schedule
+        self.status.plan_reason = sched.reason if sched else "immediate: all chunks at once"
+        self.status.fits_idle_spans = sched.fits_idle_spans if sched else True
+        self.status.interval_iterations = sched.interval_iterations if sched else 1
+
+    async def _send_to_peer(
+        self, rank: int, version: int, crc: int, data: memoryview, plans: Plans, copy: int,
+        info: object,
+    ) -> None:
+        peer = self.status.peers.setdefault(rank, PeerState())
+        peer.sending_version = version
+        started = time.perf_counter()
+        try:
+            chan = await self._channel(rank)
+            still_valid = lambda: self.local.still_valid(info)  # type: ignore[arg-type]  # noqa: E731
+            sent = await send_version(chan, self.cfg.rank, version, data, crc,
+                                      plans.per_copy[copy], still_valid)
+        except (PeerRefused, ProtocolError, SourceChanged, OSError, TimeoutError) as err:
+            self._drop_channel(rank)
+            peer.last_error = str(err)
+            log.warning("sending version %d to rank %d failed: %s", version, rank, err)
+            return
+        finally:
+            peer.sending_version = -1
+        seconds = time.perf_counter() - started
+        peer.acked_version, peer.last_error, peer.last_seconds = version, "", seconds
+        self.metrics.replication_bytes.inc(sent)
+        self.metrics.replication_seconds.observe(seconds)
+
+    async def _channel(self, rank: int) -> Channel:
+        chan = self._channels.get(rank)
+        if chan is None:
+            addr = self._placement().peers[rank]
+            chan = await connect(addr, self.cfg.job, self.cfg.auth_token, self.cfg.max_frame_bytes)
+            self._channels[rank] = chan
+        return chan
+
+    def _drop_channel(self, rank: int) -> None:
+        chan = self._channels.pop(rank, None)
+        if chan is not None:
+            chan.close()
+
+    def _update_lag(self, version: int, targets: tuple[int, ...]) -> None:
+        acked = [self.status.peers.get(r, PeerState()).acked_version for r in targets]
+        newest_everywhere = min(acked, default=version)
+        lag = version - newest_everywhere if newest_everywhere >= 0 else version + 1
+        self.metrics.replication_lag.set(lag)

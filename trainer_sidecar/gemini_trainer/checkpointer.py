@@ -1,0 +1,393 @@
+"""The few lines a training script adds: ``restore()`` at start, ``snapshot(step)`` per iteration.
+
+``snapshot(step)`` blocks only for the copy of this rank's state into the free shared-memory
+slot (gemini_trainer.shm); the checksum, the commit (header written last), the heartbeat and
+the notice to the sidecar run on a background thread. A sidecar that is missing or failing is
+recorded in ``errors`` and never stops training. ``step`` is the number of completed
+iterations, which is also the version and the step ``restore()`` returns: resume with
+``for step in range(restore() or 0, total)``.
+
+``restore()`` follows the launcher's instructions (environment, see ``RestoreInstruction``):
+no version means a fresh start (None); a version number means exactly that version, which must
+be complete in shared memory (the sidecar places peer or S3 copies there before the restart;
+restore waits up to GEMINI_RESTORE_TIMEOUT_S for it); ``latest`` means the newest version that
+is complete on every rank (agreed with an all-gather when torch.distributed is up).
+
+Environment: GEMINI_SHM_DIR, GEMINI_JOB, RANK/WORLD_SIZE (or GEMINI_RANK/GEMINI_WORLD_SIZE),
+GEMINI_SHM_CAPACITY_BYTES (slot size; default: first snapshot's size plus headroom),
+GEMINI_SIDECAR_URL, GEMINI_AUTH_TOKEN, GEMINI_HEARTBEAT_FILE, GEMINI_RESTORE_VERSION,
+GEMINI_RESTORE_SOURCE, GEMINI_RESTORE_TIMEOUT_S, GEMINI_RESTART_EPOCH.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import urllib.request
+from collections import deque
+from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gemini_trainer.capture import (
+    StateAdapter,
+    Tree,
+    adapter_for,
+    capture_rng,
+    decode_tree,
+    dtype_label,
+    encode_tree,
+    owned,
+    restore_rng,
+    tensor_view,
+)
+from gemini_trainer.shm import (
+    ShardSlots,
+    SlotError,
+    SlotInfo,
+    TensorEntry,
+    encode_index,
+    plan_layout,
+    read_payload,
+    shard_path,
+    write_index,
+)
+
+log = logging.getLogger(__name__)
+
+SIDECAR_NOTIFY_PATH = "/v1/local/committed"
+HEADROOM_BYTES = 1 << 20  # room for the JSON index to grow (step numbers, extra state)
+
+
+class RestoreError(Exception):
+    """The designated version cannot be restored; the message says what is missing."""
+
+
+@dataclass(frozen=True)
+class RestoreInstruction:
+    """What the launcher asked for: no version (fresh start), a version, or ``latest``."""
+
+    version: int | None
+    latest: bool = False
+    source: str = "local"  # local | peer | s3: where the sidecar got it (for the record)
+    epoch: int = 0  # GEMINI_RESTART_EPOCH
+    timeout_s: float = 60.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RestoreInstruction:
+        env = os.environ if env is None else env
+        raw = env.get("GEMINI_RESTORE_VERSION", "").strip().lower()
+        source = env.get("GEMINI_RESTORE_SOURCE", "local") or "local"
+        epoch = int(env.get("GEMINI_RESTART_EPOCH", "0") or 0)
+        timeout = float(env.get("GEMINI_RESTORE_TIMEOUT_S", "60") or 60)
+        if raw in ("", "none"):
+            return cls(None, False, source, epoch, timeout)
+        if raw == "latest":
+            return cls(None, True, source, epoch, timeout)
+        try:
+            version = int(raw)
+        except ValueError as err:
+            raise RestoreError(
+                f"GEMINI_RESTORE_VERSION={raw!r}: use a step number, 'latest' or 'none'"
+            ) from err
+        return cls(version, False, source, epoch, timeout)
+
+
+@dataclass(frozen=True)
+class CheckpointerConfig:
+    rank: int
+    world_size: int
+    shm_dir: Path
+    job: str = ""
+    capacity_bytes: int | None = None  # None: first snapshot's size + HEADROOM_BYTES
+    sidecar_url: str | None = None
+    auth_token: str = field(default="", repr=False)
+    heartbeat_file: Path | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> CheckpointerConfig:
+        env = os.environ if env is None else env
+
+        def pick(*names: str, default: str = "") -> str:
+            return next((env[n] for n in names if env.get(n)), default)
+
+        capacity = pick("GEMINI_SHM_CAPACITY_BYTES")
+        heartbeat = pick("GEMINI_HEARTBEAT_FILE")
+        return cls(
+            rank=int(pick("GEMINI_RANK", "RANK", default="0")),
+            world_size=int(pick("GEMINI_WORLD_SIZE", "WORLD_SIZE", default="1")),
+            shm_dir=Path(pick("GEMINI_SHM_DIR", default="/dev/shm")),
+            job=pick("GEMINI_JOB"),
+            capacity_bytes=int(capacity) if capacity else None,
+            sidecar_url=pick("GEMINI_SIDECAR_URL") or None,
+            auth_token=pick("GEMINI_AUTH_TOKEN"),
+            heartbeat_file=Path(heartbeat) if heartbeat else None,
+        )
+
+
+@dataclass(frozen=True)
+class SnapshotStats:
+    step: int
+    nbytes: int
+    stall_s: float  # what the training step waited for: capture + copy (+ previous commit)
+    waited_s: float  # part of the stall spent waiting for the previous commit to finish
+
+
+class Checkpointer:
+    """Per-iteration in-memory checkpoints of one rank (see the module docstring)."""
+
+    def __init__(
+        self,
+        target: Any,
+        optimizer: Any = None,
+        lr_scheduler: Any = None,
+        *,
+        config: CheckpointerConfig | None = None,
+        adapter: StateAdapter | None = None,
+    ) -> None:
+        self.config = config or CheckpointerConfig.from_env()
+        self.adapter = adapter or adapter_for(target, optimizer, lr_scheduler)
+        self.path = shard_path(self.config.rank, self.config.shm_dir, self.config.job)
+        self.extra_state: Tree = None  # the user's extra state, after restore()
+        self.errors: deque[str] = deque(maxlen=100)  # background failures, newest last
+        self.last: SnapshotStats | None = None
+        self._slots: ShardSlots | None = None
+        self._layout: tuple[tuple[tuple[int, ...], ...], list[int], int] | None = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gemini-commit")
+        self._pending: Future[None] | None = None
+        self._lock = threading.Lock()
+
+    # -- snapshot ----------------------------------------------------------------------------
+
+    def snapshot(self, step: int, extra: Tree = None) -> SnapshotStats:
+        """Copy this rank's state as version ``step``; commit and notify in the background."""
+        start = time.perf_counter()
+        waited = self._wait_pending()
+        tree = {
+            "kind": self.adapter.kind,
+            "step": step,
+            "rank": self.config.rank,
+            "world_size": self.config.world_size,
+            "state": self.adapter.capture(),
+            "rng": capture_rng(),
+            "extra": extra,
+        }
+        skeleton, tensors = encode_tree(tree)
+        offsets, data_end = self._plan(tensors)
+        entries = [
+            TensorEntry(f"t{i}", dtype_label(t), tuple(t.shape), off, t.nbytes)
+            for i, (t, off) in enumerate(zip(tensors, offsets, strict=True))
+        ]
+        index = encode_index(entries, skeleton)
+        slots = self._slots_for(data_end + len(index))
+        slots.begin(step, data_end + len(index)).release()
+        buf = slots.pending_array()
+        try:
+            for t, off in zip(tensors, offsets, strict=True):
+                _copy_tensor(buf, off, t)
+            write_index(buf, data_end, index)
+        except BaseException:
+            slots.abort()
+            raise
+        del buf
+        stats = SnapshotStats(step, data_end + len(index), time.perf_counter() - start, waited)
+        self.last = stats
+        self._pending = self._pool.submit(self._commit, slots, step)
+        return stats
+
+    def _plan(self, tensors: list[torch.Tensor]) -> tuple[list[int], int]:
+        # Tensor shapes do not change between iterations: plan the offsets once.
+        shapes = tuple((t.nbytes, *t.shape) for t in tensors)
+        if self._layout is None or self._layout[0] != shapes:
+            offsets, end = plan_layout([t.nbytes for t in tensors])
+            self._layout = (shapes, offsets, end)
+        return self._layout[1], self._layout[2]
+
+    def _slots_for(self, nbytes: int) -> ShardSlots:
+        if self._slots is None:
+            self.config.shm_dir.mkdir(parents=True, exist_ok=True)
+            if self.path.exists():
+                self._slots = ShardSlots(self.path)
+            else:
+                capacity = self.config.capacity_bytes or nbytes + HEADROOM_BYTES
+                self._slots = ShardSlots(self.path, capacity, rank=self.config.rank)
+        if nbytes > self._slots.capacity:
+            raise SlotError(
+                f"this rank's state is {nbytes} bytes but {self.path} holds {self._slots.capacity}"
+                " per slot; remove the file or set GEMINI_SHM_CAPACITY_BYTES larger"
+            )
+        return self._slots
+
+    def _wait_pending(self) -> float:
+        if self._pending is None:
+            return 0.0
+        start = time.perf_counter()
+        self._pending.result()
+        self._pending = None
+        return time.perf_counter() - start
+
+    def _commit(self, slots: ShardSlots, step: int) -> None:
+        try:
+            info = slots.commit(step)
+        except Exception as err:  # recorded, never raised into the training loop
+            self._record(f"commit of step {step} failed: {err}")
+            slots.abort()
+            return
+        self.heartbeat(step)
+        if self.config.sidecar_url:
+            self._notify(info)
+
+    def _notify(self, info: SlotInfo) -> None:
+        body = json.dumps(
+            {
+                "rank": self.config.rank,
+                "version": info.version,
+                "seq": info.seq,
+                "slot": info.index,
+                "bytes": info.payload_len,
+                "checksum": info.checksum,
+                "path": str(self.path),
+            }
+        ).encode()
+        url = (self.config.sidecar_url or "").rstrip("/") + SIDECAR_NOTIFY_PATH
+        req = urllib.request.Request(url, data=body, method="POST")
+        req.add_header("Content-Type", "application/json")
+        if self.config.auth_token:
+            req.add_header("Authorization", f"Bearer {self.config.auth_token}")
+        try:
+            with urllib.request.urlopen(req, timeout=2.0) as resp:
+                resp.read()
+        except Exception as err:  # a missing sidecar must not stop training
+            self._record(f"notifying the sidecar at {url} of step {info.version} failed: {err}")
+
+    def _record(self, message: str) -> None:
+        with self._lock:
+            if not self.errors:
+                log.warning("%s (further errors are kept in Checkpointer.errors)", message)
+            self.errors.append(message)
+
+    def heartbeat(self, step: int) -> None:
+        """Tell the launcher that training progresses (file content: step and unix time)."""
+        path = self.config.heartbeat_file
+        if path is None:
+            return
+        try:
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text(f"{step} {time.time():.6f}\n")
+            os.replace(tmp, path)
+        except OSError as err:
+            self._record(f"heartbeat file {path} not writable: {err}")
+
+    def flush(self) -> None:
+        """Wait until the last snapshot is committed (e.g. before a planned exit)."""
+        self._wait_pending()
+
+    def close(self) -> None:
+        self.flush()
+        self._pool.shutdown(wait=True)
+        if self._slots is not None:
+            try:
+                self._slots.close()
+            except BufferError:  # a caller still holds a view; the OS unmaps at exit
+                pass
+            self._slots = None
+
+    # -- restore -----------------------------------------------------------------------------
+
+    def restore(self, instruction: RestoreInstruction | None = None) -> int | None:
+        """Load the designated version; returns its step, or None for a fresh start."""
+        instr = instruction or RestoreInstruction.from_env()
+        if instr.version is None and not instr.latest:
+            return None
+        slots = self._open_for_restore(instr)
+        version = self._agree_latest(slots) if instr.latest else instr.version
+        if version is None:
+            return None
+        info = self._wait_for(slots, version, instr.timeout_s, instr.source)
+        step = self._load(slots, info)
+        log.info("restored step %d from %s (epoch %d)", step, instr.source, instr.epoch)
+        return step
+
+    def _open_for_restore(self, instr: RestoreInstruction) -> ShardSlots:
+        deadline = time.monotonic() + instr.timeout_s
+        while not self.path.exists():
+            if time.monotonic() > deadline:
+                raise RestoreError(
+                    f"{self.path} does not exist after {instr.timeout_s:.0f}s: no checkpoint of "
+                    f"rank {self.config.rank} in shared memory (source {instr.source}); has the "
+                    "sidecar placed it? Check GEMINI_SHM_DIR and GEMINI_JOB"
+                )
+            time.sleep(0.05)
+        if self._slots is None:
+            self._slots = ShardSlots(self.path)
+        return self._slots
+
+    def _agree_latest(self, slots: ShardSlots) -> int | None:
+        mine = sorted(i.version for i in slots.slot_info() if i.complete)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            everyone: list[Any] = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(everyone, mine)
+            common = set(mine).intersection(*[set(v) for v in everyone])
+        else:
+            common = set(mine)
+        return max(common) if common else None
+
+    def _wait_for(self, slots: ShardSlots, version: int, timeout: float, source: str) -> SlotInfo:
+        deadline = time.monotonic() + timeout
+        while (info := slots.find(version)) is None:
+            if time.monotonic() > deadline:
+                held = [(i.version, i.state.name) for i in slots.slot_info()]
+                raise RestoreError(
+                    f"version {version} of rank {self.config.rank} is not complete in "
+                    f"{self.path} after {timeout:.0f}s (slots hold {held}; source {source})"
+                )
+            time.sleep(0.05)
+        return info
+
+    def _load(self, slots: ShardSlots, info: SlotInfo) -> int:
+        payload = slots.read(info.version, verify=True)
+        try:
+            entries, views, skeleton = read_payload(payload)
+            tensors = [
+                tensor_view(views[f"t{i}"], entries[f"t{i}"].dtype, entries[f"t{i}"].shape)
+                for i in range(len(entries))
+            ]
+            tree = decode_tree(skeleton, tensors)
+            self._check_identity(tree, info)
+            self.adapter.load(tree["state"])
+            self.extra_state = owned(tree["extra"])
+            restore_rng(tree["rng"])
+            step = int(tree["step"])
+            del tree, tensors, views, entries
+        finally:
+            payload.release()
+        if not slots.still_valid(info):
+            raise RestoreError(
+                f"version {info.version} in {self.path} was overwritten while it was being "
+                "restored; only one writer may use the slots during a restore"
+            )
+        return step
+
+    def _check_identity(self, tree: Tree, info: SlotInfo) -> None:
+        want = (self.adapter.kind, self.config.rank, self.config.world_size)
+        got = (tree["kind"], tree["rank"], tree["world_size"])
+        if want != got:
+            raise RestoreError(
+                f"version {info.version} in {self.path} was written by (kind, rank, world size)"
+                f" {got}, this trainer is {want}: the launcher pointed at the wrong shard"
+            )
+
+
+def _copy_tensor(buf: np.ndarray, offset: int, tensor: torch.Tensor) -> None:
+    if tensor.nbytes == 0:
+        return
+    dst = torch.from_numpy(buf[offset : offset + tensor.nbytes])
+    dst.view(tensor.dtype).view(tensor.shape).copy_(tensor)
