@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gemini.domain.placement import Machine, domain_aware_placement, mixed_placement  # noqa: E402
-from gemini.domain.probability import _RING_CACHE, recovery_probability  # noqa: E402
-from gemini.domain.recovery import ShardCopy, plan_recovery  # noqa: E402
+from gemini.domain.placement import Machine, domain_aware_placement, mixed_placement
+from gemini.domain.probability import _RING_CACHE, recovery_probability
+from gemini.domain.recovery import ShardCopy, plan_recovery
 
-RUNS = 9
+RUNS = 15
 
 
 def median_seconds(work: Callable[[], object], before: Callable[[], None] | None = None) -> float:

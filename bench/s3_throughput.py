@@ -16,20 +16,17 @@ import json
 import os
 import socket
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
 
-import boto3  # noqa: E402
-from boto3.s3.transfer import TransferConfig  # noqa: E402
-from botocore.config import Config  # noqa: E402
-
-from gemini.local.s3 import S3Endpoint, s3_status, start_s3, stop_s3  # noqa: E402
+from gemini.local.s3 import S3Endpoint, s3_status, start_s3, stop_s3
 
 MiB = 1 << 20
 PART = 16 * MiB

@@ -8,7 +8,7 @@ K8S_VERSION=v1.35.4
 ETCD_VERSION=v3.6.16
 cache=${GEMINI_CACHE:-$HOME/.cache/gemini-operator}
 bin="$cache/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
-k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler)
+k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
 have_all() {
   for b in etcd "${k8s_cmds[@]}"; do [[ -x "$bin/$b" ]] || return 1; done
@@ -27,6 +27,10 @@ command -v go >/dev/null || { echo "error: Go is not installed (need Go >= 1.25 
 
 export GOFLAGS=-mod=mod CGO_ENABLED=0
 mkdir -p "$bin.tmp"
+# Keep what an earlier (partial or older) build already produced.
+for b in etcd "${k8s_cmds[@]}"; do
+  [[ -x "$bin/$b" && ! -x "$bin.tmp/$b" ]] && cp "$bin/$b" "$bin.tmp/$b"
+done
 start=$(date +%s)
 step() { echo "[build $(( $(date +%s) - start ))s] $*" >&2; }
 
@@ -49,6 +53,6 @@ if ((${#missing[@]})); then
     (cd "$here/k8s" && go build -trimpath -ldflags "$ldflags" -o "$bin.tmp/$c" "k8s.io/kubernetes/cmd/$c")
   done
 fi
-rm -rf "$bin" && mv "$bin.tmp" "$bin"
+rm -rf "$bin.old" && { [[ ! -d "$bin" ]] || mv "$bin" "$bin.old"; } && mv "$bin.tmp" "$bin" && rm -rf "$bin.old"
 step "done: $bin"
 echo "$bin"

@@ -2,6 +2,8 @@
 
 pytest_plugins: list[str] = [
     "tests.fixtures.cluster",
+    "tests.fixtures.nodes",
     "tests.fixtures.s3",
     "tests.fixtures.operator",
+    "tests.fixtures.trainers",
 ]

@@ -37,6 +37,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into `head` and the like
+        sys.stderr.close()
+        return 0
     except CliError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code

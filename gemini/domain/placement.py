@@ -30,7 +30,7 @@ class PlacementError(ValueError):
     """The inputs admit no placement (m > N, m < 1, N < 1, duplicate ranks, bad layout)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Machine:
     """One training machine (one worker pod) and its failure-domain labels.
 
@@ -116,6 +116,8 @@ class Placement:
                 strategy=str(data["strategy"]),
                 reason=str(data.get("reason", "")),
             )
+        except PlacementError:
+            raise
         except (KeyError, TypeError, ValueError) as err:
             raise PlacementError(f"not a placement document ({err!r})") from err
 
@@ -284,7 +286,7 @@ def _describe_spread(ordered: Sequence[Machine], count: int, replicas: int) -> s
     sizes = sorted({len(ordered[start::count]) for start in range(min(count, 2))} | {replicas})
     shape = f"{count} groups of {' or '.join(str(s) for s in sizes)}"
     parts = []
-    counts = {
+    counts: dict[str, Counter[object]] = {
         "zone": Counter(m.zone for m in ordered),
         "rack": Counter((m.zone, m.rack) for m in ordered),
         "node": Counter((m.zone, m.rack, m.node or m.rank) for m in ordered),

@@ -114,12 +114,11 @@ def monte_carlo_domain_failures(
         raise ProbabilityError(f"cannot fail {domains} of the {len(names)} {level}s")
     if trials < 1:
         raise ProbabilityError(f"trials must be positive, got {trials}")
-    survivors_after_domains = len(domain_of) - max(
-        sum(1 for d in domain_of.values() if d in names[:domains]), 0
-    )
-    if extra_failures < 0 or extra_failures > survivors_after_domains:
+    largest = sorted(Counter(domain_of.values()).values(), reverse=True)[:domains]
+    fewest_left = len(domain_of) - sum(largest)  # after the largest domains fail
+    if not 0 <= extra_failures <= fewest_left:
         raise ProbabilityError(
-            f"extra_failures must be between 0 and {survivors_after_domains}, got {extra_failures}"
+            f"extra_failures must be between 0 and {fewest_left}, got {extra_failures}"
         )
     sampler = _DomainSampler(placement, domain_of)
     rng = random.Random(seed)
@@ -150,25 +149,26 @@ class _DomainSampler:
     def __init__(self, placement: Placement, domain_of: Mapping[int, str]) -> None:
         self._holders = placement.holders
         self._domain_of = domain_of
+        self._machines = sorted(domain_of)
         self._held_by: dict[int, list[int]] = defaultdict(list)
         for rank, holders in placement.holders.items():
             for holder in holders:
                 self._held_by[holder].append(rank)
-        # A shard is lost to domain failures alone iff all its holders' domains failed.
-        self._domain_sets = frozenset(
-            frozenset(domain_of[h] for h in holders) for holders in placement.holders.values()
-        )
-        self._machines_in: dict[str, list[int]] = defaultdict(list)
-        for machine, domain in domain_of.items():
-            self._machines_in[domain].append(machine)
+        # A shard is lost to domain failures alone iff all its holders' domains failed; index
+        # the distinct domain sets by each of their domains.
+        self._sets_with: dict[str, list[frozenset[str]]] = defaultdict(list)
+        for domains in {frozenset(domain_of[h] for h in hs) for hs in placement.holders.values()}:
+            for domain in domains:
+                self._sets_with[domain].append(domains)
+        self._size = Counter(domain_of.values())
 
     def recovers(self, failed_domains: set[str], extra: int, rng: random.Random) -> bool:
-        if any(domains <= failed_domains for domains in self._domain_sets):
-            return False
+        for domain in failed_domains:
+            if any(domains <= failed_domains for domains in self._sets_with[domain]):
+                return False
         if not extra:
             return True
-        alive = [m for d, ms in self._machines_in.items() if d not in failed_domains for m in ms]
-        extra_failed = set(rng.sample(alive, extra))
+        extra_failed = self._sample_alive(failed_domains, extra, rng)
         for machine in extra_failed:
             for rank in self._held_by[machine]:
                 if all(
@@ -177,6 +177,19 @@ class _DomainSampler:
                 ):
                     return False
         return True
+
+    def _sample_alive(self, failed_domains: set[str], count: int, rng: random.Random) -> set[int]:
+        machines, domain_of = self._machines, self._domain_of
+        if 2 * (sum(self._size[d] for d in failed_domains) + count) > len(machines):
+            return set(
+                rng.sample([m for m in machines if domain_of[m] not in failed_domains], count)
+            )
+        chosen: set[int] = set()  # mostly alive: rejection sampling avoids an O(N) list
+        while len(chosen) < count:
+            machine = machines[rng.randrange(len(machines))]
+            if domain_of[machine] not in failed_domains:
+                chosen.add(machine)
+        return chosen
 
 
 def _domain_of(placement: Placement, machines: Sequence[Machine], level: str) -> dict[int, str]:

@@ -75,7 +75,7 @@ def worst_failure(kinds: Iterable[FailureKind | None]) -> FailureKind | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ShardCopy:
     """One entry of a sidecar's inventory: holder `holder` has rank `rank`'s shard at `version`."""
 
@@ -86,7 +86,7 @@ class ShardCopy:
     checksum: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankSource:
     """Where a rank loads its shard from: its own memory, a peer holder's memory, or S3."""
 
@@ -208,19 +208,19 @@ def _usable_copies(
     inventory: Sequence[ShardCopy], lost: frozenset[int], placement: Placement
 ) -> _Copies:
     by_version: _Copies = defaultdict(lambda: defaultdict(list))
-    holders = placement.holders
-    for copy in inventory:
-        if copy.complete and copy.holder not in lost and copy.rank in holders:
+    for copy in inventory:  # the hot loop of planning: keep it bare
+        if copy.complete and copy.holder not in lost:
             by_version[copy.version][copy.rank].append(copy)
+    known = placement.holders.keys()
+    for copies in by_version.values():
+        for stranger in copies.keys() - known:  # a stale report about a rank we do not run
+            del copies[stranger]
     return by_version
 
 
 def _agreeing(rank: int, copies: list[ShardCopy]) -> list[ShardCopy]:
     """Copies of one (rank, version) must hash alike. If they disagree, trust the owner's own
     copy (peers got their bytes from it), else a strict majority; with neither, none."""
-    first = copies[0].checksum
-    if all(c.checksum == first for c in copies):
-        return copies
     checksums = Counter(c.checksum for c in copies)
     own = [c for c in copies if c.holder == rank]
     if own:
@@ -241,7 +241,8 @@ def _newest_complete(usable: _Copies, num_ranks: int) -> tuple[int | None, dict[
         copies = usable[version]
         if len(copies) < num_ranks:
             continue
-        for rank in [r for r, c in copies.items() if len(c) > 1]:
+        disputed = [r for r, c in copies.items() if len(c) > 1 and len({x.checksum for x in c}) > 1]
+        for rank in disputed:
             agreed = _agreeing(rank, copies[rank])
             if agreed:
                 copies[rank] = agreed

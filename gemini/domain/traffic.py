@@ -19,14 +19,13 @@ interval (every k iterations) whose spans do fit it.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
 
 MIB = 1024 * 1024
 DEFAULT_BUFFER_BYTES = 128 * MIB
-# Beyond this many iterations per checkpoint we stop searching and report no interval.
-MAX_INTERVAL_ITERATIONS = 1_000_000
+# Beyond this many spans the interval is estimated from per-span capacity, not simulated.
+MAX_SIMULATED_SPANS = 1_000_000
 
 
 class TrafficError(ValueError):
@@ -75,7 +74,7 @@ class LinkModel:
         return max(0, math.floor((seconds - self.alpha_seconds) * self.bandwidth_bytes_per_second))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Chunk:
     """Send `size_bytes` of copy `copy` (0..m-2, one per peer), from byte `offset` of the
     checkpoint, in span `span_index` (an index into the spans given to the scheduler)."""
@@ -104,7 +103,7 @@ def idle_spans(
     min_span: float,
     iteration_lengths: Sequence[float] | None = None,
 ) -> tuple[IdleSpan, ...]:
-    """The idle spans common to all profiled iterations, longest-lived first in time order.
+    """The idle spans common to all profiled iterations, in time order.
 
     Each iteration is an IterationTimeline, or just its ops as (start, end) pairs, in which case
     the gap after the last op is only known if `iteration_lengths` gives each iteration's
@@ -231,7 +230,7 @@ def _check_schedule(
 
 
 def _greedy(
-    lengths: Sequence[float] | Iterator[float],
+    spans: Sequence[float],
     checkpoint_bytes: int,
     copies: int,
     link: LinkModel,
@@ -240,7 +239,6 @@ def _greedy(
     last_unbounded: bool,
 ) -> tuple[list[Chunk], int]:
     """Algorithm 2 (corrected). Returns the chunks and the bytes left unsent."""
-    spans = list(lengths) if not isinstance(lengths, list) else lengths
     copy, offset = 0, 0
     remaining = copies * checkpoint_bytes
     chunks: list[Chunk] = []
@@ -286,16 +284,16 @@ def _smallest_interval(
     if per_iteration == 0:
         return None
     k = max(1, math.ceil(copies * checkpoint_bytes / per_iteration))
-    # Copy boundaries can cost a partial chunk per copy, so the estimate may fall just short.
-    while k <= MAX_INTERVAL_ITERATIONS:
-        spans = [t for _ in repeat(None, k) for t in lengths]
+    # Copy boundaries can cost a partial chunk per copy, so the estimate may fall just short:
+    # verify by scheduling over k iterations' spans, unless that is too many to simulate.
+    while k * len(lengths) <= MAX_SIMULATED_SPANS:
         _, left = _greedy(
-            spans, checkpoint_bytes, copies, link, mu, max_chunk, last_unbounded=False
+            list(lengths) * k, checkpoint_bytes, copies, link, mu, max_chunk, last_unbounded=False
         )
         if not left:
             return k
         k += max(1, math.ceil(left / per_iteration))
-    return None
+    return k + copies  # at most one partly used span per copy boundary
 
 
 def _reason(fits: bool, interval: int | None, checkpoint_bytes: int, copies: int) -> str:

@@ -26,7 +26,7 @@ class CephLayout:
     fsid: str
     mon_port: int
     rgw_port: int
-    capacity_bytes: int = 2 << 30
+    capacity_bytes: int = 1 << 30
 
     @property
     def conf(self) -> Path:
@@ -136,7 +136,8 @@ def _osd_options(layout: CephLayout) -> dict[str, str]:
     return {
         "osd data": str(layout.osd_data),
         "osd objectstore": "memstore",
-        # The capacity memstore reports; objects really take memory only as they are written.
+        # Only the size memstore reports (without a manager nothing enforces it); objects take
+        # memory as they are written, about 1.8 bytes per byte stored.
         "memstore device bytes": str(layout.capacity_bytes),
         "osd memory target": str(1 << 30),
         "osd op num shards": "2",

@@ -54,7 +54,7 @@ def lose_node(state_dir: Path, node: str) -> int:
 
 def _table(state_dir: Path, node: str) -> tuple[str, NodeNetwork, int | None]:
     config = nodes.node_config(state_dir, node)
-    net = NodeNetwork.of(Path(config.state_dir), config.spec.index)
+    net = NodeNetwork.of_node_ip(config.node_ip, config.spec.index)
     return f"gemini_{net.octet}_{net.index}", net, config.gid
 
 

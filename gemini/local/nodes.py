@@ -6,6 +6,7 @@ agent.pid, agent.log, pgids/ (process groups of its containers) and pods/ (volum
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from gemini.local import processes
 from gemini.local.nodeagent import procs
-from gemini.local.nodeagent.addressing import NodeNetwork
+from gemini.local.nodeagent.addressing import CLUSTER_OCTETS, NodeNetwork, cluster_octet
 from gemini.local.nodeagent.agent import READY_MARKER
 from gemini.local.nodeagent.config import AgentConfig, NodeSpec
 from gemini.local.pki import Pki
@@ -26,6 +27,8 @@ __all__ = ["NodeAgentError", "NodeSpec", "node_config", "node_dir", "node_names"
            "wait_for_node_agents"]
 
 _AGENT = "agent"
+# Claims on second octets of 127/8, so that two clusters on one machine never share addresses.
+CLAIMS_DIR = Path("/tmp/gemini-local-net")
 
 
 class NodeAgentError(RuntimeError):
@@ -86,8 +89,40 @@ def _check_index_free(state_dir: Path, spec: NodeSpec) -> None:
                                  "give every node of a cluster its own index")
 
 
+def network_octet(state_dir: Path) -> int:
+    """The cluster's second octet: recorded in the state dir, claimed machine-wide once."""
+    record = state_dir / "nodes" / "network.json"
+    if record.exists():
+        return int(json.loads(record.read_text())["octet"])
+    CLAIMS_DIR.mkdir(parents=True, exist_ok=True)
+    first = cluster_octet(state_dir)
+    for octet in sorted(CLUSTER_OCTETS, key=lambda o: (o - first) % len(CLUSTER_OCTETS)):
+        if _claim(CLAIMS_DIR / str(octet), state_dir.resolve()):
+            record.parent.mkdir(parents=True, exist_ok=True)
+            record.write_text(json.dumps({"octet": octet}))
+            return octet
+    raise NodeAgentError(f"all {len(CLUSTER_OCTETS)} local cluster address ranges are in use; "
+                         f"stop other local clusters or clear stale claims in {CLAIMS_DIR}")
+
+
+def _claim(path: Path, state_dir: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        owner = Path(path.read_text().strip() or "/nonexistent")
+        if owner == state_dir:
+            return True
+        if owner.exists() and any(running_agent_pid(owner, n) for n in node_names(owner)):
+            return False
+        path.unlink(missing_ok=True)  # the owner is gone or runs no node: a stale claim
+        return _claim(path, state_dir)
+    with os.fdopen(fd, "w") as f:
+        f.write(str(state_dir))
+    return True
+
+
 def _config(kubeconfig: Path, pki: Pki, state_dir: Path, spec: NodeSpec) -> AgentConfig:
-    net = NodeNetwork.of(state_dir, spec.index)
+    net = NodeNetwork(network_octet(state_dir), spec.index)
     client_cert, client_key = pki.issue(
         f"node-{spec.name}-client", f"system:node:{spec.name}",
         ("system:nodes", "system:masters"), client=True)

@@ -90,16 +90,20 @@ CHILDREN_CREATED = Reason(
     T.CREATED, True, "ChildrenCreated",
     "created {workers} worker pods, the headless service and the peer-auth secret",
 )
-WORKERS_STARTING = Reason(T.RUNNING, False, "WorkersStarting", "{ready} of {total} workers are ready")
+WORKERS_DELETED = Reason(
+    T.CREATED, False, "WorkersDeleted", "the worker pods were deleted because the job is suspended"
+)
+WORKERS_STARTING = Reason(
+    T.RUNNING, False, "WorkersStarting", "{ready} of {total} workers are ready"
+)
 ALL_WORKERS_READY = Reason(T.RUNNING, True, "AllWorkersReady", "all {total} workers are ready")
 JOB_FINISHED = Reason(T.RUNNING, False, "JobFinished", "the job has finished")
 JOB_SUSPENDED = Reason(
     T.SUSPENDED, True, "JobSuspended", "the job is suspended: its worker pods are deleted"
 )
 JOB_RESUMED = Reason(T.SUSPENDED, False, "JobResumed", "the job was resumed")
-RECOVERY_NEEDED = Reason(
-    T.RECOVERING, True, "RecoveryNeeded", "{cause} on ranks {ranks}: {plan}", warning=True
-)
+RUNNING_SUSPENDED = Reason(T.RUNNING, False, "JobSuspended", "the job is suspended")
+RECOVERY_NEEDED = Reason(T.RECOVERING, True, "RecoveryNeeded", "{cause}; {plan}", warning=True)
 RECOVERY_FINISHED = Reason(
     T.RECOVERING, False, "RecoveryFinished", "recovered from {cause}; restored step {step}"
 )
@@ -115,17 +119,13 @@ DEADLINE_EXCEEDED = Reason(
 )
 MAX_RESTARTS_EXCEEDED = Reason(
     T.FAILED, True, "MaxRestartsExceeded",
-    "{cause} on ranks {ranks} after {restarts} recoveries, the most spec.failurePolicy."
-    "maxRestarts allows", warning=True,
+    "{cause}; no recovery left after {restarts} (spec.failurePolicy.maxRestarts)", warning=True,
 )
 FAILURE_POLICY_FAIL_JOB = Reason(
     T.FAILED, True, "FailurePolicyRuleMatched",
-    "{cause} on ranks {ranks} matched failure policy rule {rule}, whose action is FailJob",
-    warning=True,
+    "{cause}; failure policy rule {rule} fails the job", warning=True,
 )
-UNRECOVERABLE = Reason(
-    T.FAILED, True, "Unrecoverable", "{cause} on ranks {ranks}: {plan}", warning=True
-)
+UNRECOVERABLE = Reason(T.FAILED, True, "Unrecoverable", "{cause}; {plan}", warning=True)
 
 # Terminal condition types: once True, the job is finished.
 FINISHED_TYPES = (ConditionType.SUCCEEDED, ConditionType.FAILED)

@@ -224,7 +224,15 @@ def _env(raw: Mapping[str, Any], index: int) -> EnvVar:
 
 def _checkpoint(raw: Mapping[str, Any], default_sidecar_image: str | None) -> CheckpointPolicy:
     sidecar = _sidecar(_obj(raw, "sidecar"), default_sidecar_image)
-    budget = raw.get("memoryBudgetPerNode", sidecar.resources.limits.get("memory"))
+    limit = sidecar.resources.limits.get("memory")
+    budget = raw.get("memoryBudgetPerNode", limit)
+    # A CEL rule comparing the two quantities exceeds the API server's cost budget; check here.
+    if budget is not None and limit is not None and _budget(budget) > parse_quantity(limit):
+        raise SpecError(
+            "spec.checkpoint.memoryBudgetPerNode",
+            f"is {budget} but must fit within the sidecar's memory limit ({limit}); raise "
+            "spec.checkpoint.sidecar.resources.limits.memory or lower the budget",
+        )
     return CheckpointPolicy(
         sidecar=sidecar,
         replicas=_int(raw, "replicas", "spec.checkpoint.replicas", 2, minimum=1, maximum=4),

@@ -19,7 +19,7 @@ from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, Re
 
 from gemini.local import s3 as s3_local
 from gemini.local.s3 import PauseMode, start_s3, stop_s3
-from tests.fixtures.s3 import S3Server, make_client
+from tests.fixtures.s3 import S3Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
 

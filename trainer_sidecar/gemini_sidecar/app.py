@@ -238,7 +238,6 @@ async def serve_forever(cfg: SidecarConfig) -> None:
     """Run a sidecar until SIGTERM/SIGINT; prints one JSON line with the bound ports."""
     import json
     import signal
-    import sys
 
     sidecar = Sidecar(cfg)
     await sidecar.start()
@@ -252,4 +251,4 @@ async def serve_forever(cfg: SidecarConfig) -> None:
         await stop.wait()
     finally:
         await sidecar.stop()
-        print(json.dumps({"event": "stopped", "rank": cfg.rank}), file=sys.stderr, flush=True)
+        log.info("sidecar rank %d stopped", cfg.rank)

@@ -14,8 +14,6 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gemini_trainer.shm import payload_checksum
-
 from gemini_sidecar.config import PeerAddress
 from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.peer_client import FetchFailed, connect
@@ -28,6 +26,7 @@ from gemini_sidecar.protocol import (
     PeerRefused,
     ProtocolError,
 )
+from gemini_trainer.shm import payload_checksum
 
 log = logging.getLogger(__name__)
 REPLY_TIMEOUT_S = 120.0

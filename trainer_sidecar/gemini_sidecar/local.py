@@ -7,6 +7,7 @@ shared memory as in any other recovery.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from gemini_trainer.shm import ShardSlots, SlotError, SlotInfo, shard_path
@@ -74,8 +75,7 @@ class LocalShard:
 
     def close(self) -> None:
         if self._slots is not None:
-            try:
+            # A view may still be referenced (by a traceback, say): then GC unmaps it later.
+            with contextlib.suppress(BufferError):
                 self._slots.close()
-            except BufferError:  # a view is still referenced (e.g. by a traceback): let GC unmap
-                pass
             self._slots = None

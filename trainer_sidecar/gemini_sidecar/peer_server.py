@@ -13,7 +13,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gemini_sidecar.checksum import checksum, word_sum
+from gemini_sidecar.checksum import checksum
 from gemini_sidecar.local import LocalShard, LocalShardError
 from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.protocol import (
@@ -131,14 +131,12 @@ class PeerServer:
             await chan.send_error(str(err))
             return
         try:
-            await chan.recv_into(frame, view)
+            words = await chan.recv_into(frame, view)
         except ChecksumMismatch as err:
             log.warning("%s; asking the sender to resend", err)
             await chan.send_error(f"checksum mismatch at offset {frame.offset}")
             return
-        self.ctx.store.chunk_done(
-            frame.rank, frame.version, frame.offset, frame.length, word_sum(view)
-        )
+        self.ctx.store.chunk_done(frame.rank, frame.version, frame.offset, frame.length, words)
         ack = Frame(FrameType.ACK, frame.rank, frame.version, frame.offset, 0, 0, frame.length)
         await chan.send(ack)
 

@@ -20,7 +20,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-from gemini_sidecar.checksum import checksum
+from gemini_sidecar.checksum import checksum, finish, word_sum
 
 MAGIC = b"GMN1"
 CHALLENGE_MAGIC = b"GMNS"
@@ -162,13 +162,16 @@ class Channel:
             )
         return frame
 
-    async def recv_into(self, frame: Frame, view: memoryview) -> None:
-        """Receive the payload of `frame` into `view` and verify its checksum."""
+    async def recv_into(self, frame: Frame, view: memoryview) -> int:
+        """Receive the payload of `frame` into `view`, verify its checksum; returns its word
+        sum (checksum.word_sum), which the replica store keeps."""
         if len(view) != frame.length:
             raise ProtocolError(f"payload view of {len(view)} bytes for {frame.length}")
         await self._recv_exact(view)
-        if checksum(view) != frame.checksum:
+        words = word_sum(view)
+        if finish(words, frame.length) != frame.checksum:
             raise ChecksumMismatch(frame)
+        return words
 
     async def recv_payload(self, frame: Frame) -> bytes:
         data = await self.recv_bytes(frame.length)

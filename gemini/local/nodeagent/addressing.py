@@ -1,7 +1,7 @@
 """Where a node lives on loopback: its IP, its pods' IPs and the group id its processes run as.
 
 All of 127.0.0.0/8 is routed to `lo` on Linux, so every address below is reachable without
-configuring anything. A cluster (one state directory) gets one second octet, each node one
+configuring anything. A cluster (one state directory) claims one second octet, each node one
 /24 inside it: node `index` of cluster `c` is 127.c.(index+1).1 and its pods take
 127.c.(index+1).2-254. Every process of a node (agent and containers) runs with one group id,
 which lets nftables tell the node's packets apart and lets a power loss find every process.
@@ -16,17 +16,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # Second octets used by clusters; 127.0.x.x stays free for the control plane and the user.
-_FIRST_CLUSTER_OCTET = 100
-_CLUSTER_OCTETS = 100
+CLUSTER_OCTETS = range(100, 200)
 _MAX_NODES = 254
 # Group ids for node processes start here, far above distribution-assigned groups.
 _GID_BASE = 200_000
 
 
 def cluster_octet(state_dir: Path) -> int:
-    """The second octet of every address of the cluster kept in `state_dir` (stable per path)."""
+    """The preferred second octet for the cluster in `state_dir` (a hash of the path); the
+    octet actually used is claimed machine-wide by gemini.local.nodes.network_octet."""
     digest = hashlib.sha256(str(state_dir.resolve()).encode()).digest()
-    return _FIRST_CLUSTER_OCTET + int.from_bytes(digest[:4], "big") % _CLUSTER_OCTETS
+    return CLUSTER_OCTETS[int.from_bytes(digest[:4], "big") % len(CLUSTER_OCTETS)]
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,8 @@ class NodeNetwork:
             raise ValueError(f"node index {self.index} out of range: use 0..{_MAX_NODES - 1}")
 
     @staticmethod
-    def of(state_dir: Path, index: int) -> NodeNetwork:
-        return NodeNetwork(cluster_octet(state_dir), index)
+    def of_node_ip(node_ip: str, index: int) -> NodeNetwork:
+        return NodeNetwork(int(node_ip.split(".")[1]), index)
 
     @property
     def cidr(self) -> str:

@@ -122,12 +122,15 @@ def kill_all_containers(node_dir: Path) -> None:
         procs.forget_group(node_dir, pgid)
 
 
+async def _run(config: AgentConfig) -> None:
+    await NodeAgent(config).run()  # built inside the loop: aiohttp needs a running loop
+
+
 def main(config_path: Path) -> int:
     config = AgentConfig.load(config_path)
     node_dir = Path(config.node_dir)
-    agent = NodeAgent(config)
     loop = asyncio.new_event_loop()
-    task = loop.create_task(agent.run())
+    task = loop.create_task(_run(config))
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, task.cancel)
     try:

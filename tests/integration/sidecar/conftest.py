@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
 from gemini_sidecar.config import PeerAddress, SidecarConfig, make_placement
 from gemini_trainer.shm import ShardSlots, SlotInfo, shard_path
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import PeerAddress
 from gemini_sidecar.peer_client import connect
@@ -16,7 +17,6 @@ from gemini_sidecar.protocol import (
     PeerRefused,
     ProtocolError,
 )
-
 from tests.integration.sidecar.conftest import (
     JOB,
     TOKEN,

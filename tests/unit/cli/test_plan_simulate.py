@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from gemini.cli import main
 
 
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
     assert main([*argv, "--output", "json"]) == 0
-    return json.loads(capsys.readouterr().out)
+    report: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return report
 
 
 @pytest.mark.parametrize(
@@ -34,7 +36,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict:
         ),
     ],
 )
-def test_plan_reports_the_recovery_probability(capsys, argv: list, expected: float) -> None:
+def test_plan_reports_the_recovery_probability(capsys, argv: list[Any], expected: float) -> None:
     report = run_json(capsys, "plan", *argv)
     assert report["recovery_probability"] == pytest.approx(expected)
 
@@ -96,7 +98,7 @@ def test_plan_prints_a_readable_table_by_default(capsys) -> None:
         ),
     ],
 )
-def test_plan_errors_say_what_to_fix(capsys, argv: list, message: str) -> None:
+def test_plan_errors_say_what_to_fix(capsys, argv: list[Any], message: str) -> None:
     assert main(["plan", *argv]) == 1
     assert message in capsys.readouterr().err
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -42,7 +44,7 @@ def test_paper_simulation_at_1000_instances(model: StrategyModel, expected: floa
         ),
     ],
 )
-def test_wasted_time_per_failure(args: tuple, minutes: float) -> None:
+def test_wasted_time_per_failure(args: tuple[Any, ...], minutes: float) -> None:
     assert wasted_seconds_per_failure(*args) / 60 == pytest.approx(minutes, abs=0.01)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -30,7 +31,7 @@ from gemini.domain.placement import (
         pytest.param(3, 1, ((0,), (1,), (2,)), id="m=1 keeps every shard local"),
     ],
 )
-def test_mixed_placement_forms_the_papers_groups(n: int, m: int, groups: tuple) -> None:
+def test_mixed_placement_forms_the_papers_groups(n: int, m: int, groups: tuple[Any, ...]) -> None:
     assert mixed_placement(n, m).groups == groups
 
 
@@ -112,9 +113,22 @@ def test_a_placement_round_trips_through_its_dict_form() -> None:
             },
             id="a rank holding its shard twice",
         ),
+        pytest.param(
+            {"replicas": 1, "groups": [[0]], "holders": {"0": [0], "1": [1]}, "strategy": "x"},
+            id="groups that miss a rank",
+        ),
+        pytest.param(
+            {
+                "replicas": 2,
+                "groups": [[0, 1]],
+                "holders": {"0": [0, 5], "1": [1, 0]},
+                "strategy": "x",
+            },
+            id="a holder that is not a rank",
+        ),
     ],
 )
-def test_bad_placement_documents_are_rejected(document: dict) -> None:
+def test_bad_placement_documents_are_rejected(document: dict[str, Any]) -> None:
     with pytest.raises(PlacementError):
         Placement.from_dict(document)
 
@@ -165,10 +179,17 @@ def _machines(n: int, zones: int, racks: int) -> list[Machine]:
     ],
 )
 def test_domain_aware_spreads_groups(
-    n: int, m: int, zones: int, racks: int, expected: dict
+    n: int, m: int, zones: int, racks: int, expected: dict[str, int]
 ) -> None:
     machines = _machines(n, zones, racks)
     assert domain_spread(domain_aware_placement(machines, m), machines) == expected
+
+
+def test_a_zone_larger_than_the_group_count_forces_sharing_only_there() -> None:
+    # 30 machines, 10 racks, 3 zones: zone z0 holds 4 racks (12 machines) for 10 groups.
+    machines = _machines(30, 3, 10)
+    spread = domain_spread(domain_aware_placement(machines, 3), machines)
+    assert spread == {"zone": 2, "rack": 1, "node": 1}
 
 
 def test_the_reason_explains_an_infeasible_spread() -> None:
@@ -222,7 +243,7 @@ labels = st.lists(
 
 @settings(max_examples=60, deadline=None)
 @given(layout=labels, m=st.integers(1, 4), offset=st.integers(0, 1000))
-def test_domain_aware_invariants_and_optimal_spread(layout: list, m: int, offset: int) -> None:
+def test_domain_aware_invariants_and_optimal_spread(layout: list[Any], m: int, offset: int) -> None:
     if m > len(layout):
         return
     machines = [Machine(offset + 3 * i, "", z, r) for i, (z, r) in enumerate(layout)]

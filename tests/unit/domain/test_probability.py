@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from fractions import Fraction
-from itertools import combinations
+from itertools import combinations, pairwise
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -24,7 +25,7 @@ def ring(n: int, m: int) -> list[tuple[int, ...]]:
     return [tuple((i + j) % n for j in range(m)) for i in range(n)]
 
 
-def brute_force(holder_sets: list, machines: int, k: int) -> Fraction:
+def brute_force(holder_sets: list[Any], machines: int, k: int) -> Fraction:
     sets = [frozenset(h) for h in holder_sets]
     total = ok = 0
     for failed in combinations(range(machines), k):
@@ -96,7 +97,7 @@ def test_edge_cases(n: int, m: int, k: int, expected: Fraction) -> None:
         pytest.param(([[0, 1], []], 1), "at least one holder", id="a shard without holders"),
     ],
 )
-def test_questions_without_answers_raise(args: tuple, message: str) -> None:
+def test_questions_without_answers_raise(args: tuple[Any, ...], message: str) -> None:
     with pytest.raises(ProbabilityError, match=message):
         recovery_probability(*args)
 
@@ -147,7 +148,7 @@ def test_probability_is_monotone_in_failures(n: int, m: int) -> None:
         return
     placement = mixed_placement(n, m)
     values = [recovery_probability(placement, k) for k in range(min(n, 8) + 1)]
-    assert all(a >= b for a, b in zip(values, values[1:], strict=False))
+    assert all(a >= b for a, b in pairwise(values))
 
 
 @settings(max_examples=30, deadline=None)
@@ -163,9 +164,13 @@ def test_group_closed_form_is_a_bound_exact_below_2m(groups: int, m: int, k: int
         assert bound == exact
 
 
-def test_ring_closed_form_is_a_lower_bound() -> None:
-    for k in range(2, 8):
-        assert ring_closed_form(16, 2, k) <= recovery_probability(ring(16, 2), k)
+def test_ring_closed_form_is_a_lower_bound_and_rings_count_alike_either_way() -> None:
+    holders = {i: tuple((i + j) % 16 for j in range(2)) for i in range(16)}
+    ring_placement = Placement(2, (tuple(range(16)),), holders, "ring", "one ring of 16")
+    for k in (2, 3, 5, 8):
+        exact = recovery_probability(ring_placement, k)
+        assert ring_closed_form(16, 2, k) <= exact
+        assert exact == recovery_probability(ring(16, 2), k)
 
 
 def packed(n: int, zones: int, racks: int) -> list[Machine]:
@@ -236,9 +241,12 @@ def test_monte_carlo_is_deterministic_per_seed() -> None:
         pytest.param({"level": "region"}, "zone, rack or node", id="an unknown level"),
         pytest.param({"domains": 4}, "cannot fail 4 of the 3 zones", id="more domains than exist"),
         pytest.param({"trials": 0}, "trials", id="no trials"),
+        pytest.param(
+            {"extra_failures": 9}, "between 0 and 8", id="more extra failures than survive"
+        ),
     ],
 )
-def test_monte_carlo_rejects_bad_questions(kwargs: dict, message: str) -> None:
+def test_monte_carlo_rejects_bad_questions(kwargs: dict[str, Any], message: str) -> None:
     machines = packed(12, 3, 3)
     with pytest.raises(ProbabilityError, match=message):
         monte_carlo_domain_failures(mixed_placement(12, 2), machines, **kwargs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -49,7 +50,7 @@ from gemini.domain.recovery import (
         ),
     ],
 )
-def test_classify_failure(observed: dict, kind: FailureKind | None) -> None:
+def test_classify_failure(observed: dict[str, Any], kind: FailureKind | None) -> None:
     assert classify_failure(hang_timeout_seconds=300, **observed) is kind
 
 
@@ -145,20 +146,17 @@ def test_copies_from_lost_holders_are_ignored() -> None:
 
 
 @pytest.mark.parametrize(
-    ("checksums", "expected"),
+    ("lost", "expected"),
     [
-        pytest.param(
-            {2: "good", 3: "bad"},
-            ("local", "good"),
-            id="the owner's own checksum wins a disagreement",
-        ),
+        pytest.param([], ("local", 2, "own"), id="the owner's own checksum wins a disagreement"),
+        pytest.param([2], ("peer", 3, "peer"), id="with the owner lost the remaining copy serves"),
     ],
 )
-def test_checksum_disagreement_trusts_the_owner(checksums: dict, expected: tuple) -> None:
+def test_checksum_disagreement_trusts_the_owner(lost: list[int], expected: tuple[Any, ...]) -> None:
     copies = [c for c in inventory(P8, [5]) if c.rank != 2]
-    copies += [ShardCopy(2, 5, h, True, s) for h, s in checksums.items()]
-    source = plan_recovery(2, P8, [3], [], copies, []).sources[2]
-    assert (source.kind, source.checksum) == expected
+    copies += [ShardCopy(2, 5, 2, True, "own"), ShardCopy(2, 5, 3, True, "peer")]
+    source = plan_recovery(2, P8, [2], lost, copies, []).sources[2]
+    assert (source.kind, source.holder, source.checksum) == expected
 
 
 def test_a_checksum_tie_without_the_owner_leaves_the_shard_to_s3() -> None:
@@ -202,7 +200,7 @@ def test_fetches_are_spread_across_holders() -> None:
         ),
     ],
 )
-def test_contradictory_inputs_raise(args: tuple, message: str) -> None:
+def test_contradictory_inputs_raise(args: tuple[Any, ...], message: str) -> None:
     with pytest.raises(RecoveryPlanError, match=message):
         plan_recovery(*args)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -64,7 +66,7 @@ from gemini.domain.traffic import (
         ),
     ],
 )
-def test_idle_spans(iterations, lengths, min_span: float, expected: list) -> None:
+def test_idle_spans(iterations, lengths, min_span: float, expected: list[Any]) -> None:
     assert list(idle_spans(iterations, min_span, lengths)) == expected
 
 
@@ -164,10 +166,10 @@ def test_m1_sends_nothing() -> None:
         pytest.param({"checkpoint_bytes": -1}, "checkpoint_bytes", id="a negative checkpoint"),
     ],
 )
-def test_bad_schedules_raise(kwargs: dict, message: str) -> None:
-    args = {"spans": [1.0], "checkpoint_bytes": 10, "copies": 1, "link": LINK} | kwargs
+def test_bad_schedules_raise(kwargs: dict[str, Any], message: str) -> None:
+    args: dict[str, Any] = {"spans": [1.0], "checkpoint_bytes": 10, "copies": 1, "link": LINK}
     with pytest.raises(TrafficError, match=message):
-        schedule_checkpoint(**args)
+        schedule_checkpoint(**(args | kwargs))
 
 
 def test_links_need_bandwidth() -> None:

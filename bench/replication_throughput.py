@@ -1,0 +1,151 @@
+"""Peer replication throughput of a 1 GiB shard: two sidecar processes vs raw TCP.
+
+Target (issue 4): sidecar-to-sidecar throughput >= 0.9 x the throughput of a plain Python
+TCP transfer between two processes on the same path (loopback), same bytes, same run.
+
+Baseline: a receiver process recv_into()s into a prefaulted 1 GiB buffer, a sender process
+sendall()s the same shard straight from the trainer's shared-memory slot, acknowledged with
+one byte. Sidecar: the bench commits a new version into rank 0's slot file (as the trainer
+does), POSTs /notify, and reads rank 0's own measurement of that send (first byte out to the
+peer's final acknowledgement, checksums included) from /inventory. Two warm-up versions
+allocate the receiver's two replica slots first, as in steady state. Raw and sidecar runs
+alternate, RUNS each; medians. BENCH_BYTES overrides the size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _sidecar_procs import JOB, ROOT, SidecarProc, commit_version, free_port, pattern, wait_until
+
+SIZE = int(os.environ.get("BENCH_BYTES", str(1 << 30)))
+RUNS = int(os.environ.get("BENCH_RUNS", "5"))
+GIB = float(1 << 30)
+
+RAW_RECEIVER = """
+import socket, sys
+size, port = int(sys.argv[1]), int(sys.argv[2])
+buf = bytearray(size)
+buf[:] = b"\\1" * size  # prefault, like the sidecar's reused replica buffers
+view = memoryview(buf)
+ls = socket.socket(); ls.bind(("127.0.0.1", port)); ls.listen(1)
+print("ready", flush=True)
+conn, _ = ls.accept()
+got = 0
+while got < size:
+    n = conn.recv_into(view[got:])
+    if n == 0:
+        raise SystemExit("sender went away")
+    got += n
+conn.sendall(b"k")
+"""
+
+RAW_SENDER = """
+import socket, sys, time
+sys.path[:0] = sys.argv[3:5]
+from gemini_trainer.shm import ShardSlots
+path, port = sys.argv[1], int(sys.argv[2])
+slots = ShardSlots(path)
+info = slots.latest_complete()
+view = slots.read(info.version)
+start = time.perf_counter()
+s = socket.create_connection(("127.0.0.1", port))
+s.sendall(view)
+assert s.recv(1) == b"k"
+print(time.perf_counter() - start, flush=True)
+import time as _t; _t.sleep(0.3)  # stay alive so the bench can read our CPU time
+"""
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a live process (from /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def raw_run(slot_path: Path) -> tuple[float, float]:
+    """(GiB/s, CPU seconds of both processes during the transfer)."""
+    port = free_port()
+    recv = subprocess.Popen([sys.executable, "-c", RAW_RECEIVER, str(SIZE), str(port)],
+                            stdout=subprocess.PIPE, text=True)
+    assert recv.stdout is not None and recv.stdout.readline().strip() == "ready"
+    recv_cpu = cpu_seconds(recv.pid)
+    send = subprocess.Popen(
+        [sys.executable, "-c", RAW_SENDER, str(slot_path), str(port), str(ROOT),
+         str(ROOT / "trainer_sidecar")], stdout=subprocess.PIPE, text=True)
+    assert send.stdout is not None
+    seconds = float(send.stdout.readline().strip())
+    cpu = cpu_seconds(send.pid) + cpu_seconds(recv.pid) - recv_cpu
+    send.wait(60)
+    recv.wait(60)
+    return SIZE / seconds / GIB, cpu
+
+
+def sidecar_run(sender: SidecarProc, holder: SidecarProc, slots, version: int, data
+                ) -> tuple[float, float]:
+    commit_version(slots, version, data)
+    cpu0 = cpu_seconds(sender.proc.pid) + cpu_seconds(holder.proc.pid)
+    sender.api("POST", "/notify", {"version": version})
+
+    def acked() -> bool:
+        peer = sender.api("GET", "/inventory")["sending"]["peers"].get("1", {})
+        if peer.get("last_error"):
+            raise RuntimeError(f"replication failed: {peer['last_error']}")
+        return bool(peer.get("acked_version") == version)
+
+    wait_until(acked, every=0.01)
+    cpu = cpu_seconds(sender.proc.pid) + cpu_seconds(holder.proc.pid) - cpu0
+    seconds = sender.api("GET", "/inventory")["sending"]["peers"]["1"]["last_seconds"]
+    return SIZE / float(seconds) / GIB, cpu
+
+
+def main() -> None:
+    shm_root = Path(tempfile.mkdtemp(prefix="gemini-bench-", dir="/dev/shm"))
+    ports = {0: free_port(), 1: free_port()}
+    sender = SidecarProc(0, 2, shm_root, ports, send_to="1")
+    holder = SidecarProc(1, 2, shm_root, ports, hold="0")
+    slots = sender.slots(SIZE)
+    data = pattern(SIZE, 1)
+    raw_rates, car_rates, raw_cpu, car_cpu = [], [], [], []
+    try:
+        for version in (1, 2):  # warm-up: both replica slots allocated
+            sidecar_run(sender, holder, slots, version, data)
+        for i in range(RUNS):
+            rate, cpu = raw_run(slots.path)
+            raw_rates.append(rate)
+            raw_cpu.append(cpu)
+            rate, cpu = sidecar_run(sender, holder, slots, 3 + i, data)
+            car_rates.append(rate)
+            car_cpu.append(cpu)
+            print(f"run {i}: raw {raw_rates[-1]:.2f} GiB/s ({raw_cpu[-1]:.2f} CPU s), "
+                  f"sidecar {car_rates[-1]:.2f} GiB/s ({car_cpu[-1]:.2f} CPU s)", flush=True)
+        inv = holder.api("GET", "/inventory")
+        newest = max(r["version"] for r in inv["replicas"] if r["complete"])
+        assert newest == 2 + RUNS, inv["replicas"]
+    finally:
+        slots.close()
+        sender.stop()
+        holder.stop()
+        for path in sorted(shm_root.rglob("*"), reverse=True):
+            path.unlink() if path.is_file() else path.rmdir()
+        shm_root.rmdir()
+    raw, car = statistics.median(raw_rates), statistics.median(car_rates)
+    print(f"{SIZE} bytes, job {JOB}: raw TCP median {raw:.2f} GiB/s, sidecar median "
+          f"{car:.2f} GiB/s (checksummed, acknowledged, into preallocated replica memory)")
+    print(json.dumps({"metric": "replication_throughput_ratio_vs_raw_tcp",
+                      "value": round(car / raw, 3), "target": 0.9, "better": "higher",
+                      "unit": "ratio", "raw_gib_s": round(raw, 3),
+                      "sidecar_gib_s": round(car, 3)}))
+
+
+if __name__ == "__main__":
+    main()

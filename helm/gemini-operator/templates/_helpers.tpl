@@ -1,0 +1,91 @@
+{{/*
+Names and labels shared by every template (the names Helm's own scaffold uses).
+*/}}
+
+{{/* The chart name, or nameOverride; 63 characters at most (a DNS label). */}}
+{{- define "gemini-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The base name of every object: fullnameOverride, or "<release>-<chart>" (just the release name
+when it already contains the chart name); capped at 63 characters because some Kubernetes name
+fields are DNS labels.
+*/}}
+{{- define "gemini-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "<chart>-<version>" for the helm.sh/chart label ('+' is not allowed in label values). */}}
+{{- define "gemini-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels every object carries. */}}
+{{- define "gemini-operator.labels" -}}
+helm.sh/chart: {{ include "gemini-operator.chart" . }}
+{{ include "gemini-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gemini-operator
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The labels that select the operator's pods; immutable once a Deployment exists. */}}
+{{- define "gemini-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gemini-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* The ServiceAccount the operator runs as. */}}
+{{- define "gemini-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "gemini-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false: name an existing ServiceAccount bound to the operator's RBAC" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* "repository:tag" (or "repository@digest"); the tag defaults to the chart's appVersion. */}}
+{{- define "gemini-operator.imageRef" -}}
+{{- if .image.digest }}
+{{- printf "%s@%s" .image.repository .image.digest }}
+{{- else }}
+{{- printf "%s:%s" .image.repository (default .appVersion .image.tag | toString) }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's image. */}}
+{{- define "gemini-operator.image" -}}
+{{- include "gemini-operator.imageRef" (dict "image" .Values.image "appVersion" .Chart.AppVersion) }}
+{{- end }}
+
+{{/* The default checkpoint sidecar image for GeminiJobs that do not name one. */}}
+{{- define "gemini-operator.sidecarImage" -}}
+{{- include "gemini-operator.imageRef" (dict "image" .Values.sidecarImage "appVersion" .Chart.AppVersion) }}
+{{- end }}
+
+{{/*
+Refuse a monitoring.coreos.com object when the cluster does not serve its kind: installing it
+would fail later with a less helpful "no matches for kind" error.
+Arguments: (list $ "ServiceMonitor" "serviceMonitor")
+*/}}
+{{- define "gemini-operator.requirePrometheusOperator" -}}
+{{- $root := index . 0 }}
+{{- $kind := index . 1 }}
+{{- $key := index . 2 }}
+{{- if not ($root.Capabilities.APIVersions.Has (printf "monitoring.coreos.com/v1/%s" $kind)) }}
+{{- fail (printf "%s.enabled is true, but this cluster does not serve monitoring.coreos.com/v1 %s: install the Prometheus Operator (or kube-prometheus-stack) CRDs first, or set %s.enabled=false and scrape the metrics Service yourself. With `helm template`, pass --api-versions monitoring.coreos.com/v1/%s." $key $kind $key $kind) }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,166 @@
+"""Failure detection, classification and the failure policy: pure functions over views.
+
+A rank has failed when its pod is gone, going away, or Failed (hardware for the planner: the
+sidecar's memory went with it), when its node is not Ready (hardware), when the launcher
+reports that the training process died on a live pod (software), or when the job made no
+progress for the hang timeout (hang). Each failure carries the reason and exit code the
+failure policy rules match on; the first matching rule decides, JobSet-style.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from gemini.domain.recovery import FailureKind
+from gemini_operator.observed import NodeView, PodView
+from gemini_operator.spec import FailurePolicy, FailureRule, RuleAction
+
+
+class FailureReason(StrEnum):
+    """The values of failurePolicy.rules[].onPodFailureReasons (the CRD's enum)."""
+
+    ERROR = "Error"
+    OOM_KILLED = "OOMKilled"
+    EVICTED = "Evicted"
+    PREEMPTED = "Preempted"
+    NODE_LOST = "NodeLost"
+    POD_DELETED = "PodDeleted"
+    HANG = "Hang"
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    kind: FailureKind
+    reason: FailureReason
+    exit_code: int | None
+    detail: str  # a lower-case phrase for messages: "the pod was evicted"
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The newest training step seen and when it was first seen (from heartbeats/inventory)."""
+
+    step: int
+    since: datetime
+
+
+@dataclass(frozen=True)
+class PolicyDecision:
+    action: RuleAction
+    rule: FailureRule | None  # None: no rule matched, the default (RestartJob) applies
+    counts: bool  # whether the recovery counts against maxRestarts
+
+
+_DISRUPTIONS = {
+    "PreemptionByScheduler": (FailureReason.PREEMPTED, "the pod was preempted"),
+    "EvictionByEvictionAPI": (FailureReason.EVICTED, "the pod was evicted"),
+    "DeletionByTaintManager": (FailureReason.NODE_LOST, "the pod was evicted from a lost node"),
+    "TerminationByKubelet": (FailureReason.EVICTED, "the kubelet terminated the pod"),
+}
+
+
+def detect_failures(
+    pods: Mapping[int, PodView],
+    nodes: Mapping[str, NodeView],
+    num_nodes: int,
+    expected: frozenset[int],
+    process_exits: Mapping[int, int] | None = None,
+) -> tuple[RankFailure, ...]:
+    """Failed ranks among `expected` (the ranks that should have a live pod now)."""
+    failures = []
+    for rank in sorted(expected):
+        if rank >= num_nodes:
+            continue
+        failure = _rank_failure(rank, pods.get(rank), nodes, (process_exits or {}).get(rank))
+        if failure is not None:
+            failures.append(failure)
+    return tuple(failures)
+
+
+def detect_hang(
+    progress: Progress | None, now: datetime, hang_timeout_seconds: int, ranks: Sequence[int]
+) -> tuple[RankFailure, ...]:
+    """Every rank is hung when the job made no progress for the timeout (training is
+    synchronous: one stuck rank stalls them all, and we cannot tell which from outside)."""
+    if progress is None or (now - progress.since).total_seconds() <= hang_timeout_seconds:
+        return ()
+    detail = f"no training progress past step {progress.step} for {hang_timeout_seconds} s"
+    return tuple(RankFailure(r, FailureKind.HANG, FailureReason.HANG, None, detail) for r in ranks)
+
+
+def _rank_failure(
+    rank: int, pod: PodView | None, nodes: Mapping[str, NodeView], process_exit: int | None,
+) -> RankFailure | None:
+    hardware = FailureKind.HARDWARE
+    if pod is None:
+        return RankFailure(rank, hardware, FailureReason.POD_DELETED, None, "the pod was deleted")
+    if pod.disruption_reason in _DISRUPTIONS:
+        reason, detail = _DISRUPTIONS[pod.disruption_reason]
+        return RankFailure(rank, hardware, reason, None, detail)
+    if pod.phase == "Failed":
+        return _failed_pod(rank, pod)
+    if pod.deleting:
+        return RankFailure(rank, hardware, FailureReason.POD_DELETED, None, "the pod was deleted")
+    if pod.node_name and not _node_ready(nodes.get(pod.node_name)):
+        return RankFailure(rank, hardware, FailureReason.NODE_LOST, None,
+                           f"node {pod.node_name} is not ready")
+    if process_exit is not None and process_exit != 0:
+        return RankFailure(rank, FailureKind.SOFTWARE, FailureReason.ERROR, process_exit,
+                           f"the training process exited with code {process_exit}")
+    return None
+
+
+def _failed_pod(rank: int, pod: PodView) -> RankFailure:
+    hardware = FailureKind.HARDWARE
+    if pod.status_reason == "Evicted":
+        return RankFailure(rank, hardware, FailureReason.EVICTED, None, "the pod was evicted")
+    code = pod.trainer_exit.exit_code if pod.trainer_exit else None
+    if pod.trainer_exit is not None and pod.trainer_exit.reason == "OOMKilled":
+        return RankFailure(rank, hardware, FailureReason.OOM_KILLED, code,
+                           "the trainer ran out of memory")
+    what = "the pod failed" if code is None else f"the trainer container exited with code {code}"
+    return RankFailure(rank, hardware, FailureReason.ERROR, code, what)
+
+
+def _node_ready(node: NodeView | None) -> bool:
+    return node is not None and node.ready
+
+
+def matching_rule(rules: Sequence[FailureRule], failure: RankFailure) -> FailureRule | None:
+    """The first rule whose conditions all hold: exit code listed (when the rule lists codes)
+    and reason listed (when it lists reasons)."""
+    for rule in rules:
+        if rule.on_exit_codes and failure.exit_code not in rule.on_exit_codes:
+            continue
+        if rule.on_pod_failure_reasons and failure.reason.value not in rule.on_pod_failure_reasons:
+            continue
+        return rule
+    return None
+
+
+def decide(policy: FailurePolicy, failures: Sequence[RankFailure]) -> PolicyDecision:
+    """One decision for simultaneous failures: FailJob wins; the recovery is free only when
+    every failure matched a RestartJobAndIgnoreMaxRestarts rule."""
+    matched = [(f, matching_rule(policy.rules, f)) for f in failures]
+    for _, rule in matched:
+        if rule is not None and rule.action is RuleAction.FAIL_JOB:
+            return PolicyDecision(RuleAction.FAIL_JOB, rule, counts=False)
+    free = bool(matched) and all(
+        r is not None and r.action is RuleAction.RESTART_JOB_AND_IGNORE_MAX_RESTARTS
+        for _, r in matched
+    )
+    first_rule = next((r for _, r in matched if r is not None), None)
+    if free:
+        return PolicyDecision(RuleAction.RESTART_JOB_AND_IGNORE_MAX_RESTARTS, first_rule, False)
+    return PolicyDecision(RuleAction.RESTART_JOB, first_rule, counts=True)
+
+
+def describe(failures: Sequence[RankFailure], limit: int = 3) -> str:
+    """`rank 2: the pod was evicted; rank 5: node n3 is not ready (and 4 more)`."""
+    parts = [f"rank {f.rank}: {f.detail}" for f in failures[:limit]]
+    more = f" (and {len(failures) - limit} more)" if len(failures) > limit else ""
+    return "; ".join(parts) + more

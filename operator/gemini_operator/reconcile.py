@@ -1,0 +1,474 @@
+"""One reconcile of one GeminiJob as a pure function: observed state in, decision out.
+
+`reconcile(observed, config)` runs a short list of guarded steps (invalid spec, finished,
+suspended, deadline, children, success, failures, placement, readiness); a step that settles
+the job stops the list. The `Decision` holds the actions for the executor (an action table in
+`reconciler.py` maps each action type to its handler), the new status (written once, only if
+changed) and the events to send after that write. No clock is read: `observed.now` is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from gemini.domain.placement import Machine, Placement, domain_aware_placement, mixed_placement
+from gemini.domain.recovery import FailureKind, worst_failure
+from gemini_operator import conditions as cond
+from gemini_operator import render
+from gemini_operator.conditions import ConditionType, Reason
+from gemini_operator.failures import (
+    Progress,
+    RankFailure,
+    decide,
+    describe,
+    detect_failures,
+    detect_hang,
+)
+from gemini_operator.observed import NodeView, PodView
+from gemini_operator.spec import (
+    JobSpec,
+    PlacementStrategy,
+    RuleAction,
+    SpecError,
+    parse_spec,
+    validate_job_name,
+)
+from gemini_operator.status import JobStatus, WorkerCounts
+
+Manifest = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class JobView:
+    name: str
+    namespace: str
+    uid: str
+    generation: int
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any] | None = None
+
+    @property
+    def ref(self) -> render.JobRef:
+        return render.JobRef(self.name, self.namespace, self.uid)
+
+    @staticmethod
+    def from_object(obj: Mapping[str, Any]) -> JobView:
+        meta = obj.get("metadata") or {}
+        return JobView(
+            name=str(meta.get("name", "")),
+            namespace=str(meta.get("namespace", "")),
+            uid=str(meta.get("uid", "")),
+            generation=int(meta.get("generation", 0)),
+            spec=obj.get("spec") or {},
+            status=obj.get("status"),
+        )
+
+
+@dataclass(frozen=True)
+class Observed:
+    job: JobView
+    pods: Mapping[int, PodView]  # the worker pod of each rank (one name per rank)
+    nodes: Mapping[str, NodeView]
+    has_service: bool
+    has_secret: bool
+    now: datetime
+    pending_creates: frozenset[int] = frozenset()  # created by us, not yet seen in the cache
+    process_exits: Mapping[int, int] = field(default_factory=dict)  # from the launchers
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True)
+class ReconcileConfig:
+    render: render.RenderConfig = field(default_factory=render.RenderConfig)
+    default_sidecar_image: str | None = None
+
+
+# Actions: what the executor does, in this order.
+@dataclass(frozen=True)
+class CreateSecret:
+    """The per-job peer-auth Secret; the executor generates the token."""
+
+
+@dataclass(frozen=True)
+class CreateService:
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class CreatePods:
+    manifests: tuple[Manifest, ...]
+
+
+@dataclass(frozen=True)
+class DeletePods:
+    names: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class DeliverPlacement:
+    """Tell every sidecar whose shards it holds and where its peers are."""
+
+    placement: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Recover:
+    """Recover from `failures` (planned with gemini.domain's planner by the executor, which
+    reads the sidecars' inventory first)."""
+
+    kind: FailureKind
+    failures: tuple[RankFailure, ...]
+
+
+@dataclass(frozen=True)
+class DeleteJob:
+    """The TTL after finishing has passed."""
+
+
+Action = (
+    CreateSecret | CreateService | CreatePods | DeletePods | DeliverPlacement | Recover | DeleteJob
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    reason: str
+    message: str
+    warning: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: JobStatus
+    actions: tuple[Action, ...] = ()
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None  # seconds until the next time-based check
+
+
+class _Plan:
+    """What the steps accumulate; turned into the frozen Decision at the end."""
+
+    def __init__(self, observed: Observed, status: JobStatus) -> None:
+        self.observed = observed
+        self.now = _timestamp(observed.now)
+        self.generation = observed.job.generation
+        self.status = status
+        self.actions: list[Action] = []
+        self.events: list[Event] = []
+        self.requeue: list[float] = []
+
+    def set(self, reason: Reason, **values: object) -> None:
+        new = reason.condition(self.now, self.generation, **values)
+        self.status = self.status.with_changes(
+            conditions=cond.upsert(self.status.conditions, new)
+        )
+
+    def is_true(self, kind: ConditionType) -> bool:
+        return cond.is_true(self.status.conditions, kind)
+
+    def decision(self, old: JobStatus) -> Decision:
+        events = _transition_events(old, self.status) + self.events
+        after = min(self.requeue) if self.requeue else None
+        return Decision(self.status, tuple(self.actions), tuple(events), after)
+
+
+Step = Callable[[Observed, JobSpec, ReconcileConfig, _Plan], bool]
+
+
+def reconcile(observed: Observed, config: ReconcileConfig) -> Decision:
+    old = JobStatus.from_dict(observed.job.status)
+    plan = _Plan(observed, old.with_changes(observed_generation=observed.job.generation))
+    try:
+        validate_job_name(observed.job.name)
+        spec = parse_spec(observed.job.spec, config.default_sidecar_image)
+    except SpecError as err:
+        _refuse(plan, err)
+        return plan.decision(old)
+    plan.status = plan.status.with_changes(workers=_counts(observed, spec, old.restart_attempt))
+    steps: tuple[Step, ...] = (
+        _finished, _suspended, _deadline, _children, _succeeded, _failures, _placement, _running,
+    )
+    for step in steps:
+        if step(observed, spec, config, plan):
+            break
+    return plan.decision(old)
+
+
+def _refuse(plan: _Plan, err: SpecError) -> None:
+    if plan.is_true(ConditionType.FAILED):
+        return
+    plan.set(cond.INVALID_SPEC, detail=str(err))
+    _finish(plan)
+    plan.actions.extend(_delete_all(plan.observed, "the spec is invalid"))
+
+
+def _finished(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
+    if not any(plan.is_true(t) for t in cond.FINISHED_TYPES):
+        return False
+    active = [p.name for p in observed.pods.values() if not p.terminal and not p.deleting]
+    if active:
+        plan.actions.append(DeletePods(tuple(sorted(active)), "the job has finished"))
+    ttl = spec.ttl_seconds_after_finished
+    finished_at = _parse_time(plan.status.completion_time)
+    if ttl is not None and finished_at is not None:
+        left = (finished_at + timedelta(seconds=ttl) - observed.now).total_seconds()
+        if left <= 0:
+            plan.actions.append(DeleteJob())
+        else:
+            plan.requeue.append(left)
+    return True
+
+
+def _suspended(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
+    if not spec.suspend:
+        if plan.is_true(ConditionType.SUSPENDED):
+            plan.set(cond.JOB_RESUMED)
+            # New pods for a new attempt; the deadline clock restarts, as for a Job.
+            plan.status = plan.status.with_changes(
+                restart_attempt=plan.status.restart_attempt + 1, start_time=None
+            )
+        return False
+    if not plan.is_true(ConditionType.SUSPENDED):
+        plan.set(cond.JOB_SUSPENDED)
+    if plan.is_true(ConditionType.CREATED):
+        plan.set(cond.WORKERS_DELETED)
+    plan.set(cond.RUNNING_SUSPENDED)
+    plan.status = plan.status.with_changes(start_time=None)
+    plan.actions.extend(_delete_all(observed, "the job is suspended"))
+    return True
+
+
+def _deadline(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
+    started = _parse_time(plan.status.start_time)
+    if spec.active_deadline_seconds is None or started is None:
+        return False
+    left = (started + timedelta(seconds=spec.active_deadline_seconds) - observed.now)
+    if left.total_seconds() > 0:
+        plan.requeue.append(left.total_seconds())
+        return False
+    plan.set(cond.DEADLINE_EXCEEDED, seconds=spec.active_deadline_seconds)
+    _finish(plan)
+    plan.actions.extend(_delete_all(observed, "the job exceeded its active deadline"))
+    return True
+
+
+def _children(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
+    """Secret, Service and, until every rank has its pod, the missing worker pods."""
+    if plan.status.start_time is None:
+        plan.status = plan.status.with_changes(start_time=plan.now)
+    if not observed.has_secret:
+        plan.actions.append(CreateSecret())
+    if not observed.has_service:
+        plan.actions.append(CreateService(render.headless_service(observed.job.ref, config.render)))
+    if plan.is_true(ConditionType.CREATED):
+        return False
+    attempt = plan.status.restart_attempt
+    stale = [p.name for p in observed.pods.values() if p.attempt != attempt and not p.deleting]
+    if stale:
+        plan.actions.append(DeletePods(tuple(sorted(stale)), "the pod belongs to an older attempt"))
+    missing = [r for r in range(spec.num_nodes)
+               if r not in observed.pods and r not in observed.pending_creates]
+    if missing:
+        plan.actions.append(CreatePods(tuple(
+            _worker(observed, spec, config, rank, attempt) for rank in missing
+        )))
+        plan.events.append(Event("CreatedWorkers", f"created worker pods for {_ranks(missing)}"))
+    waiting = [r for r in range(spec.num_nodes)
+               if r in observed.pods and observed.pods[r].attempt != attempt]
+    if not waiting:
+        plan.set(cond.CHILDREN_CREATED, workers=spec.num_nodes)
+    return True  # the pods are new: nothing else to judge until they are observed
+
+
+def _succeeded(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
+    current = _current_pods(observed, plan.status.restart_attempt)
+    if len(current) < spec.num_nodes or any(p.phase != "Succeeded" for p in current.values()):
+        return False
+    plan.set(cond.ALL_WORKERS_SUCCEEDED, total=spec.num_nodes)
+    _finish(plan)
+    if spec.ttl_seconds_after_finished is not None:
+        plan.requeue.append(float(spec.ttl_seconds_after_finished))
+    return True
+
+
+def _failures(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
+    current = _current_pods(observed, plan.status.restart_attempt)
+    expected = frozenset(
+        r for r in range(spec.num_nodes)
+        if r not in observed.pending_creates and not (r in current and current[r].phase ==
+                                                         "Succeeded")
+    )
+    failures = detect_failures(current, observed.nodes, spec.num_nodes, expected,
+                               observed.process_exits)
+    if not failures:
+        failures = detect_hang(observed.progress, observed.now,
+                               spec.failure_policy.hang_timeout_seconds, sorted(expected))
+    if plan.is_true(ConditionType.RECOVERING):
+        # A recovery is under way (perhaps begun by a previous operator): continue it.
+        plan.actions.append(Recover(_kind(failures), failures))
+        return True
+    if not failures:
+        return False
+    _decide_recovery(spec, plan, failures)
+    return True
+
+
+def _decide_recovery(spec: JobSpec, plan: _Plan, failures: tuple[RankFailure, ...]) -> None:
+    decision = decide(spec.failure_policy, failures)
+    cause = describe(failures)
+    if decision.action is RuleAction.FAIL_JOB:
+        rule = decision.rule.name if decision.rule else ""
+        plan.set(cond.FAILURE_POLICY_FAIL_JOB, cause=cause, rule=rule)
+        _finish(plan)
+        plan.actions.extend(_delete_all(plan.observed, "the failure policy failed the job"))
+        return
+    if decision.counts and plan.status.restarts >= spec.failure_policy.max_restarts:
+        plan.set(cond.MAX_RESTARTS_EXCEEDED, cause=cause, restarts=plan.status.restarts)
+        _finish(plan)
+        plan.actions.extend(_delete_all(plan.observed, "the job ran out of restarts"))
+        return
+    kind = _kind(failures)
+    plan.set(cond.RECOVERY_NEEDED, cause=cause, plan=_intent(kind))
+    if decision.counts:
+        plan.status = plan.status.with_changes(restarts=plan.status.restarts + 1)
+    plan.actions.append(Recover(kind, failures))
+
+
+def _placement(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
+    """Once every worker is scheduled, place replicas by the nodes' failure domains."""
+    current = _current_pods(observed, plan.status.restart_attempt)
+    if len(current) < spec.num_nodes or any(not p.node_name for p in current.values()):
+        return False
+    nodes = {str(r): p.node_name for r, p in sorted(current.items())}
+    old = plan.status.placement
+    if old is not None and old.get("nodes") == nodes:
+        return False
+    doc = placement_document(spec, current, observed.nodes, plan.status.restart_attempt)
+    plan.status = plan.status.with_changes(placement=doc)
+    plan.events.append(Event("PlacementComputed", str(doc["reason"])))
+    if spec.checkpoint.placement is PlacementStrategy.DOMAIN_AWARE or old is not None:
+        plan.actions.append(DeliverPlacement(doc))
+    return False
+
+
+def _running(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
+    workers = plan.status.workers
+    if workers.ready == spec.num_nodes:
+        plan.set(cond.ALL_WORKERS_READY, total=spec.num_nodes)
+    else:
+        plan.set(cond.WORKERS_STARTING, ready=workers.ready, total=spec.num_nodes)
+    return True
+
+
+def placement_document(
+    spec: JobSpec, pods: Mapping[int, PodView], nodes: Mapping[str, NodeView], attempt: int,
+) -> dict[str, Any]:
+    """The placement for the scheduled workers, as status.placement stores it."""
+    replicas = spec.checkpoint.replicas
+    if spec.checkpoint.placement is PlacementStrategy.MIXED:
+        placement = mixed_placement(spec.num_nodes, replicas)
+    else:
+        machines = [_machine(rank, pod.node_name, nodes.get(pod.node_name))
+                    for rank, pod in sorted(pods.items())]
+        placement = domain_aware_placement(machines, replicas)
+    doc = placement.to_dict()
+    doc["restartAttempt"] = attempt
+    doc["nodes"] = {str(r): p.node_name for r, p in sorted(pods.items())}
+    return doc
+
+
+def peer_assignment(
+    placement: Placement, rank: int, job: render.JobRef, config: render.RenderConfig,
+) -> render.PeerAssignment:
+    """Rank `rank`'s part of `placement`, with its peers' stable DNS addresses."""
+    holds, sends = placement.receives_from(rank), placement.sends_to(rank)
+    peers = {r: f"{render.worker_host(job, r, config)}:{config.sidecar_port}"
+             for r in sorted(set(holds) | set(sends))}
+    return render.PeerAssignment(hold_ranks=holds, send_to=sends, peers=peers)
+
+
+def _worker(
+    observed: Observed, spec: JobSpec, config: ReconcileConfig, rank: int, attempt: int
+) -> Manifest:
+    assignment = None
+    if spec.checkpoint.placement is PlacementStrategy.MIXED:
+        # Known before scheduling: Mixed placement depends on ranks only.
+        placement = mixed_placement(spec.num_nodes, spec.checkpoint.replicas)
+        assignment = peer_assignment(placement, rank, observed.job.ref, config.render)
+    return render.worker_pod(observed.job.ref, spec, rank, attempt, config.render, assignment)
+
+
+def _machine(rank: int, node_name: str, node: NodeView | None) -> Machine:
+    if node is None:
+        return Machine(rank=rank, node=node_name)
+    return Machine(rank=rank, node=node_name, zone=node.zone, rack=node.rack)
+
+
+def _counts(observed: Observed, spec: JobSpec, attempt: int) -> WorkerCounts:
+    current = _current_pods(observed, attempt).values()
+    return WorkerCounts(
+        total=spec.num_nodes,
+        active=sum(1 for p in current if not p.terminal and not p.deleting),
+        ready=sum(1 for p in current if p.ready and not p.deleting),
+        succeeded=sum(1 for p in current if p.phase == "Succeeded"),
+        failed=sum(1 for p in current if p.phase == "Failed"),
+    )
+
+
+def _current_pods(observed: Observed, attempt: int) -> dict[int, PodView]:
+    return {r: p for r, p in observed.pods.items() if p.attempt == attempt}
+
+
+def _delete_all(observed: Observed, reason: str) -> list[Action]:
+    names = sorted(p.name for p in observed.pods.values() if not p.deleting)
+    return [DeletePods(tuple(names), reason)] if names else []
+
+
+def _finish(plan: _Plan) -> None:
+    if plan.status.completion_time is None:
+        plan.status = plan.status.with_changes(completion_time=plan.now)
+    plan.set(cond.JOB_FINISHED)
+
+
+def _kind(failures: tuple[RankFailure, ...]) -> FailureKind:
+    return worst_failure(f.kind for f in failures) or FailureKind.SOFTWARE
+
+
+def _intent(kind: FailureKind) -> str:
+    if kind is FailureKind.HARDWARE:
+        return "replacing the lost ranks; the others restore from their own memory"
+    return "restarting every training process in place from local memory"
+
+
+def _transition_events(old: JobStatus, new: JobStatus) -> list[Event]:
+    """An event for every condition whose status or reason changed."""
+    before = {c.type: (c.status, c.reason) for c in old.conditions}
+    events = []
+    for c in new.conditions:
+        if before.get(c.type) != (c.status, c.reason):
+            warning = any(r.reason == c.reason and r.warning for r in _REASONS)
+            events.append(Event(c.reason, c.message, warning))
+    return events
+
+
+_REASONS = tuple(v for v in vars(cond).values() if isinstance(v, Reason))
+
+
+def _ranks(ranks: list[int], limit: int = 8) -> str:
+    shown = ", ".join(str(r) for r in ranks[:limit])
+    more = f" and {len(ranks) - limit} more" if len(ranks) > limit else ""
+    return f"rank{'s' if len(ranks) != 1 else ''} {shown}{more}"
+
+
+def _timestamp(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_time(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)

@@ -1,0 +1,113 @@
+"""The GeminiJob status as a frozen value, read from and written to the status subresource.
+
+`to_dict` gives exactly the document the CRD's status schema describes; comparing two of
+them decides whether a reconcile writes at all (one write per reconcile, only if changed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gemini_operator.conditions import Condition, state_of
+
+
+@dataclass(frozen=True)
+class WorkerCounts:
+    total: int = 0
+    active: int = 0  # pods not yet finished (pending or running)
+    ready: int = 0
+    succeeded: int = 0
+    failed: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"total": self.total, "active": self.active, "ready": self.ready,
+                "succeeded": self.succeeded, "failed": self.failed}
+
+
+@dataclass(frozen=True)
+class CheckpointStatus:
+    in_memory_step: int | None = None  # newest step complete in memory for every rank
+    persisted_step: int | None = None  # newest step committed to S3
+    persisted_time: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.in_memory_step is not None:
+            out["inMemoryStep"] = self.in_memory_step
+        if self.persisted_step is not None:
+            out["persistedStep"] = self.persisted_step
+        if self.persisted_time is not None:
+            out["persistedTime"] = self.persisted_time
+        return out
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    observed_generation: int = 0
+    conditions: tuple[Condition, ...] = ()
+    start_time: str | None = None
+    completion_time: str | None = None
+    restarts: int = 0
+    restart_attempt: int = 0
+    workers: WorkerCounts = field(default_factory=WorkerCounts)
+    checkpoint: CheckpointStatus = field(default_factory=CheckpointStatus)
+    # Owned by placement and recovery; kept as the documents the CRD describes.
+    placement: Mapping[str, Any] | None = None
+    last_recovery: Mapping[str, Any] | None = None
+
+    def with_changes(self, **changes: Any) -> JobStatus:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "observedGeneration": self.observed_generation,
+            "state": state_of(self.conditions).value,
+            "conditions": [c.to_dict() for c in self.conditions],
+            "restarts": self.restarts,
+            "restartAttempt": self.restart_attempt,
+            "workers": self.workers.to_dict(),
+            "checkpoint": self.checkpoint.to_dict(),
+        }
+        for key, value in (
+            ("startTime", self.start_time),
+            ("completionTime", self.completion_time),
+            ("placement", self.placement),
+            ("lastRecovery", self.last_recovery),
+        ):
+            if value is not None:
+                out[key] = dict(value) if isinstance(value, Mapping) else value
+        return out
+
+    @staticmethod
+    def from_dict(raw: Mapping[str, Any] | None) -> JobStatus:
+        raw = raw or {}
+        workers = raw.get("workers") or {}
+        checkpoint = raw.get("checkpoint") or {}
+        return JobStatus(
+            observed_generation=int(raw.get("observedGeneration", 0)),
+            conditions=tuple(Condition.from_dict(c) for c in raw.get("conditions") or ()),
+            start_time=raw.get("startTime"),
+            completion_time=raw.get("completionTime"),
+            restarts=int(raw.get("restarts", 0)),
+            restart_attempt=int(raw.get("restartAttempt", 0)),
+            workers=WorkerCounts(**{k: int(workers.get(k, 0)) for k in
+                                    ("total", "active", "ready", "succeeded", "failed")}),
+            checkpoint=CheckpointStatus(
+                in_memory_step=checkpoint.get("inMemoryStep"),
+                persisted_step=checkpoint.get("persistedStep"),
+                persisted_time=checkpoint.get("persistedTime"),
+            ),
+            placement=raw.get("placement"),
+            last_recovery=raw.get("lastRecovery"),
+        )
+
+
+def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A JSON merge patch from `old` to `new` (top-level keys; removed keys become null), or
+    None when nothing changed. Lists and nested documents are replaced whole."""
+    old = old or {}
+    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
+    patch.update({k: None for k in old if k not in new})
+    return patch or None
