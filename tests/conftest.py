@@ -6,4 +6,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.s3",
     "tests.fixtures.operator",
     "tests.fixtures.trainers",
+    "tests.fixtures.helm",
 ]

@@ -12,7 +12,9 @@ import sys
 from collections.abc import Sequence
 
 COMMAND_MODULES: list[str] = [
+    "gemini.cli.fault",
     "gemini.cli.local",
+    "gemini.cli.operator",
     "gemini.cli.plan",
     "gemini.cli.sidecar",
     "gemini.cli.simulate",

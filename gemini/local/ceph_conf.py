@@ -152,10 +152,10 @@ def _rgw_options(layout: CephLayout) -> dict[str, str]:
         # 512 worker threads by default; a handful is plenty on loopback.
         "rgw thread pool size": "64",
         "rgw init timeout": "60",
-        # Deleted objects' data goes to garbage collection; reclaim it within a minute, not
-        # the default two hours, so memory follows what is stored.
-        "rgw gc obj min wait": "30",
-        "rgw gc processor period": "30",
+        # Deleted objects' data goes to garbage collection; reclaim it within ~20 s, not the
+        # default two hours, so the OSD's memory follows what is stored (measured: it does).
+        "rgw gc obj min wait": "10",
+        "rgw gc processor period": "10",
         "rgw enable usage log": "false",
         "rgw enable ops log": "false",
     }

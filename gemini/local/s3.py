@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -41,6 +42,7 @@ PAUSED_FILE = "paused"
 REGION = "us-east-1"
 _USER = "gemini"
 _STOP_GRACE_S = 5.0
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 # glibc keeps freed multi-MiB request buffers in its heap (the gateway grew to 170 MB after one
 # 256 MiB upload); a fixed mmap threshold hands them back to the system on free (50 MB).
 _DAEMON_ENV = {"MALLOC_MMAP_THRESHOLD_": str(128 << 10)}
@@ -106,9 +108,13 @@ def start_s3(
 
     With `stop_with_pid`, a detached watchdog stops the server once that process is gone, so
     a test session killed outright leaves nothing behind. Memory: ~130 MB when empty, plus
-    about 1.8 bytes per byte stored (measured); nothing caps it, so delete what you write.
+    about 1.8 bytes per byte stored (measured); nothing caps it, so delete what you write
+    (deleted data is reclaimed within ~20 s).
     """
     state_dir = state_dir.resolve()
+    if not _BUCKET_NAME.fullmatch(bucket):
+        raise S3Error(f"bucket name {bucket!r} is not valid: use 3-63 lowercase letters, "
+                      "digits and hyphens, starting and ending with a letter or digit")
     _require_binaries()
     running = _our_pids(state_dir)
     if running:

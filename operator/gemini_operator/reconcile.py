@@ -339,9 +339,12 @@ def _decide_recovery(spec: JobSpec, plan: _Plan, failures: tuple[RankFailure, ..
 
 
 def _placement(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
-    """Once every worker is scheduled, place replicas by the nodes' failure domains."""
+    """Once every worker runs, place replicas by its node's failure domains and deliver the
+    placement to the sidecars (again whenever a rank moved to another node)."""
     current = _current_pods(observed, plan.status.restart_attempt)
-    if len(current) < spec.num_nodes or any(not p.node_name for p in current.values()):
+    if len(current) < spec.num_nodes or any(
+        p.phase != "Running" or not p.ip or not p.node_name for p in current.values()
+    ):
         return False
     nodes = {str(r): p.node_name for r, p in sorted(current.items())}
     old = plan.status.placement
@@ -350,8 +353,7 @@ def _placement(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan:
     doc = placement_document(spec, current, observed.nodes, plan.status.restart_attempt)
     plan.status = plan.status.with_changes(placement=doc)
     plan.events.append(Event("PlacementComputed", str(doc["reason"])))
-    if spec.checkpoint.placement is PlacementStrategy.DOMAIN_AWARE or old is not None:
-        plan.actions.append(DeliverPlacement(doc))
+    plan.actions.append(DeliverPlacement(doc))
     return False
 
 

@@ -118,11 +118,13 @@ def test_native_sidecar_starts_first_and_survives_main_restart(local_cluster, na
                    pathlib.Path('/shared/sidecar-up').write_text('up')
                    while True: time.sleep(1)
                """), "volumeMounts": [{"name": "shared", "mountPath": "/shared"}]}
-    init = {"name": "init", "image": "x", "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+    mounts = [{"name": "shared", "mountPath": "/shared"}]
+    init = {"name": "init", "image": "x", "volumeMounts": mounts,
             "command": ["sh", "-c", "test -e /shared/sidecar-up && echo init > /shared/init"]}
-    main = {"name": "main", "image": "x", "volumeMounts": [{"name": "shared", "mountPath": "/shared"}],
+    main = {"name": "main", "image": "x", "volumeMounts": mounts,
             "command": ["sh", "-c", "test -e /shared/init || exit 7; "
-                        "if [ -e /shared/main-ran ]; then exit 0; fi; touch /shared/main-ran; exit 1"]}
+                        "if [ -e /shared/main-ran ]; then exit 0; fi; "
+                        "touch /shared/main-ran; exit 1"]}
     core.create_namespaced_pod(namespace, pod(
         "sc", [main], initContainers=[sidecar, init], restartPolicy="OnFailure",
         volumes=[{"name": "shared", "emptyDir": {}}]))
@@ -326,10 +328,12 @@ def test_deleting_a_pod_ends_its_processes_within_grace(local_cluster, namespace
                  {"name": "out", "hostPath": {"path": str(tmp_path)}}],
         terminationGracePeriodSeconds=2))
     wait_phase(core, namespace, "del", "Running")
-    pid_files = [Path(p) for p in local_cluster.state_dir.glob(
-        f"nodes/*/pods/{namespace}_del_*/containers/*.pid")]
-    wait_until(lambda: len(pid_files) == 3 and all(p.read_text() for p in pid_files), 5, "pids")
-    pids = [int(p.read_text()) for p in pid_files]
+    pod_dir = f"nodes/*/pods/{namespace}_del_*"
+    wait_until(lambda: len(list(local_cluster.state_dir.glob(f"{pod_dir}/volumes/shared/*.pid")))
+               == 2, 5, "both main containers to write their pids")
+    pids = [int(p.read_text()) for p in local_cluster.state_dir.glob(
+        f"{pod_dir}/containers/*.pid")]
+    assert len(pids) == 3
     start = time.monotonic()
     core.delete_namespaced_pod("del", namespace)
 

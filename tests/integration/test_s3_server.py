@@ -203,6 +203,12 @@ def test_missing_binaries_name_the_packages_to_install(
         start_s3(tmp_path)
 
 
+def test_invalid_bucket_name_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    with pytest.raises(s3_local.S3Error, match="lowercase"):
+        start_s3(tmp_path, bucket="Not_A_Bucket")
+    assert _pids_mentioning(tmp_path) == []
+
+
 def _start_in_child_then_crash(state_dir: Path, *, with_watchdog: bool) -> None:
     """A separate Python process starts the server and dies by SIGKILL, stopping nothing."""
     owner = "os.getpid()" if with_watchdog else "None"

@@ -48,6 +48,17 @@ app.kubernetes.io/name: {{ include "gemini-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
+{{/*
+"<fullname>-<suffix>" for objects whose name must be a DNS label (Services): the base is cut so
+the whole stays within 63 characters. Arguments: (list $ "metrics")
+*/}}
+{{- define "gemini-operator.suffixedName" -}}
+{{- $root := index . 0 }}
+{{- $suffix := index . 1 }}
+{{- $base := include "gemini-operator.fullname" $root | trunc (int (sub 62 (len $suffix))) | trimSuffix "-" }}
+{{- printf "%s-%s" $base $suffix }}
+{{- end }}
+
 {{/* The ServiceAccount the operator runs as. */}}
 {{- define "gemini-operator.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}

@@ -1,0 +1,58 @@
+# syntax=docker/dockerfile:1
+# Images of the GEMINI operator, built from this repository:
+#   docker build --target operator -t gemini-operator:0.1.0 .   the operator (`gemini operator run`)
+#   docker build --target sidecar  -t gemini-sidecar:0.1.0  .   the checkpoint sidecar (`gemini sidecar`)
+#   docker build --target trainer  -t gemini-trainer:0.1.0  .   a trainer base image with torch and
+#       DeepSpeed whose entrypoint is the launcher (`gemini launch --`): extend it with your
+#       training code and set CMD to your training command (e.g. CMD ["python", "train.py"]).
+# Dependencies come only from requirements.lock (used as pip constraints, so every package is
+# the locked version and nothing else is installed); tests/unit/packaging checks this file.
+
+ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+
+# ---- build: one virtual environment per image, in /opt/gemini -----------------------------------
+FROM ${PYTHON_IMAGE} AS build-base
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/gemini
+WORKDIR /src
+COPY requirements.lock pyproject.toml README.md ./
+COPY gemini/ gemini/
+COPY operator/ operator/
+COPY trainer_sidecar/ trainer_sidecar/
+
+FROM build-base AS build-runtime
+# The operator, the sidecar and the launcher: no torch.
+RUN /opt/gemini/bin/pip install --constraint requirements.lock /src
+
+FROM build-base AS build-trainer
+# Everything above plus torch and DeepSpeed (the `train` extra).
+RUN /opt/gemini/bin/pip install --constraint requirements.lock "/src[train]"
+
+# ---- runtime images ------------------------------------------------------------------------------
+FROM ${PYTHON_IMAGE} AS runtime-base
+# A fixed non-root user; the Helm chart's securityContext runs as the same uid.
+RUN groupadd --system --gid 65532 gemini \
+    && useradd --system --uid 65532 --gid 65532 --home-dir /home/gemini --create-home \
+       --shell /usr/sbin/nologin gemini
+ENV PATH=/opt/gemini/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+WORKDIR /home/gemini
+
+FROM runtime-base AS operator
+COPY --from=build-runtime /opt/gemini /opt/gemini
+USER 65532:65532
+# Health (GET /healthz) and metrics (GET /metrics) ports of the chart's defaults.
+EXPOSE 8080 9090
+ENTRYPOINT ["gemini", "operator", "run"]
+
+FROM runtime-base AS sidecar
+COPY --from=build-runtime /opt/gemini /opt/gemini
+USER 65532:65532
+ENTRYPOINT ["gemini", "sidecar"]
+
+FROM runtime-base AS trainer
+COPY --from=build-trainer /opt/gemini /opt/gemini
+USER 65532:65532
+# `gemini launch -- CMD` runs the training command and restarts it in place after a failure.
+ENTRYPOINT ["gemini", "launch", "--"]

@@ -1,0 +1,118 @@
+"""Local cluster latencies: pod created -> Running, and node lost -> NotReady/Unknown.
+
+Starts its own control plane and 4 nodes in a temporary directory, then measures (medians):
+- pod created -> phase Running seen through the API (target <= 2 s on an idle cluster), next
+  to the baseline of starting the same command as a plain process in this run;
+- node lost (all its processes SIGKILLed) -> Node Ready condition Unknown/False seen through
+  the API (target <= 10 s; KCM's node-monitor-grace-period is 8 s).
+The last line is the JSON summary for pod -> Running; the line before it is node lost.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kubernetes import client, config
+
+from gemini.local import faults
+from gemini.local.controlplane import start_control_plane, stop_control_plane
+from gemini.local.nodes import (
+    NodeSpec,
+    start_node_agent,
+    stop_all_node_agents,
+    wait_for_node_agents,
+)
+
+POD_RUNS = 9
+NODE_RUNS = 3
+COMMAND = ["sleep", "300"]
+
+
+def wait(predicate, timeout: float, interval: float = 0.01) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(interval)
+    raise TimeoutError(f"condition not met in {timeout}s")
+
+
+def ready_status(core: client.CoreV1Api, node: str) -> str:
+    for cond in core.read_node(node).status.conditions or []:
+        if cond.type == "Ready":
+            return str(cond.status)
+    return "None"
+
+
+def pod_to_running(core: client.CoreV1Api, i: int) -> float:
+    body = {"metadata": {"name": f"bench-{i}"}, "spec": {
+        "terminationGracePeriodSeconds": 0,
+        "containers": [{"name": "c", "image": "x", "command": COMMAND}]}}
+    start = time.monotonic()
+    core.create_namespaced_pod("default", body)
+    wait(lambda: core.read_namespaced_pod(f"bench-{i}", "default").status.phase == "Running", 30)
+    elapsed = time.monotonic() - start
+    core.delete_namespaced_pod(f"bench-{i}", "default")
+    time.sleep(0.3)  # let the cluster go idle again
+    return elapsed
+
+
+def process_start() -> float:
+    start = time.monotonic()
+    proc = subprocess.Popen(COMMAND)
+    elapsed = time.monotonic() - start
+    proc.kill()
+    proc.wait()
+    return elapsed
+
+
+def node_lost(plane, core: client.CoreV1Api, index: int) -> float:
+    spec = NodeSpec(f"bench-spare-{index}", zone="zone-0", rack="rack-0", index=index)
+    faults.add_node(plane.kubeconfig, plane.pki, plane.state_dir, spec)
+    wait(lambda: ready_status(core, spec.name) == "True", 20)
+    time.sleep(2.5)  # a steady state: a few lease renewals seen by the controller manager
+    start = time.monotonic()
+    faults.lose_node(plane.state_dir, spec.name)
+    wait(lambda: ready_status(core, spec.name) in ("Unknown", "False"), 30, interval=0.05)
+    return time.monotonic() - start
+
+
+def main() -> int:
+    state_dir = Path(tempfile.mkdtemp(prefix="gemini-bench-"))
+    plane = start_control_plane(state_dir)
+    try:
+        specs = [NodeSpec(f"node-{i}", f"zone-{i // 2}", f"rack-{i % 2}", i) for i in range(4)]
+        for spec in specs:
+            start_node_agent(plane.kubeconfig, plane.pki, state_dir, spec)
+        wait_for_node_agents(state_dir, [s.name for s in specs])
+        core = client.CoreV1Api(config.new_client_from_config(str(plane.kubeconfig)))
+        for spec in specs:
+            wait(lambda s=spec: ready_status(core, s.name) == "True", 20)
+        time.sleep(1)
+        pods = [pod_to_running(core, i) for i in range(POD_RUNS)]
+        base = [process_start() for _ in range(POD_RUNS)]
+        lost = [node_lost(plane, core, 10 + i) for i in range(NODE_RUNS)]
+    finally:
+        stop_all_node_agents(state_dir)
+        stop_control_plane(state_dir)
+    print(f"pod created -> Running (s): {[round(x, 3) for x in pods]}", file=sys.stderr)
+    print(f"plain process start (s): {[round(x, 4) for x in base]}", file=sys.stderr)
+    print(f"node lost -> NotReady (s): {[round(x, 2) for x in lost]}", file=sys.stderr)
+    print(json.dumps({"metric": "node_lost_to_not_ready_median", "value": round(
+        statistics.median(lost), 2), "target": 10.0, "better": "lower", "unit": "s",
+        "runs": NODE_RUNS}))
+    print(json.dumps({"metric": "pod_created_to_running_median", "value": round(
+        statistics.median(pods), 3), "target": 2.0, "better": "lower", "unit": "s",
+        "baseline_process_start_median_s": round(statistics.median(base), 4),
+        "runs": POD_RUNS}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

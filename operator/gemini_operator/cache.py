@@ -1,0 +1,107 @@
+"""What the watches have shown: GeminiJobs, their worker pods, and nodes, indexed for reconcile.
+
+Updated from kopf's watch events on the event loop, read by reconciles in worker threads, so
+every access holds one lock. Each update returns the jobs it concerns, which the caller
+queues: a pod event concerns its job; a node event concerns the jobs with pods on that node,
+and only when the node's readiness or labels changed (heartbeats change neither).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gemini_operator import naming
+from gemini_operator.observed import NodeView, PodView, node_view, pod_view
+
+JobKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    job: Mapping[str, Any]
+    pods: Mapping[int, PodView]
+    nodes: Mapping[str, NodeView]
+
+
+class ClusterCache:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._jobs: dict[JobKey, dict[str, Any]] = {}
+        self._pods: dict[JobKey, dict[int, PodView]] = {}
+        self._nodes: dict[str, NodeView] = {}
+
+    def update_job(self, obj: Mapping[str, Any], deleted: bool) -> list[JobKey]:
+        key = _key(obj)
+        with self._lock:
+            if deleted:
+                self._jobs.pop(key, None)
+            elif not _older(obj, self._jobs.get(key)):
+                self._jobs[key] = dict(obj)
+        return [key]
+
+    def update_pod(self, obj: Mapping[str, Any], deleted: bool) -> list[JobKey]:
+        meta = obj.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(naming.LABEL_JOB)
+        view = pod_view(obj)
+        if not job or view is None:
+            return []
+        key = (str(meta.get("namespace", "")), str(job))
+        with self._lock:
+            pods = self._pods.setdefault(key, {})
+            if deleted:
+                if pods.get(view.rank, view).uid == view.uid:
+                    pods.pop(view.rank, None)
+            else:
+                pods[view.rank] = view
+        return [key]
+
+    def update_node(self, obj: Mapping[str, Any], deleted: bool) -> list[JobKey]:
+        view = node_view(obj)
+        with self._lock:
+            old = self._nodes.get(view.name)
+            if deleted:
+                self._nodes.pop(view.name, None)
+            else:
+                self._nodes[view.name] = view
+            if old is not None and not deleted and (old.ready, old.labels) == (
+                view.ready, view.labels
+            ):
+                return []
+            return [key for key, pods in self._pods.items()
+                    if any(p.node_name == view.name for p in pods.values())]
+
+    def snapshot(self, key: JobKey) -> Snapshot | None:
+        with self._lock:
+            job = self._jobs.get(key)
+            if job is None:
+                return None
+            return Snapshot(job, dict(self._pods.get(key, {})), dict(self._nodes))
+
+    def forget(self, key: JobKey) -> None:
+        with self._lock:
+            self._jobs.pop(key, None)
+            self._pods.pop(key, None)
+
+    def job_keys(self) -> list[JobKey]:
+        with self._lock:
+            return list(self._jobs)
+
+
+def _key(obj: Mapping[str, Any]) -> JobKey:
+    meta = obj.get("metadata") or {}
+    return (str(meta.get("namespace", "")), str(meta.get("name", "")))
+
+
+def _older(new: Mapping[str, Any], cached: Mapping[str, Any] | None) -> bool:
+    """Whether `new` is an older version than `cached`: our own status write goes into the
+    cache at once, and a watch event from before it must not undo it. Resource versions are
+    etcd revisions in practice; when they are not numbers, newest-arrived wins."""
+    if cached is None:
+        return False
+    try:
+        return int(new["metadata"]["resourceVersion"]) < int(cached["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return False

@@ -1,0 +1,127 @@
+"""The one module that registers kopf handlers; it only translates between kopf and the runtime.
+
+Watch events (GeminiJobs, worker pods, nodes) update the cache and queue the jobs they
+concern; startup applies every operator setting and starts the work queue and the leader
+election; cleanup stops them. No decisions here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from gemini_operator import naming
+from gemini_operator.cache import ClusterCache, JobKey
+from gemini_operator.election import LeaderElector
+from gemini_operator.kube import KubeClient
+from gemini_operator.metrics import OperatorMetrics
+from gemini_operator.reconciler import Reconciler, WorkQueue
+
+log = logging.getLogger(__name__)
+ELECTION_PERIOD_SECONDS = 2.0
+RESYNC_SECONDS = 60.0
+
+
+@dataclass
+class Runtime:
+    """Everything the handlers drive, built before kopf starts."""
+
+    kube: KubeClient
+    cache: ClusterCache
+    reconciler: Reconciler
+    queue: WorkQueue
+    elector: LeaderElector
+    metrics: OperatorMetrics
+    leading: bool = False
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def queue_all(self) -> None:
+        for key in self.cache.job_keys():
+            self.queue.add(key)
+
+    def queue_keys(self, keys: list[JobKey]) -> None:
+        for key in keys:
+            self.queue.add(key)
+
+
+def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
+    @kopf.on.startup(registry=registry)
+    async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+        _configure(settings)
+        runtime.queue.start()
+        runtime.tasks = [
+            asyncio.create_task(_elect(runtime)), asyncio.create_task(_resync(runtime))
+        ]
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        for task in runtime.tasks:
+            task.cancel()
+        await asyncio.gather(*runtime.tasks, return_exceptions=True)
+        await runtime.queue.stop()
+
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        conn = runtime.kube.connection()
+        return kopf.ConnectionInfo(
+            server=conn.server, ca_path=conn.ca_path, certificate_path=conn.certificate_path,
+            private_key_path=conn.private_key_path, token=conn.token, insecure=conn.insecure,
+        )
+
+    @kopf.on.event(naming.GROUP, naming.VERSION, naming.PLURAL, registry=registry)
+    def job_event(event: kopf.RawEvent, **_: Any) -> None:
+        runtime.queue_keys(runtime.cache.update_job(event["object"], _deleted(event)))
+
+    @kopf.on.event("", "v1", "pods", labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
+    def pod_event(event: kopf.RawEvent, **_: Any) -> None:
+        runtime.queue_keys(runtime.cache.update_pod(event["object"], _deleted(event)))
+
+    @kopf.on.event("", "v1", "nodes", registry=registry)
+    def node_event(event: kopf.RawEvent, **_: Any) -> None:
+        runtime.queue_keys(runtime.cache.update_node(event["object"], _deleted(event)))
+
+
+def _configure(settings: kopf.OperatorSettings) -> None:
+    """All kopf settings, in one place."""
+    settings.persistence.finalizer = f"{naming.GROUP}/operator"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=naming.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=naming.GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.WARNING
+    settings.watching.connect_timeout = 10
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.request_timeout = 30
+    # Our own Lease election decides who acts; kopf's peering would need its own CRDs.
+    settings.peering.standalone = True
+
+
+def _deleted(event: kopf.RawEvent) -> bool:
+    return event.get("type") == "DELETED"
+
+
+async def _elect(runtime: Runtime) -> None:
+    """Renew or wait for the Lease; on becoming leader, reconcile every job once."""
+    while True:
+        leads = await asyncio.to_thread(runtime.elector.tick)
+        if leads and not runtime.leading:
+            log.info("became the leader (%s)", runtime.elector.identity)
+            runtime.leading = True
+            runtime.queue_all()
+        elif not leads and runtime.leading:
+            log.warning("lost the leadership (%s)", runtime.elector.identity)
+            runtime.leading = False
+        runtime.metrics.leader.set(1 if leads else 0)
+        await asyncio.sleep(ELECTION_PERIOD_SECONDS)
+
+
+async def _resync(runtime: Runtime) -> None:
+    """A slow level-based safety net: reconcile every job now and then, events or not."""
+    while True:
+        await asyncio.sleep(RESYNC_SECONDS)
+        runtime.queue_all()

@@ -1,0 +1,214 @@
+"""The only module that talks to the Kubernetes API (the `kubernetes` client, synchronous).
+
+Reads return plain camelCase dicts (the raw JSON, not the client's models: cheaper at a
+thousand pods, and what the pure code parses). Writes are idempotent where the operator
+needs them to be: creating what exists and deleting what is gone are not errors.
+The reconciler calls these from worker threads, never from the event loop.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from gemini_operator import naming
+
+Obj = dict[str, Any]
+CONNECTIONS = 32
+
+
+class KubeError(RuntimeError):
+    """An API call failed in a way the caller should retry later; the message says which."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How to reach the API server (handed to kopf so both use the same credentials)."""
+
+    server: str
+    ca_path: str | None
+    certificate_path: str | None
+    private_key_path: str | None
+    token: str | None
+    insecure: bool
+
+
+class KubeClient:
+    def __init__(self, api: client.ApiClient) -> None:
+        self._api = api
+        self._core = client.CoreV1Api(api)
+        self._custom = client.CustomObjectsApi(api)
+        self._coordination = client.CoordinationV1Api(api)
+
+    @staticmethod
+    def connect(kubeconfig: str | None = None) -> KubeClient:
+        """From `kubeconfig`, else $KUBECONFIG or ~/.kube/config, else the in-cluster account."""
+        path = kubeconfig or os.environ.get("KUBECONFIG")
+        cfg = client.Configuration()
+        if path or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_kube_config(config_file=path, client_configuration=cfg)
+        else:
+            config.load_incluster_config(client_configuration=cfg)
+        # Creating a thousand pods runs many requests at once; the default pool holds 4.
+        cfg.connection_pool_maxsize = CONNECTIONS
+        return KubeClient(client.ApiClient(cfg))
+
+    def connection(self) -> Connection:
+        cfg = self._api.configuration
+        token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
+        if token and token.startswith("Bearer "):
+            token = token[len("Bearer "):]
+        return Connection(
+            server=cfg.host, ca_path=cfg.ssl_ca_cert, certificate_path=cfg.cert_file,
+            private_key_path=cfg.key_file, token=token, insecure=not cfg.verify_ssl,
+        )
+
+    # --- GeminiJobs ---------------------------------------------------------------------
+
+    def get_job(self, namespace: str, name: str) -> Obj | None:
+        return self._read(lambda: self._custom.get_namespaced_custom_object(
+            naming.GROUP, naming.VERSION, namespace, naming.PLURAL, name,
+            _preload_content=False))
+
+    def patch_job_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> Obj:
+        """Merge-patch the status subresource; returns the updated GeminiJob."""
+        raw = self._call(f"patch the status of GeminiJob {namespace}/{name}", lambda: (
+            self._custom.patch_namespaced_custom_object_status(
+                naming.GROUP, naming.VERSION, namespace, naming.PLURAL, name,
+                {"status": dict(patch)}, _preload_content=False)))
+        return dict(json.loads(raw.data))
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        self._ignore(404, f"delete GeminiJob {namespace}/{name}", lambda: (
+            self._custom.delete_namespaced_custom_object(
+                naming.GROUP, naming.VERSION, namespace, naming.PLURAL, name,
+                propagation_policy="Background")))
+
+    # --- children -----------------------------------------------------------------------
+
+    def list_worker_pods(self, namespace: str, job: str) -> list[Obj]:
+        selector = ",".join(f"{k}={v}" for k, v in naming.worker_selector(job).items())
+        raw = self._call(f"list the pods of {namespace}/{job}", lambda: (
+            self._core.list_namespaced_pod(namespace, label_selector=selector,
+                                           _preload_content=False)))
+        return list(json.loads(raw.data)["items"])
+
+    def exists(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether the Service or Secret `name` exists."""
+        readers: dict[str, Callable[..., Any]] = {
+            "Service": self._core.read_namespaced_service,
+            "Secret": self._core.read_namespaced_secret,
+        }
+        read = readers[kind]
+        return self._read(lambda: read(name, namespace, _preload_content=False)) is not None
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        """One decoded value of a Secret, or None when the Secret or key is missing."""
+        secret = self._read(lambda: self._core.read_namespaced_secret(
+            name, namespace, _preload_content=False))
+        data = (secret or {}).get("data") or {}
+        return base64.b64decode(data[key]).decode() if key in data else None
+
+    def create(self, manifest: Mapping[str, Any]) -> bool:
+        """Create a Pod, Service or Secret; False when it already exists."""
+        kind, namespace = manifest["kind"], manifest["metadata"]["namespace"]
+        creators: dict[str, Callable[..., Any]] = {
+            "Pod": self._core.create_namespaced_pod,
+            "Service": self._core.create_namespaced_service,
+            "Secret": self._core.create_namespaced_secret,
+        }
+        create = creators[kind]
+        what = f"create {kind} {namespace}/{manifest['metadata']['name']}"
+        return self._ignore(409, what, lambda: create(namespace, dict(manifest))) is not None
+
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> bool:
+        """Delete a pod; False when it was already gone."""
+        body = client.V1DeleteOptions(grace_period_seconds=grace_seconds)
+        return self._ignore(404, f"delete Pod {namespace}/{name}", lambda: (
+            self._core.delete_namespaced_pod(name, namespace, body=body))) is not None
+
+    # --- events -------------------------------------------------------------------------
+
+    def create_event(
+        self, job: Mapping[str, str], reason: str, message: str, warning: bool, now: datetime,
+    ) -> None:
+        """A core/v1 Event about the GeminiJob `job` (name, namespace, uid)."""
+        stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body: Any = {
+            "metadata": {"generateName": f"{job['name']}.", "namespace": job["namespace"]},
+            "involvedObject": {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
+                               "name": job["name"], "namespace": job["namespace"],
+                               "uid": job["uid"]},
+            "reason": reason,
+            "message": message[:1024],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": naming.MANAGER},
+            "reportingComponent": naming.MANAGER,
+            "firstTimestamp": stamp,
+            "lastTimestamp": stamp,
+            "count": 1,
+        }
+        self._call(f"record event {reason}", lambda: (
+            self._core.create_namespaced_event(job["namespace"], body)))
+
+    # --- leases (leader election) -------------------------------------------------------
+
+    def get_lease(self, namespace: str, name: str) -> Obj | None:
+        return self._read(lambda: self._coordination.read_namespaced_lease(
+            name, namespace, _preload_content=False))
+
+    def write_lease(self, namespace: str, lease: Mapping[str, Any]) -> bool:
+        """Create (no resourceVersion) or replace (with it) a Lease; False if someone else
+        wrote it first (a conflict): the caller lost the race."""
+        name = lease["metadata"]["name"]
+        body: Any = dict(lease)
+        try:
+            if lease["metadata"].get("resourceVersion"):
+                self._coordination.replace_namespaced_lease(name, namespace, body)
+            else:
+                self._coordination.create_namespaced_lease(namespace, body)
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise KubeError(f"could not write Lease {namespace}/{name}: {_why(err)}") from err
+        return True
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    def _read(self, call: Any) -> Obj | None:
+        try:
+            response = call()
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise KubeError(f"read failed: {_why(err)}") from err
+        return dict(json.loads(response.data))
+
+    def _call(self, what: str, call: Any) -> Any:
+        try:
+            return call()
+        except ApiException as err:
+            raise KubeError(f"could not {what}: {_why(err)}") from err
+
+    def _ignore(self, status: int, what: str, call: Any) -> Any:
+        try:
+            return call()
+        except ApiException as err:
+            if err.status == status:
+                return None
+            raise KubeError(f"could not {what}: {_why(err)}") from err
+
+
+def _why(err: ApiException) -> str:
+    try:
+        return str(json.loads(err.body or "")["message"])
+    except (TypeError, ValueError, KeyError):
+        return f"HTTP {err.status} {err.reason}"

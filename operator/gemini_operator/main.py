@@ -1,0 +1,72 @@
+"""Build the operator's runtime from options and run kopf in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+
+import kopf
+from prometheus_client import start_http_server
+
+from gemini_operator import handlers
+from gemini_operator.cache import ClusterCache
+from gemini_operator.election import LeaderElector
+from gemini_operator.kube import KubeClient
+from gemini_operator.metrics import OperatorMetrics
+from gemini_operator.reconcile import ReconcileConfig
+from gemini_operator.reconciler import Reconciler, WorkQueue
+from gemini_operator.render import RenderConfig
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    kubeconfig: str | None = None
+    namespace: str | None = None  # None: every namespace
+    sidecar_image: str | None = None  # for jobs that name none
+    lease_namespace: str = "default"
+    lease_name: str = "gemini-operator"
+    identity: str = ""  # default: host name, pid and a random suffix
+    metrics_port: int | None = None
+    workers: int = 4
+    render: RenderConfig = field(default_factory=RenderConfig)
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def build_runtime(options: OperatorOptions) -> handlers.Runtime:
+    kube = KubeClient.connect(options.kubeconfig)
+    cache = ClusterCache()
+    metrics = OperatorMetrics()
+    config = ReconcileConfig(render=options.render, default_sidecar_image=options.sidecar_image)
+    reconciler = Reconciler(kube, cache, config, metrics)
+    elector = LeaderElector(kube, options.lease_namespace, options.lease_name,
+                            options.identity or default_identity())
+    queue = WorkQueue(reconciler.reconcile, elector.leads, metrics, workers=options.workers)
+    return handlers.Runtime(kube, cache, reconciler, queue, elector, metrics)
+
+
+async def run_operator(
+    options: OperatorOptions,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+) -> None:
+    """Run until `stop_flag` is set (or the process is signalled)."""
+    runtime = build_runtime(options)
+    if options.metrics_port is not None:
+        start_http_server(options.metrics_port, registry=runtime.metrics.registry)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, runtime)
+    namespaces = [options.namespace] if options.namespace else []
+    await kopf.operator(
+        registry=registry, clusterwide=not namespaces, namespaces=namespaces, standalone=True,
+        stop_flag=stop_flag, ready_flag=ready_flag,
+    )
+
+
+def run(options: OperatorOptions) -> None:
+    asyncio.run(run_operator(options))

@@ -1,0 +1,261 @@
+"""Runs reconciles: observe (cache + a few reads), decide (pure `reconcile`), act, record.
+
+`Reconciler.reconcile(key)` executes the decision's actions through an action table (one
+handler per action type; recovery handlers slot in there), then writes the status once and
+only if it changed, then sends the events. A failure before the write leaves the status
+untouched, so the next attempt decides again from the same record.
+
+`WorkQueue` feeds it: a job is queued at most once, a job changed while being reconciled is
+reconciled again right after, failures retry with backoff, and nothing runs unless this
+replica leads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from typing import Any
+
+from gemini_operator import naming, render
+from gemini_operator.cache import ClusterCache, JobKey, Snapshot
+from gemini_operator.conditions import RECOVERY_NEEDED, state_of
+from gemini_operator.kube import KubeClient
+from gemini_operator.metrics import OperatorMetrics
+from gemini_operator.reconcile import (
+    CreatePods,
+    CreateSecret,
+    CreateService,
+    DeleteJob,
+    DeletePods,
+    DeliverPlacement,
+    JobView,
+    Observed,
+    ReconcileConfig,
+    Recover,
+    reconcile,
+)
+from gemini_operator.sidecars import SidecarAddress, deliver_placement
+from gemini_operator.status import status_patch
+
+log = logging.getLogger(__name__)
+EXPECTATION_SECONDS = 60.0  # how long a created pod may take to show up in the watch
+PARALLEL_WRITES = 16
+Handler = Callable[[JobView, Snapshot, Any], None]
+
+
+class Reconciler:
+    def __init__(
+        self, kube: KubeClient, cache: ClusterCache, config: ReconcileConfig,
+        metrics: OperatorMetrics | None = None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.kube, self.cache, self.config = kube, cache, config
+        self.metrics = metrics or OperatorMetrics()
+        self._clock = clock
+        self._expected: dict[JobKey, dict[int, float]] = {}  # rank -> monotonic deadline
+        self._children: set[tuple[str, str]] = set()  # (job uid, kind) known to exist
+        self._handlers: dict[type, Handler] = {
+            CreateSecret: self._create_secret,
+            CreateService: self._create_service,
+            CreatePods: self._create_pods,
+            DeletePods: self._delete_pods,
+            DeliverPlacement: self._deliver_placement,
+            Recover: self._recover,
+            DeleteJob: self._delete_job,
+        }
+
+    def reconcile(self, key: JobKey) -> float | None:
+        """One reconcile of job `key`; returns seconds until a time-based re-check, if any."""
+        snap = self.cache.snapshot(key)
+        if snap is None or (snap.job.get("metadata") or {}).get("deletionTimestamp"):
+            self._expected.pop(key, None)
+            self.metrics.job_state(key, None)
+            return None
+        started = time.monotonic()
+        self.metrics.reconciles.inc()
+        job = JobView.from_object(snap.job)
+        decision = reconcile(self._observe(key, job, snap), self.config)
+        for action in decision.actions:
+            self._handlers[type(action)](job, snap, action)
+            if isinstance(action, Recover) and any(
+                e.reason == RECOVERY_NEEDED.reason for e in decision.events
+            ):
+                self.metrics.recoveries.labels(kind=action.kind.value).inc()
+        patch = status_patch(job.status, decision.status.to_dict())
+        if patch is not None:
+            updated = self.kube.patch_job_status(job.namespace, job.name, patch)
+            self.cache.update_job(updated, deleted=False)
+            self.metrics.status_writes.inc()
+        self._send_events(job, decision.events)
+        self.metrics.job_state(key, state_of(decision.status.conditions))
+        self.metrics.reconcile_seconds.observe(time.monotonic() - started)
+        return decision.requeue_after
+
+    def _observe(self, key: JobKey, job: JobView, snap: Snapshot) -> Observed:
+        return Observed(
+            job=job, pods=snap.pods, nodes=snap.nodes,
+            has_service=self._exists(job, "Service", naming.service_name(job.name)),
+            has_secret=self._exists(job, "Secret", naming.secret_name(job.name)),
+            now=self._clock(), pending_creates=self._pending(key, snap),
+        )
+
+    def _exists(self, job: JobView, kind: str, name: str) -> bool:
+        """Read once per job; afterwards remembered (children are owned and not edited)."""
+        if (job.uid, kind) in self._children:
+            return True
+        if self.kube.exists(kind, job.namespace, name):
+            self._children.add((job.uid, kind))
+            return True
+        return False
+
+    def _pending(self, key: JobKey, snap: Snapshot) -> frozenset[int]:
+        expected = self._expected.get(key, {})
+        now = time.monotonic()
+        for rank in [r for r, deadline in expected.items() if r in snap.pods or deadline < now]:
+            del expected[rank]
+        return frozenset(expected)
+
+    # --- the action table ---------------------------------------------------------------
+
+    def _create_secret(self, job: JobView, snap: Snapshot, action: CreateSecret) -> None:
+        self.kube.create(render.peer_secret(job.ref, secrets.token_urlsafe(32)))
+        self._children.add((job.uid, "Secret"))
+
+    def _create_service(self, job: JobView, snap: Snapshot, action: CreateService) -> None:
+        self.kube.create(action.manifest)
+        self._children.add((job.uid, "Service"))
+
+    def _create_pods(self, job: JobView, snap: Snapshot, action: CreatePods) -> None:
+        expected = self._expected.setdefault((job.namespace, job.name), {})
+        deadline = time.monotonic() + EXPECTATION_SECONDS
+        for manifest in action.manifests:
+            expected[int(manifest["metadata"]["labels"][naming.LABEL_RANK])] = deadline
+        _parallel(self.kube.create, action.manifests)
+
+    def _delete_pods(self, job: JobView, snap: Snapshot, action: DeletePods) -> None:
+        log.info("deleting %d pods of %s/%s: %s", len(action.names), job.namespace, job.name,
+                 action.reason)
+        _parallel(lambda name: self.kube.delete_pod(job.namespace, name), action.names)
+
+    def _deliver_placement(self, job: JobView, snap: Snapshot, action: DeliverPlacement) -> None:
+        token = self.kube.secret_value(job.namespace, naming.secret_name(job.name),
+                                       naming.SECRET_TOKEN_KEY)
+        if token is None:
+            raise RuntimeError(f"the peer-auth Secret of {job.namespace}/{job.name} is missing")
+        ports = self.config.render
+        addresses = {
+            rank: SidecarAddress(rank, pod.ip, ports.sidecar_api_port, ports.sidecar_port)
+            for rank, pod in snap.pods.items()
+        }
+        deliver_placement(action.placement, addresses, token)
+
+    def _recover(self, job: JobView, snap: Snapshot, action: Recover) -> None:
+        # Recovery execution (in-place restarts through the launchers, replacement pods,
+        # shard fetches, S3 restore) is not implemented yet: the job stays Recovering, and
+        # the condition says what is needed. See docs/geminijob.md.
+        log.warning("%s/%s needs a %s recovery (%d ranks); this operator version cannot "
+                    "execute recoveries yet", job.namespace, job.name, action.kind.value,
+                    len(action.failures))
+
+    def _delete_job(self, job: JobView, snap: Snapshot, action: DeleteJob) -> None:
+        self.kube.delete_job(job.namespace, job.name)
+
+    def _send_events(self, job: JobView, events: Any) -> None:
+        ref = {"name": job.name, "namespace": job.namespace, "uid": job.uid}
+        for event in events:
+            try:
+                self.kube.create_event(ref, event.reason, event.message, event.warning,
+                                       self._clock())
+            except Exception as err:
+                log.warning("could not record event %s: %s", event.reason, err)
+
+
+def _parallel(fn: Callable[[Any], object], items: Any) -> None:
+    items = list(items)
+    if len(items) <= 1:
+        for item in items:
+            fn(item)
+        return
+    with ThreadPoolExecutor(max_workers=min(PARALLEL_WRITES, len(items))) as pool:
+        list(pool.map(fn, items))  # list() re-raises the first failure
+
+
+class WorkQueue:
+    """Coalescing, leader-gated queue of jobs to reconcile, run by asyncio worker tasks."""
+
+    def __init__(
+        self, work: Callable[[JobKey], float | None], leads: Callable[[], bool],
+        metrics: OperatorMetrics, workers: int = 4,
+    ) -> None:
+        self._work, self._leads, self._metrics = work, leads, metrics
+        self._queue: asyncio.Queue[JobKey] = asyncio.Queue()
+        self._queued: set[JobKey] = set()
+        self._running: set[JobKey] = set()
+        self._dirty: set[JobKey] = set()
+        self._failures: dict[JobKey, int] = {}
+        self._timers: dict[JobKey, asyncio.TimerHandle] = {}
+        self._workers = workers
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def add(self, key: JobKey, delay: float = 0.0) -> None:
+        if delay > 0:
+            self._later(key, delay)
+            return
+        if key in self._running:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._worker()) for _ in range(self._workers)]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for timer in self._timers.values():
+            timer.cancel()
+
+    def _later(self, key: JobKey, delay: float) -> None:
+        existing = self._timers.get(key)
+        due = asyncio.get_running_loop().time() + delay
+        if existing is not None and existing.when() <= due:
+            return
+        if existing is not None:
+            existing.cancel()
+        self._timers[key] = asyncio.get_running_loop().call_later(delay, self._fire, key)
+
+    def _fire(self, key: JobKey) -> None:
+        self._timers.pop(key, None)
+        self.add(key)
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            if not self._leads():
+                continue  # the leader reconciles; on becoming leader every job is queued
+            self._running.add(key)
+            try:
+                requeue = await asyncio.to_thread(self._work, key)
+                self._failures.pop(key, None)
+                if requeue is not None:
+                    self.add(key, max(requeue, 0.05))
+            except Exception as err:
+                count = self._failures[key] = self._failures.get(key, 0) + 1
+                delay = min(0.25 * 2 ** (count - 1), 30.0)
+                self._metrics.reconcile_errors.inc()
+                log.warning("reconcile of %s/%s failed (retry in %.2fs): %s", *key, delay, err)
+                self.add(key, delay)
+            finally:
+                self._running.discard(key)
+                if key in self._dirty:
+                    self._dirty.discard(key)
+                    self.add(key)
+

@@ -1,0 +1,75 @@
+"""The operator's client of the sidecars' control API (HTTP, job token as a Bearer token).
+
+Only what the operator asks of a sidecar: its new placement (POST /peers). Addresses are
+pod IPs, which work with or without cluster DNS.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+TIMEOUT_SECONDS = 5.0
+
+
+class SidecarError(RuntimeError):
+    """A sidecar did not take the request; the message names the rank and the reason."""
+
+
+@dataclass(frozen=True)
+class SidecarAddress:
+    rank: int
+    ip: str
+    api_port: int
+    peer_port: int
+
+
+def placement_bodies(
+    placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress],
+) -> dict[int, dict[str, Any]]:
+    """Each rank's POST /peers body from a status.placement document."""
+    holders = {int(r): [int(h) for h in hs] for r, hs in placement["holders"].items()}
+    held_by: dict[int, list[int]] = {r: [] for r in holders}
+    for rank, rank_holders in holders.items():
+        for peer in rank_holders[1:]:
+            held_by[peer].append(rank)
+    bodies = {}
+    for rank in holders:
+        send_to, hold = holders[rank][1:], sorted(held_by[rank])
+        peers = {str(r): f"{addresses[r].ip}:{addresses[r].peer_port}"
+                 for r in sorted(set(send_to) | set(hold))}
+        bodies[rank] = {"peers": peers, "hold_ranks": hold, "send_to": send_to}
+    return bodies
+
+
+def deliver_placement(
+    placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress], token: str,
+) -> None:
+    """POST every rank's part of `placement` to its sidecar, in parallel; raise on any refusal."""
+    bodies = placement_bodies(placement, addresses)
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(bodies)))) as pool:
+        errors = [e for e in pool.map(
+            lambda r: _post(addresses[r], "/peers", bodies[r], token), sorted(bodies)) if e]
+    if errors:
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise SidecarError("; ".join(errors[:3]) + more)
+
+
+def _post(address: SidecarAddress, path: str, body: Mapping[str, Any], token: str) -> str | None:
+    request = urllib.request.Request(
+        f"http://{address.ip}:{address.api_port}{path}", data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS):
+            return None
+    except urllib.error.HTTPError as err:
+        return f"rank {address.rank}: {path} answered {err.code} {err.read()[:200]!r}"
+    except OSError as err:
+        return f"rank {address.rank}: {path} unreachable ({err})"

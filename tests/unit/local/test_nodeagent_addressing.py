@@ -1,0 +1,46 @@
+"""Node addresses, group ids, pod IP allocation and the machine-wide claim of a cluster range."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemini.local import nodes
+from gemini.local.nodeagent.addressing import NodeNetwork, PodIpPool
+
+
+def test_each_node_has_its_own_slash_24_and_group():
+    a, b = NodeNetwork(150, 0), NodeNetwork(150, 1)
+    assert (a.node_ip, a.cidr) == ("127.150.1.1", "127.150.1.0/24")
+    assert (b.node_ip, b.cidr) == ("127.150.2.1", "127.150.2.0/24")
+    assert a.gid != b.gid != NodeNetwork(151, 0).gid
+    assert a.contains("127.150.1.77") and not a.contains("127.150.2.77")
+    assert a.node_ip not in a.pod_ips() and len(a.pod_ips()) == 253
+
+
+def test_node_index_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="out of range"):
+        NodeNetwork(150, 254)
+
+
+def test_pod_ip_pool_reuses_a_released_address_last():
+    pool = PodIpPool(["a", "b", "c"])
+    first = pool.allocate()
+    pool.release(first)
+    assert [pool.allocate() for _ in range(3)] == ["b", "c", "a"]
+    with pytest.raises(RuntimeError, match="no free pod IP"):
+        pool.allocate()
+
+
+def test_two_clusters_claim_different_ranges_and_a_stale_claim_is_taken_over(tmp_path,
+                                                                             monkeypatch):
+    monkeypatch.setattr(nodes, "CLAIMS_DIR", tmp_path / "claims")
+    one, two = tmp_path / "one", tmp_path / "two"
+    octet_one = nodes.network_octet(one)
+    octet_two = nodes.network_octet(two)
+    assert octet_one != octet_two
+    assert nodes.network_octet(one) == octet_one  # recorded in the state dir
+    # `one` runs no node agent, so its claim is stale once its record is gone.
+    (one / "nodes" / "network.json").unlink()
+    (tmp_path / "claims" / str(octet_two)).write_text(str(tmp_path / "deleted"))
+    three = tmp_path / "three"
+    assert nodes.network_octet(three) in range(100, 200)

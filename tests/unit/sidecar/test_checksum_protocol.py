@@ -1,0 +1,104 @@
+"""The frame checksum and the authenticated framing, over a real socket pair."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+
+import pytest
+from gemini_sidecar.checksum import checksum, combine, finish, word_sum
+from gemini_sidecar.protocol import (
+    AuthError,
+    Channel,
+    ChecksumMismatch,
+    Frame,
+    FrameType,
+    PeerRefused,
+    ProtocolError,
+)
+
+TOKEN = b"unit-test-token-0123456789"
+
+
+def test_word_sums_of_aligned_pieces_add_up_to_the_whole():
+    data = os.urandom((1 << 20) + 13)
+    cuts = [0, 8, 4096, 777 * 8, 1 << 19, len(data)]
+    pieces = [word_sum(data[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+    assert finish(combine(pieces), len(data)) == checksum(data)
+
+
+def test_any_single_byte_change_and_any_truncation_change_the_checksum():
+    data = bytearray(os.urandom(4096))
+    reference = checksum(data)
+    for pos in (0, 7, 8, 2049, 4095):
+        data[pos] ^= 0x40
+        assert checksum(data) != reference
+        data[pos] ^= 0x40
+    assert checksum(data[:-8]) != reference
+    assert checksum(bytes(data) + b"\0" * 8) != reference
+
+
+async def _pair(job_server: str = "j", job_client: str = "j", token_client: bytes = TOKEN):
+    a, b = socket.socketpair()
+    server = Channel(a, TOKEN, 1 << 20, server=True)
+    client = Channel(b, token_client, 1 << 20, server=False)
+    results = await asyncio.gather(server.server_handshake(job_server),
+                                   client.client_handshake(job_client), return_exceptions=True)
+    return server, client, results
+
+
+async def test_frames_round_trip_with_payloads_verified():
+    server, client, results = await _pair()
+    assert results == [None, None]
+    data = os.urandom(300_000)
+    frame = Frame(FrameType.PUT_CHUNK, 3, 9, 64, len(data), checksum(data))
+    send = asyncio.create_task(client.send(frame, memoryview(data)))
+    got = await server.recv()
+    buf = bytearray(got.length)
+    words = await server.recv_into(got, memoryview(buf))
+    await send
+    assert (got.rank, got.version, got.offset) == (3, 9, 64)
+    assert bytes(buf) == data and finish(words, len(data)) == frame.checksum
+    await server.send_error("nope")
+    reply = await client.recv()
+    assert reply.type == FrameType.ERROR and await client.recv_payload(reply) == b"nope"
+    server.close()
+    client.close()
+
+
+async def test_a_payload_that_does_not_match_its_checksum_is_reported():
+    server, client, _ = await _pair()
+    data = os.urandom(1000)
+    await client.send(Frame(FrameType.PUT_CHUNK, 0, 1, 0, len(data), checksum(data) ^ 1), data)
+    got = await server.recv()
+    with pytest.raises(ChecksumMismatch):
+        await server.recv_into(got, memoryview(bytearray(got.length)))
+    server.close()
+    client.close()
+
+
+async def test_a_wrong_token_or_another_job_fails_the_handshake():
+    for kwargs in ({"token_client": b"another-token-0123456789"}, {"job_client": "other"}):
+        server, client, results = await _pair(**kwargs)
+        assert isinstance(results[0], AuthError)
+        server.close()  # what the peer server does on refusal
+        assert isinstance(results[1], (PeerRefused, ConnectionError, AuthError)) or (
+            results[1] is None)
+        client.close()
+
+
+async def test_oversized_and_replayed_frames_are_refused():
+    server, client, _ = await _pair()
+    await client.send(Frame(FrameType.PUT_CHUNK, 0, 1, 0, 2 << 20, 0))
+    with pytest.raises(ProtocolError, match="oversized frame"):
+        await server.recv()
+    server.close()
+    client.close()
+    server, client, _ = await _pair()
+    client._send_seq = 5  # as if frames were dropped or replayed
+    await client.send(Frame(FrameType.GET_INFO, 0, 1))
+    with pytest.raises(AuthError, match="sequence"):
+        await server.recv()
+    server.close()
+    client.close()
