@@ -42,8 +42,8 @@ WORKDIR /home/gemini
 FROM runtime-base AS operator
 COPY --from=build-runtime /opt/gemini /opt/gemini
 USER 65532:65532
-# Health (GET /healthz) and metrics (GET /metrics) ports of the chart's defaults.
-EXPOSE 8080 9090
+# Prometheus metrics (GET /metrics) on the chart's default port.
+EXPOSE 9090
 ENTRYPOINT ["gemini", "operator", "run"]
 
 FROM runtime-base AS sidecar

@@ -11,12 +11,14 @@ The last line is the JSON summary for pod -> Running; the line before it is node
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client, config
 
@@ -44,23 +46,29 @@ def wait(predicate, timeout: float, interval: float = 0.01) -> float:
 
 
 def ready_status(core: client.CoreV1Api, node: str) -> str:
-    for cond in core.read_node(node).status.conditions or []:
+    status = core.read_node(node).status
+    for cond in (status.conditions if status else None) or []:
         if cond.type == "Ready":
             return str(cond.status)
     return "None"
 
 
 def pod_to_running(core: client.CoreV1Api, i: int) -> float:
-    body = {"metadata": {"name": f"bench-{i}"}, "spec": {
+    body: Any = {"metadata": {"name": f"bench-{i}"}, "spec": {
         "terminationGracePeriodSeconds": 0,
         "containers": [{"name": "c", "image": "x", "command": COMMAND}]}}
     start = time.monotonic()
     core.create_namespaced_pod("default", body)
-    wait(lambda: core.read_namespaced_pod(f"bench-{i}", "default").status.phase == "Running", 30)
+    wait(lambda: _phase(core, f"bench-{i}") == "Running", 30)
     elapsed = time.monotonic() - start
     core.delete_namespaced_pod(f"bench-{i}", "default")
     time.sleep(0.3)  # let the cluster go idle again
     return elapsed
+
+
+def _phase(core: client.CoreV1Api, name: str) -> str | None:
+    status = core.read_namespaced_pod(name, "default").status
+    return status.phase if status else None
 
 
 def process_start() -> float:
@@ -101,6 +109,7 @@ def main() -> int:
     finally:
         stop_all_node_agents(state_dir)
         stop_control_plane(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
     print(f"pod created -> Running (s): {[round(x, 3) for x in pods]}", file=sys.stderr)
     print(f"plain process start (s): {[round(x, 4) for x in base]}", file=sys.stderr)
     print(f"node lost -> NotReady (s): {[round(x, 2) for x in lost]}", file=sys.stderr)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,16 +36,21 @@ class Block(nn.Module):
         b, t, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
         att = F.scaled_dot_product_attention(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
             dropout_p=self.dropout if self.training else 0.0,
         )
         x = x + self.drop(self.proj(att.transpose(1, 2).reshape(b, t, d)))
-        return x + self.drop(self.mlp(self.ln2(x)))
+        out: torch.Tensor = x + self.drop(self.mlp(self.ln2(x)))
+        return out
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab: int, seq: int, d: int, layers: int, heads: int,
-                 dropout: float) -> None:
+    def __init__(
+        self, vocab: int, seq: int, d: int, layers: int, heads: int, dropout: float
+    ) -> None:
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
         self.blocks = nn.ModuleList(Block(d, heads, dropout) for _ in range(layers))
@@ -83,7 +89,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def build(args: argparse.Namespace) -> tuple[object, object, object]:
+def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """Returns (target, optimizer, scheduler) for Checkpointer, with the train step inside."""
     torch.manual_seed(args.seed)
     model = GPT(args.vocab, args.seq, args.d_model, args.layers, args.heads, args.dropout)
@@ -95,10 +101,13 @@ def build(args: argparse.Namespace) -> tuple[object, object, object]:
         config = {
             "train_micro_batch_size_per_gpu": args.batch,
             "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": 3},
+            # persistence threshold 0: even this small model is really partitioned and gathered
+            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
             "optimizer": {"type": "Adam", "params": {"lr": args.lr, "torch_adam": True}},
-            "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5,
-                                                          "warmup_max_lr": args.lr}},
+            "scheduler": {
+                "type": "WarmupLR",
+                "params": {"warmup_num_steps": 5, "warmup_max_lr": args.lr},
+            },
             "steps_per_print": 10**9,
         }
         engine, _, _, _ = deepspeed.initialize(
@@ -107,13 +116,15 @@ def build(args: argparse.Namespace) -> tuple[object, object, object]:
         return engine, None, None
     torch.distributed.init_process_group("gloo")
     if args.engine == "ddp":
-        model = nn.parallel.DistributedDataParallel(model)
-    else:
-        from torch.distributed.fsdp import fully_shard
+        ddp: nn.Module = nn.parallel.DistributedDataParallel(model)
+        optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
+        scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.2, total_iters=5)
+        return ddp, optimizer, scheduler
+    from torch.distributed.fsdp import fully_shard
 
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scheduler = torch.optim.lr_scheduler.LinearLR(optimizer, start_factor=0.2, total_iters=5)
     return model, optimizer, scheduler

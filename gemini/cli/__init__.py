@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 COMMAND_MODULES: list[str] = [
     "gemini.cli.fault",
+    "gemini.cli.launch",
     "gemini.cli.local",
     "gemini.cli.operator",
     "gemini.cli.plan",

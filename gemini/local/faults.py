@@ -47,6 +47,7 @@ def kill_container(
 
 def lose_node(state_dir: Path, node: str) -> int:
     """Power loss: kill the node's agent and all its processes at once; return how many."""
+    nodes.node_config(state_dir, node)  # an unknown node is named as such
     if nodes.running_agent_pid(state_dir, node) is None:
         raise FaultError(f"node {node!r} is not running (already lost or stopped)")
     return nodes.kill_node_processes(state_dir, node)

@@ -6,6 +6,7 @@ agent.pid, agent.log, pgids/ (process groups of its containers) and pods/ (volum
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -178,7 +179,10 @@ def stop_node_agent(state_dir: Path, name: str) -> bool:
     kill_node_processes(state_dir, name)
     (node_dir(state_dir, name) / f"{_AGENT}.pid").unlink(missing_ok=True)
     heal_node(state_dir, name, missing_ok=True)
-    shutil.rmtree(node_config(state_dir, name).shm_dir, ignore_errors=True)
+    shm_dir = Path(node_config(state_dir, name).shm_dir)
+    shutil.rmtree(shm_dir, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        shm_dir.parent.rmdir()  # the cluster's /dev/shm folder, once its last node is gone
     return was_running
 
 

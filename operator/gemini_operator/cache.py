@@ -73,6 +73,13 @@ class ClusterCache:
             return [key for key, pods in self._pods.items()
                     if any(p.node_name == view.name for p in pods.values())]
 
+    def replace_pods(self, key: JobKey, objs: list[dict[str, Any]]) -> None:
+        """The job's pods as just listed from the API (a watch may have missed a deletion,
+        or not have listed everything yet right after start-up)."""
+        views = [v for v in (pod_view(o) for o in objs) if v is not None]
+        with self._lock:
+            self._pods[key] = {v.rank: v for v in views}
+
     def snapshot(self, key: JobKey) -> Snapshot | None:
         with self._lock:
             job = self._jobs.get(key)

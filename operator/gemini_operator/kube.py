@@ -101,6 +101,9 @@ class KubeClient:
                                            _preload_content=False)))
         return list(json.loads(raw.data)["items"])
 
+    def get_node(self, name: str) -> Obj | None:
+        return self._read(lambda: self._core.read_node(name, _preload_content=False))
+
     def exists(self, kind: str, namespace: str, name: str) -> bool:
         """Whether the Service or Secret `name` exists."""
         readers: dict[str, Callable[..., Any]] = {

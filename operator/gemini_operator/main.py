@@ -54,9 +54,11 @@ async def run_operator(
     options: OperatorOptions,
     stop_flag: asyncio.Event | None = None,
     ready_flag: asyncio.Event | None = None,
+    runtime: handlers.Runtime | None = None,
 ) -> None:
-    """Run until `stop_flag` is set (or the process is signalled)."""
-    runtime = build_runtime(options)
+    """Run until `stop_flag` is set (or the process is signalled); `runtime` is built from
+    the options unless given (tests look into it)."""
+    runtime = runtime or build_runtime(options)
     if options.metrics_port is not None:
         start_http_server(options.metrics_port, registry=runtime.metrics.registry)
     registry = kopf.OperatorRegistry()

@@ -23,13 +23,19 @@ from typing import Any
 
 from gemini_operator import naming, render
 from gemini_operator.cache import ClusterCache, JobKey, Snapshot
-from gemini_operator.conditions import RECOVERY_NEEDED, state_of
+from gemini_operator.conditions import (
+    FAILURE_POLICY_FAIL_JOB,
+    MAX_RESTARTS_EXCEEDED,
+    RECOVERY_NEEDED,
+    state_of,
+)
 from gemini_operator.kube import KubeClient
 from gemini_operator.metrics import OperatorMetrics
 from gemini_operator.reconcile import (
     CreatePods,
     CreateSecret,
     CreateService,
+    Decision,
     DeleteJob,
     DeletePods,
     DeliverPlacement,
@@ -80,6 +86,11 @@ class Reconciler:
         self.metrics.reconciles.inc()
         job = JobView.from_object(snap.job)
         decision = reconcile(self._observe(key, job, snap), self.config)
+        if _new_failure(decision):
+            # Confirm with the API before acting: right after start-up the watches may not
+            # have listed every pod and node yet, and a missing pod must not count as lost.
+            snap = self._refresh(key, snap)
+            decision = reconcile(self._observe(key, job, snap), self.config)
         for action in decision.actions:
             self._handlers[type(action)](job, snap, action)
             if isinstance(action, Recover) and any(
@@ -103,6 +114,17 @@ class Reconciler:
             has_secret=self._exists(job, "Secret", naming.secret_name(job.name)),
             now=self._clock(), pending_creates=self._pending(key, snap),
         )
+
+    def _refresh(self, key: JobKey, snap: Snapshot) -> Snapshot:
+        self.cache.replace_pods(key, self.kube.list_worker_pods(*key))
+        fresh = self.cache.snapshot(key) or snap
+        for name in {p.node_name for p in fresh.pods.values() if p.node_name}:
+            node = fresh.nodes.get(name)
+            if node is None or not node.ready:
+                obj = self.kube.get_node(name)
+                if obj is not None:
+                    self.cache.update_node(obj, deleted=False)
+        return self.cache.snapshot(key) or fresh
 
     def _exists(self, job: JobView, kind: str, name: str) -> bool:
         """Read once per job; afterwards remembered (children are owned and not edited)."""
@@ -173,6 +195,16 @@ class Reconciler:
                                        self._clock())
             except Exception as err:
                 log.warning("could not record event %s: %s", event.reason, err)
+
+
+def _new_failure(decision: Decision) -> bool:
+    """Whether this decision starts a recovery or fails the job (both need confirmation)."""
+    return any(e.reason in _FAILING for e in decision.events)
+
+
+_FAILING = frozenset(
+    r.reason for r in (RECOVERY_NEEDED, MAX_RESTARTS_EXCEEDED, FAILURE_POLICY_FAIL_JOB)
+)
 
 
 def _parallel(fn: Callable[[Any], object], items: Any) -> None:

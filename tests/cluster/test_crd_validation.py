@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from gemini_operator import naming
 from tests.unit.operator.builders import JobBuilder, make_job
@@ -20,6 +22,7 @@ from tests.unit.operator.builders import JobBuilder, make_job
 pytestmark = pytest.mark.cluster
 
 Edit = Callable[[JobBuilder], JobBuilder]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 RULE = {"name": "oom", "action": "FailJob", "onPodFailureReasons": ["OOMKilled"]}
 
 INVALID_ON_CREATE: list[Any] = [
@@ -130,9 +133,9 @@ def _custom(kube_api: client.ApiClient) -> client.CustomObjectsApi:
     return client.CustomObjectsApi(kube_api)
 
 
-def _create(kube_api: client.ApiClient, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+def _create(kube_api: client.ApiClient, namespace: str, body: dict[str, Any]) -> Any:
     body["metadata"]["namespace"] = namespace
-    return _custom(kube_api).create_namespaced_custom_object(  # type: ignore[no-any-return]
+    return _custom(kube_api).create_namespaced_custom_object(
         naming.GROUP, naming.VERSION, namespace, naming.PLURAL, body, field_validation="Strict"
     )
 
@@ -148,34 +151,34 @@ def _refusal(call: Callable[[], object]) -> str:
         call()
     # 422: the schema or a CEL rule refused it; 400: strict decoding found an unknown field
     assert info.value.status in (400, 422), info.value.body
-    return str(json.loads(info.value.body)["message"])
+    return str(json.loads(info.value.body or "{}")["message"])
 
 
 @pytest.mark.parametrize(("edit", "fragment"), INVALID_ON_CREATE)
 def test_invalid_manifest_is_refused_with_a_clear_message(
-    kube_api: client.ApiClient, gemini_crd: dict[str, Any], namespace: str,
+    kube_api: client.ApiClient, gemini_crd: dict[str, Any], job_namespace: str,
     edit: Edit, fragment: str,
 ) -> None:
     body = edit(make_job("bad").set("persistence", {"bucketURI": "s3://bucket/x"})).obj()
-    message = _refusal(lambda: _create(kube_api, namespace, body))
+    message = _refusal(lambda: _create(kube_api, job_namespace, body))
     assert fragment in message
 
 
 @pytest.mark.parametrize(("spec", "fragment"), INVALID_UPDATES)
 def test_update_of_a_frozen_field_is_refused(
-    kube_api: client.ApiClient, gemini_crd: dict[str, Any], namespace: str,
+    kube_api: client.ApiClient, gemini_crd: dict[str, Any], job_namespace: str,
     spec: dict[str, Any], fragment: str,
 ) -> None:
-    _create(kube_api, namespace, make_job("frozen").set(
+    _create(kube_api, job_namespace, make_job("frozen").set(
         "persistence", {"bucketURI": "s3://bucket/x"}).obj())
-    message = _refusal(lambda: _patch(kube_api, namespace, "frozen", spec))
+    message = _refusal(lambda: _patch(kube_api, job_namespace, "frozen", spec))
     assert fragment in message
 
 
 def test_valid_minimal_manifest_gets_the_defaults(
-    kube_api: client.ApiClient, gemini_crd: dict[str, Any], namespace: str
+    kube_api: client.ApiClient, gemini_crd: dict[str, Any], job_namespace: str
 ) -> None:
-    created = _create(kube_api, namespace, make_job("minimal").obj())
+    created = _create(kube_api, job_namespace, make_job("minimal").obj())
     spec = created["spec"]
     assert spec["numProcPerNode"] == 1
     assert spec["suspend"] is False
@@ -189,7 +192,7 @@ def test_valid_minimal_manifest_gets_the_defaults(
 
 
 def test_valid_full_manifest_is_accepted_and_kept(
-    kube_api: client.ApiClient, gemini_crd: dict[str, Any], namespace: str
+    kube_api: client.ApiClient, gemini_crd: dict[str, Any], job_namespace: str
 ) -> None:
     body = (
         make_job("full").with_nodes(8).with_replicas(3)
@@ -209,21 +212,29 @@ def test_valid_full_manifest_is_accepted_and_kept(
         .set("activeDeadlineSeconds", 86400).set("ttlSecondsAfterFinished", 600)
         .obj()
     )
-    created = _create(kube_api, namespace, body)
+    created = _create(kube_api, job_namespace, body)
     assert created["spec"]["persistence"]["intervalSeconds"] == 3600
     assert created["spec"]["failurePolicy"]["rules"][1]["onExitCodes"] == [3, 4]
     assert created["spec"]["checkpoint"]["memoryBudgetPerNode"] == "16Gi"
 
 
 def test_template_may_change_while_suspended(
-    kube_api: client.ApiClient, gemini_crd: dict[str, Any], namespace: str
+    kube_api: client.ApiClient, gemini_crd: dict[str, Any], job_namespace: str
 ) -> None:
-    _create(kube_api, namespace, make_job("pausable").obj())
-    _patch(kube_api, namespace, "pausable", {"suspend": True})
-    _patch(kube_api, namespace, "pausable", {"template": {"image": "python:3.12"},
+    _create(kube_api, job_namespace, make_job("pausable").obj())
+    _patch(kube_api, job_namespace, "pausable", {"suspend": True})
+    _patch(kube_api, job_namespace, "pausable", {"template": {"image": "python:3.12"},
                                              "checkpoint": {"replicas": 3}})
-    _patch(kube_api, namespace, "pausable", {"suspend": False})
-    got = _custom(kube_api).get_namespaced_custom_object(
-        naming.GROUP, naming.VERSION, namespace, naming.PLURAL, "pausable")
+    _patch(kube_api, job_namespace, "pausable", {"suspend": False})
+    got: Any = _custom(kube_api).get_namespaced_custom_object(
+        naming.GROUP, naming.VERSION, job_namespace, naming.PLURAL, "pausable")
     assert got["spec"]["template"]["image"] == "python:3.12"
     assert got["spec"]["checkpoint"]["replicas"] == 3
+
+
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("geminijob-*.yaml")), ids=lambda p: p.name)
+def test_every_example_is_accepted(
+    kube_api: client.ApiClient, gemini_crd: dict[str, Any], job_namespace: str, path: Path
+) -> None:
+    for body in yaml.safe_load_all(path.read_text()):
+        _create(kube_api, job_namespace, body)

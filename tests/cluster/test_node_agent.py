@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -35,8 +36,8 @@ def pod(name: str, containers: list[Obj], **spec: Any) -> Obj:
 
 
 def get_pod(core: client.CoreV1Api, ns: str, name: str) -> Obj:
-    resp = core.read_namespaced_pod(name, ns, _preload_content=False)
-    return json.loads(resp.data)
+    resp: Any = core.read_namespaced_pod(name, ns, _preload_content=False)
+    return dict(json.loads(resp.data))
 
 
 def phase(core: client.CoreV1Api, ns: str, name: str) -> str:
@@ -342,7 +343,7 @@ def test_deleting_a_pod_ends_its_processes_within_grace(local_cluster, namespace
             core.read_namespaced_pod("del", namespace)
             return False
         except client.ApiException as err:
-            return err.status == 404
+            return bool(err.status == 404)
     wait_until(gone, 10, "the pod object to be deleted")
     elapsed = time.monotonic() - start
     # Main containers get the 2 s grace period, the sidecar at least 1 s more at most.
@@ -374,21 +375,29 @@ def test_killed_container_restarts_with_exit_code_137(local_cluster, namespace):
 def test_deployment_and_job_run(local_cluster, namespace):
     apps, batch = client.AppsV1Api(local_cluster.api), client.BatchV1Api(local_cluster.api)
     labels = {"app": "web"}
-    apps.create_namespaced_deployment(namespace, {
+    deployment: Any = {
         "metadata": {"name": "web"}, "spec": {
             "replicas": 2, "selector": {"matchLabels": labels},
             "template": {"metadata": {"labels": labels}, "spec": {
                 "terminationGracePeriodSeconds": 1,
-                "containers": [{"name": "c", "image": "x", "command": ["sleep", "300"]}]}}}})
-    batch.create_namespaced_job(namespace, {
+                "containers": [{"name": "c", "image": "x", "command": ["sleep", "300"]}]}}}}
+    job: Any = {
         "metadata": {"name": "job"}, "spec": {
             "completions": 2, "parallelism": 2, "backoffLimit": 0,
             "template": {"spec": {"restartPolicy": "Never", "containers": [
-                {"name": "c", "image": "x", "command": ["sh", "-c", "echo done"]}]}}}})
-    wait_until(lambda: (apps.read_namespaced_deployment("web", namespace).status
-                        .available_replicas or 0) == 2, 30, "2 available replicas")
-    wait_until(lambda: (batch.read_namespaced_job("job", namespace).status.succeeded or 0) == 2,
-               30, "the job to succeed twice")
+                {"name": "c", "image": "x", "command": ["sh", "-c", "echo done"]}]}}}}
+    apps.create_namespaced_deployment(namespace, deployment)
+    batch.create_namespaced_job(namespace, job)
+
+    def available() -> int:
+        status = apps.read_namespaced_deployment("web", namespace).status
+        return (status.available_replicas if status else None) or 0
+
+    def succeeded() -> int:
+        status = batch.read_namespaced_job("job", namespace).status
+        return (status.succeeded if status else None) or 0
+    wait_until(lambda: available() == 2, 30, "2 available replicas")
+    wait_until(lambda: succeeded() == 2, 30, "the job to succeed twice")
 
 
 def test_owner_reference_garbage_collection(local_cluster, namespace):
@@ -406,7 +415,7 @@ def test_owner_reference_garbage_collection(local_cluster, namespace):
             core.read_namespaced_config_map("owned", namespace)
             return False
         except client.ApiException as err:
-            return err.status == 404
+            return bool(err.status == 404)
     wait_until(collected, 20, "the owned ConfigMap to be garbage-collected")
 
 
@@ -425,7 +434,7 @@ def test_lost_node_turns_unknown_and_its_pods_not_ready(local_cluster, namespace
 
 
 def test_partitioned_node_is_cut_off_and_heals(local_cluster, namespace):
-    if os.geteuid() != 0 or not faults.shutil.which("nft"):
+    if os.geteuid() != 0 or not shutil.which("nft"):
         pytest.skip("partitions need root and nftables")
     core = local_cluster.core
     spare = local_cluster.add_spare()
@@ -435,8 +444,12 @@ def test_partitioned_node_is_cut_off_and_heals(local_cluster, namespace):
         while True:
             c, _ = s.accept(); c.sendall(b'pong'); c.close()
     """)
+    # Tolerate the unreachable taint forever, so the pod is not evicted while cut off.
+    forever = [{"key": f"node.kubernetes.io/{t}", "operator": "Exists", "effect": "NoExecute"}
+               for t in ("unreachable", "not-ready")]
     core.create_namespaced_pod(namespace, pod("island", [
-        {"name": "c", "image": "x", "command": server}], nodeName=spare.name))
+        {"name": "c", "image": "x", "command": server}], nodeName=spare.name,
+        tolerations=forever))
     ip = wait_phase(core, namespace, "island", "Running")["status"]["podIP"]
 
     def reachable() -> bool:
@@ -450,7 +463,32 @@ def test_partitioned_node_is_cut_off_and_heals(local_cluster, namespace):
     try:
         assert not reachable()
         wait_until(lambda: node_ready(core, spare.name) == "Unknown", 15, "node Ready=Unknown")
+        wait_until(lambda: cond(get_pod(core, namespace, "island"), "Ready") == "False", 10,
+                   "the node controller to mark the cut-off pod not ready")
     finally:
         faults.heal_node(local_cluster.state_dir, spare.name)
     wait_until(reachable, 5, "the pod's server after healing")
     wait_until(lambda: node_ready(core, spare.name) == "True", 15, "node Ready again")
+    wait_until(lambda: cond(get_pod(core, namespace, "island"), "Ready") == "True", 10,
+               "the agent to report its pod ready again")
+    core.create_namespaced_pod(namespace, pod("after", [
+        {"name": "c", "image": "x", "command": ["sleep", "60"]}], nodeName=spare.name))
+    wait_phase(core, namespace, "after", "Running", timeout=10)
+
+
+def test_fault_cli_kills_a_container_and_names_unknown_nodes(local_cluster, namespace):
+    core = local_cluster.core
+    core.create_namespaced_pod(namespace, pod("cli", [
+        {"name": "c", "image": "x", "command": ["sleep", "60"]}]))
+    wait_phase(core, namespace, "cli", "Running")
+    gemini = [str(Path(sys.executable).parent / "gemini"), "fault",
+              f"--state-dir={local_cluster.state_dir}"]
+    out = subprocess.run([*gemini, "kill-container", f"{namespace}/cli", "c", "-o", "json"],
+                         capture_output=True, text=True, timeout=30, check=True).stdout
+    assert json.loads(out)["signal"] == "SIGKILL"
+    wait_until(lambda: statuses(get_pod(core, namespace, "cli"))["c"]["restartCount"] == 1,
+               10, "the container to restart")
+    missing = subprocess.run([*gemini, "lose-node", "no-such-node"], capture_output=True,
+                             text=True, timeout=30, check=False)
+    assert missing.returncode == 1
+    assert "no node 'no-such-node'" in missing.stderr

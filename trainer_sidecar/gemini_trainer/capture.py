@@ -177,7 +177,7 @@ def capture_rng() -> Tree:
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
@@ -243,7 +243,9 @@ class DeepSpeedZero3State:
         for i, (live, saved) in enumerate(zip(flats, tree["fp32_flat"], strict=True)):
             copy_into(live, saved, f"fp32 partition of sub-group {i}")
             self._load_base_state(live, tree["optimizer_state"][i], i)
-        for group, saved_group in zip(zero.optimizer.param_groups, tree["param_groups"], strict=True):
+        for group, saved_group in zip(
+            zero.optimizer.param_groups, tree["param_groups"], strict=True
+        ):
             group.update(owned(saved_group))
         for name, value in tree["loss_scaler"].items():
             setattr(zero.loss_scaler, name, value)
@@ -293,8 +295,9 @@ class TorchState:
 
     kind = "torch-dcp"
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 lr_scheduler: Any = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, lr_scheduler: Any = None
+    ) -> None:
         from torch.distributed.checkpoint import state_dict as dcp_sd
 
         self._dcp = dcp_sd
@@ -324,7 +327,10 @@ class TorchState:
         model_sd = _merge_into(model_sd, tree["model"], "model")
         optim_sd = _merge_into(optim_sd, tree["optimizer"], "optimizer")
         self._dcp.set_state_dict(
-            self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+            self.model,
+            self.optimizer,
+            model_state_dict=model_sd,
+            optim_state_dict=optim_sd,
             options=self._options,
         )
         if tree["lr_scheduler"] is not None and self.lr_scheduler is not None:
@@ -354,9 +360,7 @@ def _merge_into(live: Any, saved: Any, path: str) -> Any:
 # -- selection ---------------------------------------------------------------------------------
 
 
-def adapter_for(
-    target: Any, optimizer: Any = None, lr_scheduler: Any = None
-) -> StateAdapter:
+def adapter_for(target: Any, optimizer: Any = None, lr_scheduler: Any = None) -> StateAdapter:
     """The adapter for a DeepSpeed engine, or for a (model, optimizer) pair."""
     if hasattr(target, "optimizer") and hasattr(
         getattr(target, "optimizer", None), "fp32_partitioned_groups_flat"

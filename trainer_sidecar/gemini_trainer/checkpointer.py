@@ -21,6 +21,7 @@ GEMINI_RESTORE_SOURCE, GEMINI_RESTORE_TIMEOUT_S, GEMINI_RESTART_EPOCH.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -49,6 +50,7 @@ from gemini_trainer.capture import (
     restore_rng,
     tensor_view,
 )
+from gemini_trainer.commprof import CommRecorder, phase_path, profile_path
 from gemini_trainer.shm import (
     ShardSlots,
     SlotError,
@@ -111,6 +113,7 @@ class CheckpointerConfig:
     sidecar_url: str | None = None
     auth_token: str = field(default="", repr=False)
     heartbeat_file: Path | None = None
+    profile_iterations: int = 20  # iterations of communication to profile; 0: none
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CheckpointerConfig:
@@ -130,6 +133,7 @@ class CheckpointerConfig:
             sidecar_url=pick("GEMINI_SIDECAR_URL") or None,
             auth_token=pick("GEMINI_AUTH_TOKEN"),
             heartbeat_file=Path(heartbeat) if heartbeat else None,
+            profile_iterations=int(pick("GEMINI_PROFILE_ITERATIONS", default="20")),
         )
 
 
@@ -164,11 +168,25 @@ class Checkpointer:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gemini-commit")
         self._pending: Future[None] | None = None
         self._lock = threading.Lock()
+        self.recorder = self._make_recorder()
+
+    def _make_recorder(self) -> CommRecorder | None:
+        cfg = self.config
+        if cfg.profile_iterations <= 0 or not torch.distributed.is_initialized():
+            return None
+        cfg.shm_dir.mkdir(parents=True, exist_ok=True)
+        return CommRecorder(
+            profile_path(cfg.shm_dir, cfg.rank, cfg.job),
+            cfg.profile_iterations,
+            phase_path(cfg.shm_dir, cfg.rank, cfg.job),
+        ).install()
 
     # -- snapshot ----------------------------------------------------------------------------
 
     def snapshot(self, step: int, extra: Tree = None) -> SnapshotStats:
         """Copy this rank's state as version ``step``; commit and notify in the background."""
+        if self.recorder is not None:
+            self.recorder.iteration_end()
         start = time.perf_counter()
         waited = self._wait_pending()
         tree = {
@@ -200,7 +218,9 @@ class Checkpointer:
         del buf
         stats = SnapshotStats(step, data_end + len(index), time.perf_counter() - start, waited)
         self.last = stats
-        self._pending = self._pool.submit(self._commit, slots, step)
+        self._pending = self._pool.submit(self._commit, slots, step, stats.stall_s)
+        if self.recorder is not None:
+            self.recorder.iteration_start()
         return stats
 
     def _plan(self, tensors: list[torch.Tensor]) -> tuple[list[int], int]:
@@ -234,7 +254,7 @@ class Checkpointer:
         self._pending = None
         return time.perf_counter() - start
 
-    def _commit(self, slots: ShardSlots, step: int) -> None:
+    def _commit(self, slots: ShardSlots, step: int, stall_s: float) -> None:
         try:
             info = slots.commit(step)
         except Exception as err:  # recorded, never raised into the training loop
@@ -243,9 +263,9 @@ class Checkpointer:
             return
         self.heartbeat(step)
         if self.config.sidecar_url:
-            self._notify(info)
+            self._notify(info, stall_s)
 
-    def _notify(self, info: SlotInfo) -> None:
+    def _notify(self, info: SlotInfo, stall_s: float) -> None:
         body = json.dumps(
             {
                 "rank": self.config.rank,
@@ -255,6 +275,7 @@ class Checkpointer:
                 "bytes": info.payload_len,
                 "checksum": info.checksum,
                 "path": str(self.path),
+                "stall_seconds": stall_s,
             }
         ).encode()
         url = (self.config.sidecar_url or "").rstrip("/") + SIDECAR_NOTIFY_PATH
@@ -293,11 +314,11 @@ class Checkpointer:
     def close(self) -> None:
         self.flush()
         self._pool.shutdown(wait=True)
+        if self.recorder is not None:
+            self.recorder.close()
         if self._slots is not None:
-            try:
+            with contextlib.suppress(BufferError):  # a view is still held; unmapped at exit
                 self._slots.close()
-            except BufferError:  # a caller still holds a view; the OS unmaps at exit
-                pass
             self._slots = None
 
     # -- restore -----------------------------------------------------------------------------
@@ -314,6 +335,8 @@ class Checkpointer:
         info = self._wait_for(slots, version, instr.timeout_s, instr.source)
         step = self._load(slots, info)
         log.info("restored step %d from %s (epoch %d)", step, instr.source, instr.epoch)
+        if self.recorder is not None:
+            self.recorder.iteration_start()
         return step
 
     def _open_for_restore(self, instr: RestoreInstruction) -> ShardSlots:
@@ -389,5 +412,10 @@ class Checkpointer:
 def _copy_tensor(buf: np.ndarray, offset: int, tensor: torch.Tensor) -> None:
     if tensor.nbytes == 0:
         return
-    dst = torch.from_numpy(buf[offset : offset + tensor.nbytes])
-    dst.view(tensor.dtype).view(tensor.shape).copy_(tensor)
+    dst = buf[offset : offset + tensor.nbytes]
+    if tensor.device.type == "cpu" and tensor.is_contiguous():
+        # One single-threaded memcpy per tensor: torch's copy_ forks and joins its thread
+        # pool per tensor, which costs more than it gains when cores are shared.
+        np.copyto(dst, tensor.detach().reshape(-1).view(torch.uint8).numpy())
+        return
+    torch.from_numpy(dst).view(tensor.dtype).view(tensor.shape).copy_(tensor)

@@ -35,7 +35,8 @@ class NodeAgent:
         self.pool = PodIpPool(ips)
         self.workers: dict[str, PodWorker] = {}
         self._cleanups: set[asyncio.Task[None]] = set()
-        self.reporter = NodeReporter(self.api, config)
+        self.reporter = NodeReporter(self.api, config, self._restart_watch)
+        self._watch_task: asyncio.Task[None] | None = None
 
     def _find(self, namespace: str, pod: str, container: str) -> ContainerRun | None:
         for worker in self.workers.values():
@@ -61,16 +62,30 @@ class NodeAgent:
             await http.close()
             await self.api.close()
 
+    def _restart_watch(self) -> None:
+        """After a partition the watch connection may be stuck for long: list and watch anew."""
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+
     async def _watch_pods(self, ctx: NodeContext) -> None:
-        params = {"fieldSelector": f"spec.nodeName={self.config.spec.name}"}
         while True:
+            self._watch_task = asyncio.create_task(self._list_and_watch(ctx))
             try:
-                listing = await self.api.get("/api/v1/pods", params)
-                self._sync(ctx, listing["items"])
-                await self._watch_from(ctx, params, listing["metadata"]["resourceVersion"])
+                await self._watch_task
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if current is not None and current.cancelling():
+                    self._watch_task.cancel()
+                    raise
             except (TimeoutError, ApiError, aiohttp.ClientError, OSError) as err:
                 print(f"pod watch failed, re-listing: {err!r}", flush=True)
                 await asyncio.sleep(1)
+
+    async def _list_and_watch(self, ctx: NodeContext) -> None:
+        params = {"fieldSelector": f"spec.nodeName={self.config.spec.name}"}
+        listing = await self.api.get("/api/v1/pods", params)
+        self._sync(ctx, listing["items"])
+        await self._watch_from(ctx, params, listing["metadata"]["resourceVersion"])
 
     async def _watch_from(self, ctx: NodeContext, params: dict[str, str], version: str) -> None:
         """Follow the watch from `version`; return when a re-list is needed (410 Gone)."""

@@ -6,6 +6,7 @@ import asyncio
 import datetime as dt
 import platform
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -31,8 +32,10 @@ def _micro_now() -> str:
 class NodeReporter:
     """Creates the Node, keeps its status and Lease fresh."""
 
-    def __init__(self, api: KubeApi, config: AgentConfig) -> None:
+    def __init__(self, api: KubeApi, config: AgentConfig,
+                 on_reconnect: Callable[[], None] = lambda: None) -> None:
         self.api = api
+        self.on_reconnect = on_reconnect
         self.config = config
         self.spec = config.spec
         self.uid = ""
@@ -104,6 +107,7 @@ class NodeReporter:
         while True:
             ok = await self._quietly("lease", self._renew(path))
             if ok and not healthy:  # back after a partition: say Ready now, not in 10 s
+                self.on_reconnect()
                 await self._quietly("node status", self.report_status())
             healthy = ok
             await asyncio.sleep(LEASE_RENEW_S)

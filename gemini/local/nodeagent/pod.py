@@ -99,6 +99,9 @@ class PodWorker:
         self.dirs: dict[str, Path] = {}
         self.conditions: dict[str, Obj] = {}
         self._tasks: list[asyncio.Task[Any]] = []
+        self._events: set[asyncio.Task[None]] = set()
+        self._last_error = ""
+        self._written: Obj | None = None
 
     @property
     def path(self) -> str:
@@ -113,6 +116,11 @@ class PodWorker:
         self.pod = pod
         if pod["metadata"].get("deletionTimestamp"):
             self.stop_requested.set()
+        # Someone else changed readiness (the node controller marks pods of an unreachable node
+        # not ready): write ours again, as a kubelet reconciles its status.
+        if self._written is not None and _ready(pod.get("status") or {}) != _ready(self._written):
+            self._written = None
+            self.dirty.set()
 
     def removed(self) -> None:
         """The object is gone from the API (force delete): stop at once, write nothing."""
@@ -178,7 +186,8 @@ class PodWorker:
 
     async def _prepare(self) -> None:
         """Pod IP, referenced ConfigMaps/Secrets and volumes; retried until they can be made."""
-        self.pod_ip = self.ctx.allocate_ip()
+        host_network = bool(self.pod["spec"].get("hostNetwork"))
+        self.pod_ip = self.ctx.config.node_ip if host_network else self.ctx.allocate_ip()
         while not self.stopping:
             try:
                 await self._fetch_objects()
@@ -191,6 +200,7 @@ class PodWorker:
             except ConfigError as err:
                 for run in self.containers():
                     run.set_waiting("CreateContainerConfigError", str(err))
+                self._config_error(str(err))
                 self.dirty.set()
                 await self._sleep(_CONFIG_RETRY_S)
 
@@ -257,6 +267,8 @@ class PodWorker:
                 "message": f"back-off {delay:.0f}s restarting failed container={run.name} "
                            f"pod={self.name}"}}
             self.dirty.set()
+            self._event("Warning", "BackOff", f"Back-off restarting failed container {run.name} "
+                        f"in pod {self.name}", run)
             await self._sleep(delay)
 
     async def _run_once(self, run: ContainerRun) -> int | None:
@@ -265,6 +277,7 @@ class PodWorker:
             argv, env, cwd = self._command(run)
         except ConfigError as err:
             run.set_waiting("CreateContainerConfigError", str(err))
+            self._config_error(str(err))
             self.dirty.set()
             return None
         if run.runs:
@@ -275,10 +288,12 @@ class PodWorker:
             proc = await spawn(run, argv, env, cwd, self.ctx.node_dir)
         except ConfigError as err:
             run.set_waiting("CreateContainerError", str(err))
+            self._config_error(str(err))
             self.dirty.set()
             return None
         started_at = now_iso()
         run.state = {"running": {"startedAt": started_at}}
+        self._event("Normal", "Started", f"Started container {run.name}", run)
         loop = asyncio.get_running_loop()
         began = loop.time()
         probes = asyncio.create_task(self._probe(run, env, cwd))
@@ -320,7 +335,7 @@ class PodWorker:
         return {
             "PATH": f"{config.venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
                     "/sbin:/bin",
-            "HOME": "/root", "LANG": "C.UTF-8",
+            "HOME": str(Path.home()), "LANG": "C.UTF-8",
             "HOSTNAME": self.pod["spec"].get("hostname") or self.name,
             "KUBERNETES_SERVICE_HOST": target.host,
             "KUBERNETES_SERVICE_PORT": str(target.port),
@@ -342,7 +357,7 @@ class PodWorker:
             target = ProbeTarget(target.pod_ip, ports, env, target.exec_prefix, self.dir)
         if spec.get("startupProbe") and not await self._probe_until(
                 run, "startupProbe", target, want=True):
-            return await self._kill_unhealthy(run)
+            return await self._kill_unhealthy(run, "Startup")
         run.started = True
         run.started_event.set()
         if not spec.get("readinessProbe"):
@@ -353,7 +368,7 @@ class PodWorker:
         try:
             if spec.get("livenessProbe"):
                 await self._probe_until(run, "livenessProbe", target, want=False)
-                await self._kill_unhealthy(run)
+                await self._kill_unhealthy(run, "Liveness")
             else:
                 await asyncio.Event().wait()
         finally:
@@ -388,9 +403,14 @@ class PodWorker:
             if not ok and failures >= int(probe.get("failureThreshold") or 3) and run.ready:
                 run.ready = False
                 self.dirty.set()
+            if not ok and failures == int(probe.get("failureThreshold") or 3):
+                self._event("Warning", "Unhealthy", "Readiness probe failed", run)
             await asyncio.sleep(float(probe.get("periodSeconds") or 10))
 
-    async def _kill_unhealthy(self, run: ContainerRun) -> None:
+    async def _kill_unhealthy(self, run: ContainerRun, probe: str) -> None:
+        self._event("Warning", "Unhealthy", f"{probe} probe failed", run)
+        self._event("Normal", "Killing", f"Container {run.name} failed {probe.lower()} probe, "
+                    "will be restarted", run)
         if run.process is not None:
             await stop_process(run.process, self._grace())
 
@@ -407,6 +427,9 @@ class PodWorker:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + grace
         plain = [r for r in self.containers() if r.kind != "sidecar"]
+        for run in self.containers():
+            if run.process is not None and run.process.returncode is None and not self.gone:
+                self._event("Normal", "Killing", f"Stopping container {run.name}", run)
         await asyncio.gather(*(stop_process(r.process, grace) for r in plain if r.process))
         remaining = max(deadline - loop.time(), min(grace, 1.0))
         await self._stop_sidecars(remaining)
@@ -450,25 +473,55 @@ class PodWorker:
         for run in self.containers():
             if run.process is not None and run.process.returncode is None:
                 procs.kill_group(run.process.pid)
-        if self.pod_ip:
+        if self.pod_ip and self.pod_ip != self.ctx.config.node_ip:
             self.ctx.release_ip(self.pod_ip)
         shutil.rmtree(self.shm_dir, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    # --- events ------------------------------------------------------------------------------
+
+    def _config_error(self, message: str) -> None:
+        if message != self._last_error:
+            self._last_error = message
+            self._event("Warning", "Failed", f"Error: {message}")
+
+    def _event(self, kind: str, reason: str, message: str, run: ContainerRun | None = None) -> None:
+        """Post an Event as the kubelet does; best effort, never awaited by the pod's life."""
+        node = self.ctx.config.spec.name
+        now = now_iso()
+        involved: Obj = {"apiVersion": "v1", "kind": "Pod", "namespace": self.namespace,
+                         "name": self.name, "uid": self.uid}
+        if run is not None:
+            section = "initContainers" if run.kind != "main" else "containers"
+            involved["fieldPath"] = f"spec.{section}{{{run.name}}}"
+        body = {"apiVersion": "v1", "kind": "Event",
+                "metadata": {"generateName": f"{self.name}.", "namespace": self.namespace},
+                "involvedObject": involved, "reason": reason, "message": message, "type": kind,
+                "source": {"component": "kubelet", "host": node}, "count": 1,
+                "firstTimestamp": now, "lastTimestamp": now,
+                "reportingComponent": "kubelet", "reportingInstance": node}
+        task = asyncio.create_task(self._post_event(body))
+        self._events.add(task)
+        task.add_done_callback(self._events.discard)
+
+    async def _post_event(self, body: Obj) -> None:
+        with contextlib.suppress(ApiError, aiohttp.ClientError, TimeoutError, OSError):
+            await self.ctx.api.request("POST", f"/api/v1/namespaces/{self.namespace}/events",
+                                       body)
+
     # --- status ------------------------------------------------------------------------------
 
     async def _status_writer(self) -> None:
-        last: Obj | None = None
         while True:
             await self.dirty.wait()
             await asyncio.sleep(0.02)  # coalesce bursts of changes into one write
             self.dirty.clear()
             status = self.status()
-            if status == last or self.gone:
+            if status == self._written or self.gone:
                 continue
             try:
                 await self.ctx.api.merge_patch(self.path + "/status", {"status": status})
-                last = status
+                self._written = status
             except (TimeoutError, ApiError, aiohttp.ClientError, OSError) as err:
                 if isinstance(err, ApiError) and err.status == 404:
                     continue
@@ -523,3 +576,10 @@ class PodWorker:
         cond = condition(kind, value, now, reason, self.conditions.get(kind))
         self.conditions[kind] = cond
         return cond
+
+
+def _ready(status: Obj) -> str | None:
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "Ready":
+            return str(cond.get("status"))
+    return None

@@ -76,3 +76,42 @@ async def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = 
         if asyncio.get_running_loop().time() > deadline:
             raise AssertionError(f"timed out waiting for {what or cond}")
         await asyncio.sleep(0.02)
+
+
+class SidecarProcess:
+    """`gemini sidecar` as a real process, configured through its environment."""
+
+    def __init__(self, cfg: SidecarConfig, api_port: int) -> None:
+        import subprocess
+        import sys
+
+        self.cfg = cfg
+        self.api_port = api_port
+        peers = ",".join(f"{r}={a}" for r, a in cfg.placement.peers.items())
+        env = dict(os.environ)
+        env.update({
+            "GEMINI_JOB": cfg.job, "GEMINI_RANK": str(cfg.rank),
+            "GEMINI_WORLD_SIZE": str(cfg.world_size), "GEMINI_AUTH_TOKEN": cfg.auth_token.decode(),
+            "GEMINI_MEMORY_BUDGET_BYTES": str(cfg.memory_budget_bytes), "GEMINI_PEERS": peers,
+            "GEMINI_HOLD_RANKS": ",".join(map(str, cfg.placement.hold_ranks)),
+            "GEMINI_SEND_TO": ",".join(map(str, cfg.placement.send_to)),
+            "GEMINI_POD_IP": "127.0.0.1", "GEMINI_SIDECAR_PORT": str(cfg.peer_port),
+            "GEMINI_SIDECAR_API_PORT": str(api_port), "GEMINI_SHM_DIR": str(cfg.shm_dir),
+            "GEMINI_TRAFFIC_MODE": cfg.traffic_mode, "GEMINI_CHUNK_BYTES": str(cfg.chunk_bytes),
+        })
+        code = "import sys; from gemini.cli import main; sys.exit(main(['sidecar']))"
+        self.proc = subprocess.Popen([sys.executable, "-c", code], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, f"sidecar did not start: {self.proc.stderr.read() if self.proc.stderr else ''}"
+        self.url = f"http://127.0.0.1:{api_port}"
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(20)

@@ -22,8 +22,13 @@ MODEL = ["--layers", "2", "--d-model", "32", "--heads", "4", "--seq", "16", "--b
 
 
 def run(
-    runs: list[TrainingRun], logs: Path, shm: Path, engine: str, steps: int,
-    *extra_args: str, **env: str,
+    runs: list[TrainingRun],
+    logs: Path,
+    shm: Path,
+    engine: str,
+    steps: int,
+    *extra_args: str,
+    **env: str,
 ) -> TrainingRun:
     args = [*MODEL, "--engine", engine, "--steps", str(steps), *extra_args]
     r = TrainingRun(logs, WORLD, args, env={"GEMINI_SHM_DIR": str(shm), **env})
@@ -51,8 +56,13 @@ def test_killing_all_trainers_and_restoring_latest_from_memory_continues_bit_exa
             assert all(i.state is not SlotState.CORRUPT for i in slots.slot_info())
 
     resumed = run(
-        training_runs, tmp_path / "resumed", shm, engine, STEPS,
-        GEMINI_RESTORE_VERSION="latest", GEMINI_RESTART_EPOCH="1",
+        training_runs,
+        tmp_path / "resumed",
+        shm,
+        engine,
+        STEPS,
+        GEMINI_RESTORE_VERSION="latest",
+        GEMINI_RESTART_EPOCH="1",
     )
     resumed.wait_ok()
     restored = {resumed.restored_step(r) for r in range(WORLD)}
@@ -85,8 +95,13 @@ def test_a_version_missing_from_memory_fails_restore_with_a_clear_message(
     shm = tmp_path / "shm"
     run(training_runs, tmp_path / "first", shm, "ddp", 3).wait_ok()
     resumed = run(
-        training_runs, tmp_path / "resumed", shm, "ddp", 6,
-        GEMINI_RESTORE_VERSION="1", GEMINI_RESTORE_TIMEOUT_S="1",
+        training_runs,
+        tmp_path / "resumed",
+        shm,
+        "ddp",
+        6,
+        GEMINI_RESTORE_VERSION="1",
+        GEMINI_RESTORE_TIMEOUT_S="1",
     )
     codes = resumed.wait()
     assert codes != [0, 0]

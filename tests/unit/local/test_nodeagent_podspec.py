@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 import pytest
 
@@ -120,8 +121,8 @@ def test_restart_policy(policy, code, restart):
     assert should_restart(policy, code) is restart
 
 
-RUNNING = {"running": {}}
-WAITING = {"waiting": {"reason": "PodInitializing"}}
+RUNNING: dict[str, Any] = {"running": {}}
+WAITING: dict[str, Any] = {"waiting": {"reason": "PodInitializing"}}
 
 
 def done(code):

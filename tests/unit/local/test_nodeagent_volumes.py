@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import subprocess
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,8 @@ from gemini.local.nodeagent.volumes import (
     volume_env,
 )
 
-POD = {"metadata": {"name": "p", "namespace": "n", "uid": "u", "labels": {"k": "v"}},
+POD: dict[str, Any] = {
+    "metadata": {"name": "p", "namespace": "n", "uid": "u", "labels": {"k": "v"}},
        "spec": {"nodeName": "node-0", "containers": [{"name": "c"}], "volumes": [
            {"name": "scratch", "emptyDir": {}},
            {"name": "shm", "emptyDir": {"medium": "Memory"}},

@@ -1,4 +1,4 @@
-"""Test builders for GeminiJob manifests: `make_job("x").with_nodes(4).set("suspend", True).obj()`."""
+"""Test builders for GeminiJobs: `make_job("x").with_nodes(4).set("suspend", True).obj()`."""
 
 from __future__ import annotations
 

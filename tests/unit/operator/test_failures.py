@@ -8,7 +8,13 @@ import pytest
 
 from gemini.domain.recovery import FailureKind
 from gemini_operator.failures import (
-    FailureReason, Progress, RankFailure, decide, detect_failures, detect_hang, matching_rule,
+    FailureReason,
+    Progress,
+    RankFailure,
+    decide,
+    detect_failures,
+    detect_hang,
+    matching_rule,
 )
 from gemini_operator.observed import ContainerExit, NodeView, PodView, node_view, pod_view
 from gemini_operator.spec import FailurePolicy, FailureRule, RuleAction

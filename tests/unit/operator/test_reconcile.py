@@ -8,8 +8,17 @@ from gemini.domain.recovery import FailureKind
 from gemini_operator import naming
 from gemini_operator.observed import ContainerExit, NodeView, PodView
 from gemini_operator.reconcile import (
-    CreatePods, CreateSecret, CreateService, DeleteJob, DeletePods, DeliverPlacement, JobView,
-    Observed, ReconcileConfig, Recover, reconcile,
+    CreatePods,
+    CreateSecret,
+    CreateService,
+    DeleteJob,
+    DeletePods,
+    DeliverPlacement,
+    JobView,
+    Observed,
+    ReconcileConfig,
+    Recover,
+    reconcile,
 )
 from gemini_operator.status import status_patch
 from tests.unit.operator.builders import make_job
@@ -114,7 +123,8 @@ def test_reconciling_an_unchanged_job_writes_nothing_and_says_nothing():
 def test_mixed_placement_is_rendered_into_the_sidecar_env_up_front():
     h = Harness(make_job().set("checkpoint.placement", "Mixed"))
     (create,) = _of(h.step(), CreatePods)
-    env = {e["name"]: e.get("value") for e in create.manifests[1]["spec"]["initContainers"][0]["env"]}
+    sidecar = create.manifests[1]["spec"]["initContainers"][0]
+    env = {e["name"]: e.get("value") for e in sidecar["env"]}
     assert env["GEMINI_SEND_TO"] == "0" and env["GEMINI_HOLD_RANKS"] == "0"
     assert env["GEMINI_PEERS"].startswith("0=train-worker-0.train.default.svc")
 
@@ -152,7 +162,8 @@ def test_a_failed_pod_starts_a_counted_hardware_recovery():
     (recover,) = _of(d, Recover)
     assert recover.kind is FailureKind.HARDWARE and [f.rank for f in recover.failures] == [2]
     assert h.status()["state"] == "Recovering" and h.status()["restarts"] == 1
-    assert "rank 2: the trainer container exited with code 3" in h.condition("Recovering")["message"]
+    message = h.condition("Recovering")["message"]
+    assert "rank 2: the trainer container exited with code 3" in message
     assert any(e.reason == "RecoveryNeeded" and e.warning for e in d.events)
     # The next reconcile continues the same recovery and does not count it again.
     d = h.step()
@@ -221,7 +232,8 @@ def test_suspend_deletes_the_pods_and_resume_recreates_them_for_a_new_attempt():
     h.job["spec"]["suspend"] = False
     (create,) = _of(h.step(), CreatePods)
     assert h.status()["restartAttempt"] == 1
-    assert {p["metadata"]["labels"][naming.LABEL_RESTART_ATTEMPT] for p in create.manifests} == {"1"}
+    attempts = {p["metadata"]["labels"][naming.LABEL_RESTART_ATTEMPT] for p in create.manifests}
+    assert attempts == {"1"}
     assert h.condition("Suspended")["reason"] == "JobResumed"
 
 

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
+import yaml
 
 from gemini_operator.quantity import QuantityError, parse_bytes, parse_quantity
 from gemini_operator.spec import (
-    DEFAULT_MEMORY_BUDGET_BYTES, PlacementStrategy, RuleAction, SpecError, TrafficScheduling,
-    parse_spec, validate_job_name,
+    DEFAULT_MEMORY_BUDGET_BYTES,
+    PlacementStrategy,
+    RuleAction,
+    SpecError,
+    TrafficScheduling,
+    parse_spec,
+    validate_job_name,
 )
 from tests.unit.operator.builders import make_job
 
@@ -52,12 +59,13 @@ def test_full_spec_is_typed():
     raw = (
         make_job().with_nodes(8).with_replicas(3)
         .set("numProcPerNode", 2)
-        .set("template.env", [{"name": "A", "value": "1"},
-                              {"name": "B", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])
+        .set("template.env", [{"name": "A", "value": "1"}, {
+            "name": "B", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])
         .set("checkpoint.placement", "Mixed")
         .set("checkpoint.memoryBudgetPerNode", "1Gi")
         .set("checkpoint.sidecar", {"image": "side:1", "resources": {"limits": {"memory": "2Gi"}}})
-        .set("persistence", {"bucketURI": "s3://ckpt/run/1/", "credentialsSecretRef": {"name": "s3"}})
+        .set("persistence", {"bucketURI": "s3://ckpt/run/1/",
+                             "credentialsSecretRef": {"name": "s3"}})
         .set("failurePolicy.rules", [{"name": "oom", "action": "FailJob",
                                       "onPodFailureReasons": ["OOMKilled"], "onExitCodes": [137]}])
         .spec()
@@ -130,3 +138,13 @@ def test_job_names_must_leave_room_for_children(name, ok):
     else:
         with pytest.raises(SpecError):
             validate_job_name(name)
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).resolve().parents[3] / "examples").glob("geminijob-*.yaml")),
+    ids=lambda p: p.name,
+)
+def test_every_example_parses(path):
+    for body in yaml.safe_load_all(path.read_text()):
+        validate_job_name(body["metadata"]["name"])
+        assert parse_spec(body["spec"], IMAGE).num_nodes >= 1

@@ -6,17 +6,19 @@ import os
 import struct
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from gemini_trainer.shm import (
     PAGE,
+    ShardSlots,
     SlotBusy,
     SlotError,
     SlotState,
-    ShardSlots,
     as_numpy,
     encoded_size,
     payload_checksum,
@@ -26,7 +28,7 @@ from gemini_trainer.shm import (
 
 
 @pytest.fixture()
-def slots(tmp_path: Path) -> ShardSlots:
+def slots(tmp_path: Path) -> Iterator[ShardSlots]:
     s = ShardSlots(tmp_path / "rank0.slots", 1 << 16, rank=0)
     yield s
     s.close()
@@ -184,7 +186,7 @@ def test_still_valid_notices_that_the_slot_was_reused(slots: ShardSlots) -> None
 
 def test_payload_round_trip_keeps_arrays_dtypes_and_meta(slots: ShardSlots) -> None:
     rng = np.random.default_rng(0)
-    arrays = {
+    arrays: dict[str, tuple[str, Any]] = {
         "w": ("<f4", rng.standard_normal((3, 5)).astype(np.float32)),
         "step": ("<i8", np.array(12, dtype=np.int64)),
         "bf16": ("torch.bfloat16", np.arange(7, dtype=np.uint16)),

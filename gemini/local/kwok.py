@@ -1,0 +1,345 @@
+"""Fake nodes at scale with kwok: thousands of Nodes and their pods, no processes.
+
+kwok (sigs.k8s.io/kwok, built by hack/build-kwok.sh) runs as one detached process against a
+control plane from `start_control_plane`. It manages only Nodes annotated
+`kwok.x-k8s.io/node: fake` and plays the Stages in hack/kwok/stages.yaml: such nodes become
+Ready (with a Lease renewed every few seconds), pods bound to them become Running and Ready with
+a pod IP, and deleted pods are finalized. Scale tests of the operator use it; nothing runs.
+
+A node is "lost" with `kwok_lose_node`: it is labelled so the Stages leave it and its pods
+alone, and its conditions become Unknown exactly as kube-controller-manager writes them for a
+silent kubelet; KCM then taints it unreachable and evicts its pods, which stay Terminating.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gemini.local import processes
+from gemini.local.controlplane import REPO_ROOT, ControlPlane
+from gemini.local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
+
+BUILD_SCRIPT = REPO_ROOT / "hack" / "build-kwok.sh"
+STAGES = REPO_ROOT / "hack" / "kwok" / "stages.yaml"
+KWOK_ANNOTATION = "kwok.x-k8s.io/node"
+KWOK_ANNOTATION_VALUE = "fake"
+# Nodes and pods with this label are skipped by every Stage (see hack/kwok/stages.yaml).
+LOST_LABEL = "gemini.io/kwok-lost"
+FAKE_NODE_LABEL = "node.gemini.io/kwok"
+# Pod IPs come from here; unique across nodes. Far from the service range (10.0.0.0/24).
+POD_CIDR = "10.244.0.0/16"
+# KCM marks a node Unknown 8 s after its last renewal (controlplane.py); kwok renews every
+# duration/4 = 5 s, which leaves room for a busy API server.
+LEASE_SECONDS = 20
+# Node addresses: unique, never used for traffic.
+_NODE_NET = ipaddress.IPv4Address("172.16.0.0")
+_NAME = "kwok"
+_UNKNOWN_MESSAGE = "Kubelet stopped posting node status."
+# What kwok's node-initialize Stage writes, written at creation instead.
+_HEALTHY = (
+    ("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
+    ("MemoryPressure", "False", "KubeletHasSufficientMemory",
+     "kubelet has sufficient memory available"),
+    ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
+    ("PIDPressure", "False", "KubeletHasSufficientPID", "kubelet has sufficient PID available"),
+)
+_NODE_CONDITIONS = tuple(kind for kind, *_ in _HEALTHY)
+
+
+class KwokError(RuntimeError):
+    """kwok cannot be built, started or reached; the message says why."""
+
+
+@dataclass(frozen=True)
+class FakeNodeShape:
+    """What each fake node offers the scheduler (capacity == allocatable)."""
+
+    cpu: str = "64"
+    memory: str = "512Gi"
+    pods: int = 110
+    gpus: int = 8
+
+    def resources(self) -> dict[str, str]:
+        res = {"cpu": self.cpu, "memory": self.memory, "pods": str(self.pods),
+               "ephemeral-storage": "1Ti"}
+        if self.gpus:
+            res[GPU_RESOURCE] = str(self.gpus)
+        return res
+
+
+@dataclass(frozen=True)
+class FakeNode:
+    name: str
+    zone: str
+    rack: str
+    ip: str
+
+
+def kwok_bin_dir() -> Path:
+    """Directory holding the cached kwok binary, building it first when missing."""
+    if shutil.which("go") is None and not _cached_kwok():
+        raise KwokError("kwok is not built and Go is not installed: install Go >= 1.26 "
+                        f"(e.g. apt-get install golang-go), then run {BUILD_SCRIPT}")
+    result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True,
+                            check=False)
+    if result.returncode != 0:
+        raise KwokError(f"building kwok failed (exit {result.returncode}); see the output "
+                        f"above, or run {BUILD_SCRIPT} directly")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def _cached_kwok() -> bool:
+    cache = Path(os.environ.get("GEMINI_CACHE", Path.home() / ".cache" / "gemini-operator"))
+    return any(p.joinpath("kwok").exists() for p in (cache / "bin").glob("kwok-*"))
+
+
+def kwok_args(bin_dir: Path, plane: ControlPlane) -> list[str]:
+    return [
+        str(bin_dir / "kwok"), f"--kubeconfig={plane.kubeconfig}", f"--config={STAGES}",
+        "--manage-all-nodes=false",
+        f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
+        f"--node-lease-duration-seconds={LEASE_SECONDS}", f"--cidr={POD_CIDR}",
+        "--v=WARN",
+    ]
+
+
+def start_kwok(plane: ControlPlane, state_dir: Path, timeout: float = 30.0) -> int:
+    """Start kwok against `plane`, its pid and log under `state_dir`; return its pid.
+
+    Returns once kwok has connected and started its controllers (it exits on a bad config).
+    """
+    pid_dir, log_dir = state_dir / "pids", state_dir / "logs"
+    if processes.running_pid(_NAME, pid_dir) is not None:
+        raise KwokError(f"kwok is already running for {state_dir}; stop_kwok() it first")
+    argv = kwok_args(kwok_bin_dir(), plane)
+    log = log_dir / f"{_NAME}.log"
+    offset = log.stat().st_size if log.exists() else 0
+    pid = processes.spawn(_NAME, argv, pid_dir, log_dir)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if processes.running_pid(_NAME, pid_dir) is None:
+            raise KwokError(f"kwok exited during start-up; end of {log}:\n{_tail(log, offset)}")
+        if _started(log, offset):
+            return pid
+        time.sleep(0.1)
+    stop_kwok(state_dir)
+    raise KwokError(f"kwok did not start its controllers in {timeout:.0f}s; see {log}")
+
+
+def _started(log: Path, offset: int) -> bool:
+    # kwok logs "Starting node controller"-like lines at INFO only; with --v=WARN it prints
+    # nothing on success, so "alive for a second after spawning" is the signal instead.
+    with open(log, "rb") as f:
+        f.seek(offset)
+        text = f.read().decode(errors="replace")
+    if "error" in text.lower():
+        return False
+    return _age(log) >= 1.0
+
+
+def _age(log: Path) -> float:
+    return time.time() - log.stat().st_ctime
+
+
+def _tail(log: Path, offset: int) -> str:
+    with open(log, "rb") as f:
+        f.seek(offset)
+        return "\n".join(f.read().decode(errors="replace").splitlines()[-10:])
+
+
+def stop_kwok(state_dir: Path) -> bool:
+    """Stop kwok; False if it was not running. The fake nodes stay (their leases lapse)."""
+    return processes.stop(_NAME, state_dir / "pids")
+
+
+def fake_nodes(count: int, zones: int, racks: int, prefix: str = "kwok-node") -> list[FakeNode]:
+    """`count` nodes: node i in rack i % racks, rack r in zone r % zones (as `gemini local`)."""
+    if count < 1 or count > 60000:
+        raise ValueError(f"count must be between 1 and 60000, got {count}")
+    if not 1 <= zones <= racks <= count:
+        raise ValueError(f"need 1 <= zones ({zones}) <= racks ({racks}) <= count ({count})")
+    nodes = []
+    for i in range(count):
+        rack = i % racks
+        ip = str(_NODE_NET + i + 1)
+        nodes.append(FakeNode(f"{prefix}-{i}", _zone_name(rack % zones), f"rack-{rack}", ip))
+    return nodes
+
+
+def _zone_name(index: int) -> str:
+    return f"zone-{chr(ord('a') + index)}" if index < 26 else f"zone-{index}"
+
+
+def node_manifest(node: FakeNode, shape: FakeNodeShape, now: datetime) -> dict[str, Any]:
+    """A Node kwok manages, created Ready (status may be set on create, as a kubelet does).
+
+    Created without a Ready condition, KCM would first taint it not-ready and then have to
+    lift a thousand taints through its rate-limited client (minutes at this scale).
+    """
+    resources = shape.resources()
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {
+            "name": node.name,
+            "annotations": {KWOK_ANNOTATION: KWOK_ANNOTATION_VALUE},
+            "labels": {
+                "kubernetes.io/hostname": node.name, "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64", "type": "kwok",
+                ZONE_LABEL: node.zone, RACK_LABEL: node.rack, FAKE_NODE_LABEL: "true",
+            },
+        },
+        "spec": {},
+        "status": {
+            "capacity": resources, "allocatable": resources,
+            "addresses": [{"type": "InternalIP", "address": node.ip},
+                          {"type": "Hostname", "address": node.name}],
+            "conditions": [
+                {"type": kind, "status": status, "reason": reason, "message": message,
+                 "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}
+                for kind, status, reason, message in _HEALTHY],
+            "nodeInfo": {
+                "architecture": "amd64", "operatingSystem": "linux", "bootID": "",
+                "machineID": "", "systemUUID": "", "osImage": "kwok",
+                "kernelVersion": "kwok", "containerRuntimeVersion": "kwok",
+                "kubeletVersion": "kwok", "kubeProxyVersion": "kwok",
+            },
+            "phase": "Running",
+        },
+    }
+
+
+def _core(kubeconfig: Path, pool: int = 32) -> Any:
+    from kubernetes import client, config
+
+    cfg = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
+    cfg.connection_pool_maxsize = pool
+    return client.CoreV1Api(client.ApiClient(cfg))
+
+
+def _parallel(fn: Callable[[Any], None], items: Iterable[Any], workers: int) -> None:
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for _ in pool.map(fn, items):
+            pass
+
+
+def create_fake_nodes(
+    kubeconfig: Path, count: int, zones: int, racks: int,
+    shape: FakeNodeShape | None = None, prefix: str = "kwok-node", workers: int = 16,
+) -> list[FakeNode]:
+    """Create `count` kwok-managed Nodes (existing ones are kept); return them.
+
+    They become Ready once kwok plays node-initialize on them: `wait_nodes_ready`.
+    """
+    from kubernetes.client.rest import ApiException
+
+    nodes = fake_nodes(count, zones, racks, prefix)
+    core = _core(kubeconfig, pool=workers)
+    shape = shape or FakeNodeShape()
+    now = datetime.now(UTC)
+
+    def create(node: FakeNode) -> None:
+        try:
+            core.create_node(node_manifest(node, shape, now), _preload_content=False)
+        except ApiException as err:
+            if err.status != 409:
+                raise KwokError(f"creating node {node.name} failed: {err.status} {err.reason}: "
+                                f"{err.body}") from err
+
+    _parallel(create, nodes, workers)
+    return nodes
+
+
+def delete_fake_nodes(kubeconfig: Path, names: Sequence[str], workers: int = 16) -> None:
+    from kubernetes.client.rest import ApiException
+
+    core = _core(kubeconfig, pool=workers)
+
+    def delete(name: str) -> None:
+        try:
+            core.delete_node(name, _preload_content=False)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+    _parallel(delete, names, workers)
+
+
+def ready_node_names(kubeconfig: Path) -> set[str]:
+    """Names of the kwok nodes whose Ready condition is True and that are not tainted."""
+    core = _core(kubeconfig, pool=2)
+    resp = core.list_node(label_selector=f"{FAKE_NODE_LABEL}=true", _preload_content=False)
+    ready = set()
+    for node in json.loads(resp.data)["items"]:
+        conditions = node.get("status", {}).get("conditions") or []
+        taints = node.get("spec", {}).get("taints") or []
+        if not taints and any(c["type"] == "Ready" and c["status"] == "True"
+                              for c in conditions):
+            ready.add(node["metadata"]["name"])
+    return ready
+
+
+def wait_nodes_ready(kubeconfig: Path, names: Iterable[str], timeout: float = 120.0) -> float:
+    """Wait until every named node is Ready and untainted; return the seconds waited."""
+    want, start = set(names), time.monotonic()
+    missing = want
+    while time.monotonic() - start < timeout:
+        missing = want - ready_node_names(kubeconfig)
+        if not missing:
+            return time.monotonic() - start
+        time.sleep(0.5)
+    sample = ", ".join(sorted(missing)[:5])
+    raise KwokError(f"{len(missing)} of {len(want)} fake nodes not Ready after {timeout:.0f}s "
+                    f"(e.g. {sample}); is kwok running? see its log under the state dir")
+
+
+def kwok_lose_node(kubeconfig: Path, name: str) -> datetime:
+    """Lose fake node `name` as a dead machine is lost; return the time its loss was written.
+
+    kwok keeps renewing the node's Lease (it cannot be told to stop for one node), so the
+    conditions are written here as KCM writes them for a silent kubelet; KCM then adds the
+    unreachable taints and evicts the pods, which stay Terminating, as on a real lost node.
+    """
+    core = _core(kubeconfig, pool=2)
+    label = {"metadata": {"labels": {LOST_LABEL: "true"}}}
+    core.patch_node(name, label, _preload_content=False)
+    pods = json.loads(core.list_pod_for_all_namespaces(
+        field_selector=f"spec.nodeName={name}", _preload_content=False).data)["items"]
+    for pod in pods:
+        meta = pod["metadata"]
+        core.patch_namespaced_pod(meta["name"], meta["namespace"], label, _preload_content=False)
+    now = datetime.now(UTC)
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    conditions = [{"type": kind, "status": "Unknown", "reason": "NodeStatusUnknown",
+                   "message": _UNKNOWN_MESSAGE, "lastHeartbeatTime": stamp,
+                   "lastTransitionTime": stamp} for kind in _NODE_CONDITIONS]
+    core.patch_node_status(name, {"status": {"conditions": conditions}}, _preload_content=False)
+    return now
+
+
+def kwok_restore_node(kubeconfig: Path, name: str) -> None:
+    """Bring a lost fake node back: kwok makes it Ready again, KCM lifts the taints.
+
+    Pods left Terminating on it are finalized by kwok once their label is gone.
+    """
+    core = _core(kubeconfig, pool=2)
+    unlabel = {"metadata": {"labels": {LOST_LABEL: None}}}
+    pods = json.loads(core.list_pod_for_all_namespaces(
+        field_selector=f"spec.nodeName={name}", _preload_content=False).data)["items"]
+    for pod in pods:
+        meta = pod["metadata"]
+        core.patch_namespaced_pod(meta["name"], meta["namespace"], unlabel,
+                                  _preload_content=False)
+    core.patch_node(name, unlabel, _preload_content=False)

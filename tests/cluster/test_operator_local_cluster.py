@@ -1,0 +1,72 @@
+"""A GeminiJob on the local cluster (nodes that run pods as processes) runs to Succeeded:
+the launcher runs the command, the native sidecar starts before it and stops after it."""
+
+from __future__ import annotations
+
+import base64
+import json
+import urllib.request
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.cluster.test_operator import Jobs, wait_for
+from tests.fixtures.operator import OperatorThread
+from tests.unit.operator.builders import make_job
+
+pytestmark = pytest.mark.cluster
+
+
+def test_a_trivial_job_runs_to_succeeded(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str,
+) -> None:
+    jobs = Jobs(kube_api, job_namespace)
+    command = ["python", "-c", "import os; print('hello from rank', os.environ['RANK'])"]
+    jobs.create(make_job("hello").with_nodes(2).set("template.command", command).obj())
+    wait_for(lambda: jobs.state("hello") in ("Succeeded", "Failed"), 90, "the job to finish")
+    job = jobs.get("hello")
+    assert job is not None
+    assert job["status"]["state"] == "Succeeded", job["status"]
+    assert job["status"]["workers"]["succeeded"] == 2
+    assert job["status"]["completionTime"] >= job["status"]["startTime"]
+    pods = jobs.pods("hello")
+    assert {p.spec.node_name for p in pods} and len({p.spec.node_name for p in pods}) == 2
+    for pod in pods:
+        log = jobs.core.read_namespaced_pod_log(pod.metadata.name, job_namespace,
+                                                container="trainer")
+        assert f"hello from rank {pod.metadata.labels['gemini.io/rank']}" in log
+    reasons = {e.reason for e in jobs.events("hello")}
+    assert {"ChildrenCreated", "AllWorkersSucceeded"} <= reasons
+
+
+def test_a_running_job_gets_a_domain_aware_placement_delivered_to_its_sidecars(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str,
+) -> None:
+    jobs = Jobs(kube_api, job_namespace)
+    command = ["python", "-c", "import time; time.sleep(60)"]
+    jobs.create(make_job("placed").with_nodes(4).set("template.command", command).obj())
+    wait_for(lambda: jobs.state("placed") == "Running", 60, "the job to run")
+    placement = wait_for(lambda: (jobs.get("placed") or {})["status"].get("placement"), 10,
+                         "the placement in status")
+    zones = {n.metadata.name: (n.metadata.labels or {}).get("topology.kubernetes.io/zone")
+             for n in local_cluster.core.list_node().items}
+    for group in placement["groups"]:  # nodes 0,1 are in zone-0 and 2,3 in zone-1
+        assert {zones[placement["nodes"][str(r)]] for r in group} == {"zone-0", "zone-1"}
+    secret: Any = jobs.core.read_namespaced_secret("placed-peer-auth", job_namespace)
+    token = base64.b64decode(secret.data["token"]).decode()
+    for pod in jobs.pods("placed"):
+        rank = pod.metadata.labels["gemini.io/rank"]
+        inventory = _get(f"http://{pod.status.pod_ip}:7071/inventory", token)
+        holders = placement["holders"][rank]
+        assert inventory["placement"]["send_to"] == holders[1:]
+        assert set(inventory["placement"]["peers"]) >= {str(r) for r in holders[1:]}
+    jobs.delete("placed")
+
+
+def _get(url: str, token: str) -> Any:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        return json.loads(response.read())

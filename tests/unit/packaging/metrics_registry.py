@@ -1,0 +1,95 @@
+"""The Prometheus metrics the project really exports, read from the registries its code builds.
+
+Every `metrics.py` of the shipped packages defines its metrics in a registry of its own; an
+adapter here builds that registry the way the running component does. A metrics module without
+an adapter is an error (`unread_metrics_modules`), so a new component cannot be forgotten.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.metrics_core import Metric
+
+ROOT = Path(__file__).resolve().parents[3]
+SHIPPED = (ROOT / "gemini", ROOT / "operator", ROOT / "trainer_sidecar")
+
+
+def _sidecar() -> CollectorRegistry:
+    from gemini_sidecar.metrics import make_metrics
+
+    return make_metrics(job="job", rank=0).registry
+
+
+def _operator() -> CollectorRegistry:
+    from gemini_operator.metrics import OperatorMetrics
+
+    return OperatorMetrics().registry
+
+
+# Module (as a path under the repository) -> how its component builds its registry.
+ADAPTERS: dict[str, Callable[[], CollectorRegistry]] = {
+    "trainer_sidecar/gemini_sidecar/metrics.py": _sidecar,
+    "operator/gemini_operator/metrics.py": _operator,
+}
+
+# The sample names each family type exposes (prometheus_client's text format).
+_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "gauge": ("",),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "summary": ("", "_count", "_sum", "_created"),
+    "info": ("_info",),
+    "stateset": ("",),
+    "enum": ("",),
+    "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
+    "unknown": ("",),
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # as prometheus_client names the family (counters without _total)
+    type: str
+    labels: frozenset[str]
+    module: str
+
+    def sample_names(self) -> set[str]:
+        return {self.name + suffix for suffix in _SUFFIXES[self.type]}
+
+
+def metrics_modules() -> list[str]:
+    return sorted(str(p.relative_to(ROOT)) for d in SHIPPED for p in d.rglob("metrics.py"))
+
+
+def unread_metrics_modules() -> list[str]:
+    return [m for m in metrics_modules() if m not in ADAPTERS]
+
+
+def _declared_labels(registry: CollectorRegistry) -> dict[str, frozenset[str]]:
+    """Label names as declared, also for labelled metrics with no child yet (no samples)."""
+    out: dict[str, frozenset[str]] = {}
+    for collector in list(registry._collector_to_names):
+        names = frozenset(getattr(collector, "_labelnames", ()))
+        described: list[Metric] = getattr(collector, "describe", list)()
+        for metric in described:
+            out[metric.name] = names
+    return out
+
+
+def families() -> Iterator[Family]:
+    for module, build in ADAPTERS.items():
+        registry = build()
+        declared = _declared_labels(registry)
+        for metric in registry.collect():
+            sampled = frozenset(k for s in metric.samples for k in s.labels)
+            labels = (sampled | declared.get(metric.name, frozenset())) - {"le", "quantile"}
+            yield Family(metric.name, metric.type, labels, module)
+
+
+def exported_sample_names() -> dict[str, Family]:
+    """Every series name a scrape can show, and the family it belongs to."""
+    return {name: fam for fam in families() for name in fam.sample_names()}

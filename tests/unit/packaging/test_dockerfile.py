@@ -1,0 +1,120 @@
+"""The Dockerfile stays honest without a container engine: what it copies exists and is in the
+build context, its entrypoints are the project's real commands, it installs exactly the lock,
+its images run as a non-root user from a pinned base, and the code needs nothing the image
+would not install."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from tests.unit.packaging import dockerfile as df
+from tests.unit.packaging.commands import unknown_part
+from tests.unit.packaging.imports import distributions_of, runtime_closure, third_party_imports
+
+ROOT = Path(__file__).resolve().parents[3]
+TEXT = (ROOT / "Dockerfile").read_text()
+STAGES = df.stages(TEXT)
+BY_NAME = {s.name: s for s in STAGES}
+IGNORE = df.read_dockerignore(ROOT / ".dockerignore")
+# The images users run, and the command each starts.
+TARGETS = {
+    "operator": ["gemini", "operator", "run"],
+    "sidecar": ["gemini", "sidecar"],
+    "trainer": ["gemini", "launch", "--"],
+}
+
+
+def context_copies() -> list[tuple[str, str]]:
+    """(stage, source) of every COPY from the build context (not from another stage)."""
+    return [
+        (stage.name, source)
+        for stage in STAGES
+        for ins in stage.all("COPY")
+        if "from" not in ins.flags()
+        for source in ins.words()[:-1]
+    ]
+
+
+def test_every_target_exists_as_a_named_stage():
+    assert set(TARGETS) <= set(BY_NAME), f"stages: {sorted(BY_NAME)}"
+
+
+@pytest.mark.parametrize("stage, source", context_copies())
+def test_every_copied_file_exists_and_is_in_the_build_context(stage, source):
+    assert (ROOT / source).exists(), f"stage {stage} copies {source}, which does not exist"
+    assert not df.dockerignore_excludes(IGNORE, source), (
+        f"stage {stage} copies {source}, but .dockerignore leaves it out of the build context")
+
+
+def test_copies_from_other_stages_name_earlier_stages():
+    for i, stage in enumerate(STAGES):
+        for ins in stage.all("COPY"):
+            source = ins.flags().get("from")
+            if source is not None:
+                assert source in [s.name for s in STAGES[:i]], (
+                    f"{stage.name}: COPY --from={source} names no earlier stage")
+
+
+@pytest.mark.parametrize("target, command", TARGETS.items())
+def test_entrypoints_are_the_projects_real_commands(target, command):
+    entrypoint = next(s.last("ENTRYPOINT") for s in df.ancestry(STAGES, target)
+                      if s.last("ENTRYPOINT"))
+    assert entrypoint is not None and entrypoint.args.startswith("["), (
+        f"{target}: ENTRYPOINT must be in exec (JSON) form so signals reach the process")
+    assert entrypoint.words() == command
+    assert unknown_part(command) is None, unknown_part(command)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_images_run_as_a_fixed_non_root_user(target):
+    user = next((s.last("USER") for s in df.ancestry(STAGES, target) if s.last("USER")), None)
+    assert user is not None, f"{target} runs as root: add USER"
+    uid = user.args.split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, (
+        f"{target}: USER {user.args} must be a numeric non-root uid (runAsNonRoot checks it)")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_runtime_images_carry_no_build_tools(target):
+    """Slim: each image starts again from the base image and only copies the venv in."""
+    chain = df.ancestry(STAGES, target)
+    assert all(not s.all("RUN") or "pip" not in " ".join(i.args for i in s.all("RUN"))
+               for s in chain), f"{target} installs packages itself instead of copying a venv"
+    assert chain[-1].base == STAGES[0].base
+
+
+def test_the_base_image_is_pinned_to_the_python_the_project_requires():
+    base = STAGES[0].base
+    match = re.fullmatch(r"python:(\d+)\.(\d+)\.(\d+)-slim-\w+", base)
+    assert match, f"base image {base!r} must be pinned as python:X.Y.Z-slim-<debian release>"
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert f">={match[1]}.{match[2]}" in requires, f"{base} does not match {requires}"
+    assert all(s.base == base or s.base in BY_NAME for s in STAGES), "one base image for all"
+
+
+def test_every_pip_install_is_constrained_by_requirements_lock():
+    installs = [i for s in STAGES for i in s.all("RUN") if "pip install" in i.args]
+    assert installs, "the Dockerfile installs nothing"
+    for ins in installs:
+        assert re.search(r"(--constraint|-c) requirements\.lock\b", ins.args), (
+            f"`{ins.args}` does not install from requirements.lock")
+        assert not re.search(r"(-r|--requirement)\s", ins.args), ins.args
+    assert ("build-base", "requirements.lock") in context_copies()
+
+
+def test_runtime_imports_are_declared_dependencies():
+    """A module the shipped code imports must come with `pip install .[train]`, not only with
+    the dev tools that happen to be in the lock (the image installs no dev extra)."""
+    declared = runtime_closure(extras=["train"])
+    missing = {
+        module: sorted(map(str, paths))
+        for module, paths in third_party_imports().items()
+        if not distributions_of(module) & declared
+    }
+    assert not missing, (
+        f"imported but not a run-time dependency in pyproject.toml (add it to "
+        f"[project].dependencies; the version is in requirements.lock): {missing}")

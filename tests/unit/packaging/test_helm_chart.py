@@ -1,0 +1,352 @@
+"""The Helm chart: lint, rendering with default and non-default values, least-privilege RBAC,
+the monitoring objects refused without their API, the values schema, and the files the chart
+copies staying identical to their sources. Uses the real helm binary (hack/build-helm.sh)."""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gemini_operator import naming, render
+from gemini_operator.spec import parse_spec
+from tests.fixtures.helm import CHART, Helm, RenderError, by_kind, one
+from tests.unit.operator.builders import make_job
+from tests.unit.packaging.commands import unknown_part
+
+ROOT = Path(__file__).resolve().parents[3]
+MONITORING = "monitoring.coreos.com/v1"
+STANDARD_LABELS = ("helm.sh/chart", "app.kubernetes.io/name", "app.kubernetes.io/instance",
+                   "app.kubernetes.io/version", "app.kubernetes.io/managed-by")
+
+
+def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = one(objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    return found
+
+
+# --- lint and defaults --------------------------------------------------------------------------
+
+def test_helm_lint_strict_passes_with_default_and_every_optional_part_on(helm: Helm):
+    for args in ([], ["--set", "serviceMonitor.enabled=false,podMonitor.enabled=false",
+                      "--set", "crds.install=false,dashboards.enabled=false"]):
+        result = helm.run(["lint", "--strict", str(CHART), *args])
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_default_render_has_one_of_each_object_and_no_monitoring(helm: Helm):
+    kinds = sorted(o["kind"] for o in helm.template())
+    assert kinds == sorted([
+        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition",
+        "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount",
+    ])
+
+
+def test_every_object_carries_the_standard_labels(helm: Helm):
+    for obj in helm.template():
+        labels = obj["metadata"].get("labels", {})
+        missing = [k for k in STANDARD_LABELS if k not in labels]
+        assert not missing, f"{obj['kind']} {obj['metadata']['name']} lacks {missing}"
+
+
+def test_names_fit_63_characters_with_the_longest_release_name(helm: Helm):
+    objects = helm.template("--set", "podMonitor.enabled=true", "--api-versions",
+                            f"{MONITORING}/PodMonitor", release="r" * 53)
+    for obj in objects:
+        name = obj["metadata"]["name"]
+        assert len(name) <= 63 and not name.endswith("-"), f"{obj['kind']} name {name!r}"
+
+
+def test_chart_app_version_is_the_project_version():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
+
+
+# --- the operator Deployment --------------------------------------------------------------------
+
+def test_the_operator_runs_the_real_command_with_its_real_flags(helm: Helm):
+    operator = container(helm.template("--set", "operator.watchNamespace=team-a"))
+    assert operator["command"] == ["gemini", "operator", "run"]
+    argv = [*operator["command"], *operator["args"]]
+    assert unknown_part(argv) is None, unknown_part(argv)
+    from gemini.cli import build_parser
+
+    args = build_parser().parse_args(argv[1:])  # exits on a flag the command does not have
+    assert args.namespace == "team-a"
+    assert args.lease_namespace == "gemini-system"
+    assert args.sidecar_image == "gemini-sidecar:0.1.0"
+    assert args.metrics_port == 9090
+
+
+def test_the_operator_container_is_non_root_read_only_and_probed(helm: Helm):
+    objects = helm.template()
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    operator = container(objects)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    ctx = operator["securityContext"]
+    assert ctx["readOnlyRootFilesystem"] is True
+    assert ctx["allowPrivilegeEscalation"] is False
+    assert ctx["capabilities"]["drop"] == ["ALL"]
+    assert operator["resources"]["requests"] and operator["resources"]["limits"]
+    ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert operator[probe]["httpGet"]["port"] in ports, f"{probe} names an undeclared port"
+    writable = {m["mountPath"] for m in operator["volumeMounts"]}
+    env = {e["name"]: e.get("value") for e in operator["env"]}
+    assert env["TMPDIR"] in writable
+
+
+def test_image_tag_digest_and_sidecar_image_are_configurable(helm: Helm):
+    operator = container(helm.template(
+        "--set", "image.repository=registry.example/gemini-operator",
+        "--set", "image.digest=sha256:" + "a" * 64,
+        "--set", "sidecarImage.repository=registry.example/sidecar,sidecarImage.tag=1.2.3"))
+    assert operator["image"] == "registry.example/gemini-operator@sha256:" + "a" * 64
+    assert "--sidecar-image=registry.example/sidecar:1.2.3" in operator["args"]
+
+
+def test_the_metrics_service_selects_the_operator_pods(helm: Helm):
+    objects = helm.template()
+    service = one(objects, "Service")
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    port_names = {p["name"] for p in container(objects)["ports"]}
+    assert service["spec"]["ports"][0]["targetPort"] in port_names
+
+
+# --- RBAC ---------------------------------------------------------------------------------------
+
+def rbac_rules(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for kind in ("ClusterRole", "Role") for o in by_kind(objects, kind)
+            for r in o["rules"]]
+
+
+def test_rbac_has_no_wildcards_and_no_escalation_verbs(helm: Helm):
+    for rule in rbac_rules(helm.template()):
+        for field in ("apiGroups", "resources", "verbs"):
+            assert "*" not in rule.get(field, []), f"wildcard in {rule}"
+        assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+        assert "nonResourceURLs" not in rule
+
+
+def test_rbac_grants_exactly_what_an_operator_of_gemini_jobs_needs(helm: Helm):
+    granted = {(g, res): set(r["verbs"]) for r in rbac_rules(helm.template())
+               for g in r["apiGroups"] for res in r["resources"]}
+    assert granted == {
+        ("gemini.io", "geminijobs"): {"get", "list", "watch", "delete"},
+        ("gemini.io", "geminijobs/status"): {"get", "patch", "update"},
+        ("gemini.io", "geminijobs/finalizers"): {"update"},
+        ("", "pods"): {"create", "delete", "get", "list", "watch", "patch"},
+        ("", "pods/status"): {"get"},
+        ("", "services"): {"create", "get"},
+        ("", "secrets"): {"create", "get"},
+        ("", "events"): {"create", "patch"},
+        ("", "nodes"): {"get", "list", "watch"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+        ("coordination.k8s.io", "leases"): {"create", "get", "update"},
+    }
+
+
+def test_leases_are_granted_only_in_the_release_namespace(helm: Helm):
+    objects = helm.template(namespace="ops")
+    role = one(objects, "Role")
+    assert role["metadata"]["namespace"] == "ops"
+    assert all("leases" not in r["resources"] for r in one(objects, "ClusterRole")["rules"])
+
+
+def test_rbac_binds_the_operators_service_account(helm: Helm):
+    objects = helm.template("--set", "serviceAccount.name=gemini-op")
+    account = one(objects, "ServiceAccount")["metadata"]["name"]
+    assert account == "gemini-op"
+    assert one(objects, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == account
+    for binding in by_kind(objects, "ClusterRoleBinding") + by_kind(objects, "RoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": "gemini-system"}]
+
+
+def test_an_existing_service_account_must_be_named(helm: Helm):
+    with pytest.raises(RenderError, match=r"serviceAccount\.name is required"):
+        helm.template("--set", "serviceAccount.create=false")
+    objects = helm.template("--set", "serviceAccount.create=false,serviceAccount.name=mine")
+    assert not by_kind(objects, "ServiceAccount")
+
+
+def test_rbac_can_be_left_to_the_cluster_admin(helm: Helm):
+    objects = helm.template("--set", "rbac.create=false")
+    assert not [o for o in objects if o["kind"].endswith(("Role", "RoleBinding"))]
+
+
+# --- monitoring ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("key, kind", [("serviceMonitor", "ServiceMonitor"),
+                                       ("podMonitor", "PodMonitor")])
+def test_monitors_are_refused_with_a_clear_message_without_their_api(helm: Helm, key, kind):
+    with pytest.raises(RenderError) as err:
+        helm.template("--set", f"{key}.enabled=true")
+    message = str(err.value)
+    assert f"{key}.enabled is true" in message
+    assert f"{MONITORING} {kind}" in message and f"{key}.enabled=false" in message
+    # Another kind of the same group is not enough.
+    other = "PodMonitor" if kind == "ServiceMonitor" else "ServiceMonitor"
+    with pytest.raises(RenderError):
+        helm.template("--set", f"{key}.enabled=true", "--api-versions", f"{MONITORING}/{other}")
+
+
+def test_the_service_monitor_scrapes_the_metrics_service(helm: Helm):
+    objects = helm.template("--set", "serviceMonitor.enabled=true",
+                            "--set", "serviceMonitor.labels.release=kps",
+                            "--api-versions", f"{MONITORING}/ServiceMonitor")
+    monitor, service = one(objects, "ServiceMonitor"), one(objects, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "kps"
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["gemini-system"]}
+
+
+def test_the_service_monitor_needs_the_metrics_service(helm: Helm):
+    with pytest.raises(RenderError, match=r"metrics\.service\.enabled"):
+        helm.template("--set", "serviceMonitor.enabled=true,metrics.service.enabled=false",
+                      "--api-versions", f"{MONITORING}/ServiceMonitor")
+
+
+def test_the_pod_monitor_scrapes_the_sidecar_of_every_worker_pod_the_operator_renders(helm: Helm):
+    monitor = one(helm.template("--set", "podMonitor.enabled=true", "--api-versions",
+                                f"{MONITORING}/PodMonitor"), "PodMonitor")
+    spec = parse_spec(make_job("train").spec(), "gemini-sidecar:0.1.0")
+    pod = render.worker_pod(render.JobRef("train", "ns", "uid"), spec, rank=0, attempt=0,
+                            config=render.RenderConfig())
+    sidecar = next(c for c in pod["spec"]["initContainers"]
+                   if c["name"] == naming.SIDECAR_CONTAINER)
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    assert endpoint["port"] in {p["name"] for p in sidecar["ports"]}
+    assert endpoint["path"] == "/metrics"
+    assert endpoint["honorLabels"] is True  # the sidecar's `job` label is the GeminiJob's name
+
+
+# --- dashboard and CRD --------------------------------------------------------------------------
+
+def test_the_dashboard_configmap_carries_the_dashboard_for_the_grafana_sidecar(helm: Helm):
+    configmap = one(helm.template("--set", "dashboards.namespace=monitoring"), "ConfigMap")
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    source = (CHART / "dashboards" / "gemini-operator.json").read_text()
+    assert json.loads(configmap["data"]["gemini-operator.json"]) == json.loads(source)
+
+
+def test_the_chart_crd_is_the_repository_crd():
+    copy = CHART / "files" / "crds" / "geminijob.yaml"
+    source = ROOT / "crds" / "geminijob.yaml"
+    assert copy.read_bytes() == source.read_bytes(), (
+        "the chart's CRD differs from crds/geminijob.yaml: run "
+        "`cp crds/geminijob.yaml helm/gemini-operator/files/crds/geminijob.yaml`")
+
+
+def test_the_crd_template_renders_the_crd_unchanged_and_kept_on_uninstall(helm: Helm):
+    crd = one(helm.template(), "CustomResourceDefinition")
+    source = yaml.safe_load((ROOT / "crds" / "geminijob.yaml").read_text())
+    assert crd["spec"] == source["spec"]
+    assert crd["metadata"]["name"] == source["metadata"]["name"]
+    assert source["metadata"]["labels"].items() <= crd["metadata"]["labels"].items()
+    assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    not_kept = one(helm.template("--set", "crds.keep=false"), "CustomResourceDefinition")
+    assert "helm.sh/resource-policy" not in not_kept["metadata"].get("annotations", {})
+    assert not by_kind(helm.template("--set", "crds.install=false"), "CustomResourceDefinition")
+
+
+# --- values and their schema --------------------------------------------------------------------
+
+BAD_VALUES = [
+    pytest.param(["--set", "replicaCount=4"], "replicaCount", id="at most three replicas"),
+    pytest.param(["--set", "metrics.port=0"], "metrics/port", id="a port is 1-65535"),
+    pytest.param(["--set", "metrics.port=70000"], "metrics/port", id="a port is at most 65535"),
+    pytest.param(["--set", "imagePullPolicy=Always"], "additional properties",
+                 id="unknown keys are refused, not ignored"),
+    pytest.param(["--set", "image.pullPolicy=Sometimes"], "pullPolicy", id="pull policy enum"),
+    pytest.param(["--set", "image.digest=latest"], "digest", id="a digest is sha256:<64 hex>"),
+    pytest.param(["--set", "image.repository="], "repository", id="the image is required"),
+    pytest.param(["--set", "serviceMonitor.interval=30 seconds"], "interval",
+                 id="intervals are Prometheus durations"),
+    pytest.param(["--set", "operator.logLevel=verbose"], "logLevel", id="log level enum"),
+    pytest.param(["--set", "crds.install=yes please"], "install", id="booleans are booleans"),
+    pytest.param(["--set", "fullnameOverride=Not_A_DNS_Label"], "fullnameOverride",
+                 id="names are DNS labels"),
+    pytest.param(["--set", "operator.watchNamespace=" + "n" * 64], "watchNamespace",
+                 id="a namespace name has at most 63 characters"),
+]
+
+
+@pytest.mark.parametrize("args, fragment", BAD_VALUES)
+def test_the_schema_rejects_bad_values(helm: Helm, args, fragment):
+    with pytest.raises(RenderError, match=re.escape(fragment)):
+        helm.template(*args)
+
+
+def _documented_keys(lines: list[str]) -> list[str]:
+    """Keys of values.yaml that lack a `# --` comment and have no documented children."""
+    keys: list[tuple[int, str, bool]] = []  # (indent, path, has `# --` above)
+    stack: list[tuple[int, str]] = []
+    comment = False
+    for line in lines:
+        stripped = line.strip()
+        if stripped.startswith("# --"):
+            comment = True
+            continue
+        if not stripped or stripped.startswith("#"):
+            continue
+        match = re.match(r"^(\s*)([A-Za-z_][\w.-]*):", line)
+        if match is None:  # a list item or a continued value
+            comment = False
+            continue
+        indent = len(match[1])
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([p for _, p in stack] + [match[2]])
+        keys.append((indent, path, comment))
+        stack.append((indent, match[2]))
+        comment = False
+    documented = {path for _, path, has in keys if has}
+
+    def covered(path: str) -> bool:
+        parts = path.split(".")
+        if any(".".join(parts[:i]) in documented for i in range(1, len(parts) + 1)):
+            return True
+        children = [p for _, p, _ in keys if p.startswith(path + ".")]
+        return bool(children) and all(covered(c) for c in children if c.count(".") ==
+                                      path.count(".") + 1)
+
+    return [path for _, path, _ in keys if not covered(path)]
+
+
+def test_every_values_key_is_documented():
+    undocumented = _documented_keys((CHART / "values.yaml").read_text().splitlines())
+    assert not undocumented, f"values.yaml keys without a `# --` comment: {undocumented}"
+
+
+def test_the_documentation_check_finds_an_undocumented_key():
+    assert _documented_keys(["a:", "  # -- b", "  b: 1", "  c: 2", "# -- d", "d:", "  e: 3"]) \
+        == ["a", "a.c"]
+
+
+def test_the_schema_describes_every_default_value():
+    """Every key in values.yaml is in the schema (which refuses unknown keys)."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(value: Any, node: dict[str, Any], path: str) -> None:
+        if not isinstance(value, dict) or "properties" not in node:
+            return
+        for key, child in value.items():
+            assert key in node["properties"], f"{path}{key} is not in values.schema.json"
+            walk(child, node["properties"][key], f"{path}{key}.")
+
+    walk(values, schema, "")

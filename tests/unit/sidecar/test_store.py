@@ -1,0 +1,78 @@
+"""Replica store: two versions per rank, the newest complete never overwritten, a budget."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from gemini_sidecar.checksum import checksum, finish, word_sum
+from gemini_sidecar.store import BudgetExceeded, ReplicaStore, StoreError
+
+
+def _receive(store: ReplicaStore, rank: int, version: int, data: bytes, chunk: int = 4096):
+    store.begin(rank, version, len(data), source_checksum=version * 1000)
+    for off in range(0, len(data), chunk):
+        piece = data[off : off + chunk]
+        store.chunk_view(rank, version, off, len(piece))[:] = piece
+        store.chunk_done(rank, version, off, len(piece), word_sum(piece))
+    return store.finish(rank, version, checksum(data))
+
+
+def test_the_newest_complete_version_survives_a_half_received_one():
+    store = ReplicaStore(1 << 20)
+    v1, v2, v3 = (os.urandom(10_000) for _ in range(3))
+    _receive(store, 0, 1, v1)
+    _receive(store, 0, 2, v2)
+    store.begin(0, 3, len(v3), 3000)  # goes into v1's slot, never v2's
+    store.chunk_view(0, 3, 0, 4096)[:] = v3[:4096]
+    info, view = store.get(0)
+    assert (info.version, bytes(view)) == (2, v2)
+    assert [(r.version, r.complete) for r in store.inventory()] == [(2, True), (3, False)]
+    with pytest.raises(StoreError, match="not complete"):
+        store.get(0, 3)
+
+
+def test_finish_refuses_missing_bytes_and_a_wrong_whole_checksum():
+    store = ReplicaStore(1 << 20)
+    data = os.urandom(8192)
+    store.begin(1, 1, len(data), 0)
+    store.chunk_view(1, 1, 0, 4096)[:] = data[:4096]
+    store.chunk_done(1, 1, 0, 4096, word_sum(data[:4096]))
+    with pytest.raises(StoreError, match="4096 of 8192 bytes"):
+        store.finish(1, 1, checksum(data))
+    store.chunk_view(1, 1, 4096, 4096)[:] = data[4096:]
+    store.chunk_done(1, 1, 4096, 4096, word_sum(data[4096:]))
+    with pytest.raises(StoreError, match="whole-shard checksum"):
+        store.finish(1, 1, finish(0, len(data)))
+    assert store.finish(1, 1, checksum(data)).complete
+
+
+def test_chunks_outside_the_version_or_unaligned_are_refused():
+    store = ReplicaStore(1 << 20)
+    store.begin(0, 1, 100, 0)
+    with pytest.raises(StoreError, match="outside"):
+        store.chunk_view(0, 1, 96, 8)
+    with pytest.raises(StoreError, match="multiples of 8"):
+        store.chunk_view(0, 1, 4, 8)
+    with pytest.raises(StoreError, match="not being received"):
+        store.chunk_view(0, 2, 0, 8)
+
+
+def test_a_version_beyond_the_budget_is_refused_and_the_complete_one_kept():
+    store = ReplicaStore(15_000)
+    first = os.urandom(10_000)
+    _receive(store, 0, 1, first)
+    with pytest.raises(BudgetExceeded, match="over its budget of 15000"):
+        store.begin(0, 2, 10_000, 0)
+    assert store.used_bytes == 10_000
+    assert bytes(store.get(0, 1)[1]) == first
+    store.drop(0)
+    assert store.used_bytes == 0 and store.inventory() == []
+
+
+def test_buffers_are_reused_once_both_slots_exist():
+    store = ReplicaStore(20_000)
+    for version in range(1, 6):
+        _receive(store, 0, version, os.urandom(10_000))
+    assert store.used_bytes == 20_000
+    assert [r.version for r in store.inventory()] == [4, 5]

@@ -1,0 +1,147 @@
+"""Checkpointer in one process: snapshot, restore, the tree codec and the failure paths."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gemini_trainer.capture import decode_tree, encode_tree
+from gemini_trainer.checkpointer import (
+    Checkpointer,
+    CheckpointerConfig,
+    RestoreError,
+    RestoreInstruction,
+)
+from gemini_trainer.shm import ShardSlots, SlotError, shard_path
+
+
+def make(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    return model, opt, sched
+
+
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: object, step: int) -> str:
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+    noise = torch.rand(1).item() + random.random() + float(np.random.rand())  # all three RNGs
+    loss = model(x).pow(2).mean() * (1 + noise)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    sched.step()  # type: ignore[attr-defined]
+    return float(loss.item()).hex()
+
+
+def config(tmp_path: Path, **kw: object) -> CheckpointerConfig:
+    return CheckpointerConfig(rank=0, world_size=1, shm_dir=tmp_path, **kw)  # type: ignore[arg-type]
+
+
+def test_restore_then_continue_gives_the_same_losses_as_never_stopping(tmp_path: Path) -> None:
+    model, opt, sched = make()
+    ckpt = Checkpointer(model, opt, sched, config=config(tmp_path))
+    losses = []
+    for step in range(6):
+        losses.append(train_step(model, opt, sched, step))
+        ckpt.snapshot(step + 1, extra={"cursor": step + 1, "name": "run"})
+    ckpt.close()
+
+    # a new process would start from other weights and other RNG states
+    model2, opt2, sched2 = make(seed=99)
+    random.seed(5)
+    np.random.seed(5)
+    ckpt2 = Checkpointer(model2, opt2, sched2, config=config(tmp_path))
+    start = ckpt2.restore(RestoreInstruction(version=4))
+    assert start == 4 and ckpt2.extra_state == {"cursor": 4, "name": "run"}
+    assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"] * 2  # schedule restored
+    again = [train_step(model2, opt2, sched2, step) for step in range(4, 6)]
+    assert again == losses[4:6]
+    ckpt2.close()
+
+
+def test_without_a_restore_version_training_starts_fresh(tmp_path: Path) -> None:
+    model, opt, sched = make()
+    ckpt = Checkpointer(model, opt, sched, config=config(tmp_path))
+    assert ckpt.restore(RestoreInstruction.from_env({})) is None
+    ckpt.close()
+
+
+def test_a_version_that_never_completes_is_refused_after_the_timeout(tmp_path: Path) -> None:
+    model, opt, sched = make()
+    ckpt = Checkpointer(model, opt, sched, config=config(tmp_path))
+    ckpt.snapshot(1)
+    ckpt.flush()
+    with pytest.raises(RestoreError, match="version 3 of rank 0 is not complete"):
+        ckpt.restore(RestoreInstruction(version=3, timeout_s=0.2))
+    ckpt.close()
+
+
+def test_a_shard_written_by_another_rank_is_refused(tmp_path: Path) -> None:
+    model, opt, sched = make()
+    ckpt = Checkpointer(model, opt, sched, config=config(tmp_path))
+    ckpt.snapshot(1)
+    ckpt.close()
+    shard_path(0, tmp_path).rename(shard_path(1, tmp_path))
+    other = Checkpointer(
+        model, opt, sched, config=CheckpointerConfig(rank=1, world_size=2, shm_dir=tmp_path)
+    )
+    with pytest.raises(RestoreError, match="wrong shard"):
+        other.restore(RestoreInstruction(version=1))
+    other.close()
+
+
+def test_a_missing_sidecar_is_recorded_and_training_goes_on(tmp_path: Path) -> None:
+    model, opt, sched = make()
+    cfg = config(tmp_path, sidecar_url="http://127.0.0.1:9", heartbeat_file=tmp_path / "hb")
+    ckpt = Checkpointer(model, opt, sched, config=cfg)
+    ckpt.snapshot(1)
+    ckpt.snapshot(2)
+    ckpt.flush()
+    assert len(ckpt.errors) == 2 and "notifying the sidecar" in ckpt.errors[0]
+    assert (tmp_path / "hb").read_text().split()[0] == "2"
+    with ShardSlots(shard_path(0, tmp_path)) as slots:
+        assert slots.latest_complete().version == 2  # type: ignore[union-attr]
+    ckpt.close()
+
+
+def test_a_state_larger_than_the_slot_is_refused_with_the_fix(tmp_path: Path) -> None:
+    model, opt, sched = make()
+    ckpt = Checkpointer(model, opt, sched, config=config(tmp_path, capacity_bytes=1024))
+    with pytest.raises(SlotError, match="GEMINI_SHM_CAPACITY_BYTES"):
+        ckpt.snapshot(1)
+    ckpt.close()
+
+
+def test_restore_instruction_from_the_launcher_environment() -> None:
+    env = {"GEMINI_RESTORE_VERSION": "12", "GEMINI_RESTORE_SOURCE": "peer",
+           "GEMINI_RESTART_EPOCH": "3"}
+    assert RestoreInstruction.from_env(env) == RestoreInstruction(12, False, "peer", 3)
+    assert RestoreInstruction.from_env({"GEMINI_RESTORE_VERSION": "latest"}).latest
+    assert RestoreInstruction.from_env({"GEMINI_RESTORE_VERSION": "none"}).version is None
+    with pytest.raises(RestoreError, match="step number"):
+        RestoreInstruction.from_env({"GEMINI_RESTORE_VERSION": "yesterday"})
+
+
+def test_the_tree_codec_keeps_types_keys_and_exact_floats() -> None:
+    tree = {
+        "f": 0.1 + 0.2, "inf": float("inf"), "t": (1, "a", None, True), 3: "int key",
+        "__x": 1, "b": b"\x00\xff", "dt": torch.bfloat16, "nd": np.arange(3),
+        "ten": torch.arange(4.0), "nested": [{"k": torch.zeros(2, dtype=torch.bfloat16)}],
+    }
+    skeleton, tensors = encode_tree(tree)
+    back = decode_tree(skeleton, tensors)
+    assert back["f"] == tree["f"] and back["inf"] == float("inf") and back["t"] == tree["t"]
+    assert back[3] == "int key" and back["__x"] == 1 and back["b"] == b"\x00\xff"
+    assert back["dt"] is torch.bfloat16 and np.array_equal(back["nd"], np.arange(3))
+    assert torch.equal(back["ten"], tree["ten"])
+    assert back["nested"][0]["k"].dtype == torch.bfloat16
+
+
+def test_state_the_codec_cannot_store_is_named_in_the_error() -> None:
+    with pytest.raises(TypeError, match=r"state\.extra\.when of type object"):
+        encode_tree({"extra": {"when": object()}})

@@ -1,0 +1,374 @@
+"""The trainer container's entrypoint: supervise the training process, restart it in place.
+
+``gemini launch -- <command>`` runs the command as a child in its own process group and stays
+up when it exits, so a restart costs a process start, not a pod (and the sidecar's memory
+survives). The operator drives it over a small HTTP API:
+
+    GET  /status    -> {"state": "running"|"exited"|"stopped", "pid", "epoch", "restarts",
+                        "exit_code", "exited_at", "started_at", "restore": {"version",
+                        "source"}, "progress": {"step", "unix", "age_s"} | null}
+    POST /restart   {"epoch": int, "version": int | "latest" | null, "source": "local"|"peer"|"s3"}
+                    stops the current process (SIGTERM to its group, SIGKILL after the grace
+                    period) and starts the command again with GEMINI_RESTART_EPOCH=epoch,
+                    GEMINI_RESTORE_VERSION=version ("none" for null), GEMINI_RESTORE_SOURCE.
+                    The epoch must grow: the same epoch again is a no-op (200, "already"), an
+                    older one is refused (409), so a retried request cannot restart twice.
+    POST /stop      stops the process; the launcher then exits with 0.
+
+Every request needs ``Authorization: Bearer <GEMINI_AUTH_TOKEN>`` when a token is set
+(compared in constant time); others get 401. It listens on GEMINI_LAUNCHER_HOST (default
+127.0.0.1; the pod IP so the operator can reach it) and GEMINI_LAUNCHER_PORT (default 7071;
+0 picks a free port, written to the status file).
+
+The same status is written atomically to GEMINI_LAUNCHER_STATUS_FILE (if set) on every change.
+Progress: the child gets GEMINI_HEARTBEAT_FILE; the trainer library writes "<step> <unix time>"
+there after each committed snapshot, and ``progress.age_s`` tells hang detection how long ago
+that was. When the child exits 0 the launcher exits 0 (training finished); a failure is
+reported and the launcher waits for /restart (or exits with the child's code when
+``exit_on_failure`` is set, for use without an operator).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import os
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 64 * 1024
+SOURCES = ("local", "peer", "s3")
+
+
+class LauncherError(Exception):
+    """A request the launcher refuses; carries the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: HTTPStatus) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class RestartRequest:
+    epoch: int
+    version: int | str | None  # a step, "latest", or None (fresh start)
+    source: str = "local"
+
+    @classmethod
+    def parse(cls, body: Mapping[str, Any]) -> RestartRequest:
+        epoch, version = body.get("epoch"), body.get("version")
+        source = body.get("source", "local")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            raise LauncherError("'epoch' must be a non-negative integer", HTTPStatus.BAD_REQUEST)
+        if not (version is None or version == "latest" or _is_step(version)):
+            raise LauncherError(
+                "'version' must be a step number, \"latest\" or null", HTTPStatus.BAD_REQUEST
+            )
+        if source not in SOURCES:
+            raise LauncherError(f"'source' must be one of {SOURCES}", HTTPStatus.BAD_REQUEST)
+        return cls(epoch, version, source)
+
+    def env(self) -> dict[str, str]:
+        version = "none" if self.version is None else str(self.version)
+        return {
+            "GEMINI_RESTART_EPOCH": str(self.epoch),
+            "GEMINI_RESTORE_VERSION": version,
+            "GEMINI_RESTORE_SOURCE": self.source,
+        }
+
+
+def _is_step(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass(frozen=True)
+class LauncherConfig:
+    command: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 7071
+    token: str = field(default="", repr=False)
+    status_file: Path | None = None
+    heartbeat_file: Path | None = None  # default: a file in a private temp dir
+    grace_s: float = 10.0
+    exit_on_failure: bool = False
+
+    @classmethod
+    def from_env(
+        cls, command: Sequence[str], env: Mapping[str, str] | None = None, **overrides: Any
+    ) -> LauncherConfig:
+        env = os.environ if env is None else env
+        status = env.get("GEMINI_LAUNCHER_STATUS_FILE")
+        heartbeat = env.get("GEMINI_HEARTBEAT_FILE")
+        values: dict[str, Any] = {
+            "command": tuple(command),
+            "host": env.get("GEMINI_LAUNCHER_HOST") or env.get("GEMINI_POD_IP") or "127.0.0.1",
+            "port": int(env.get("GEMINI_LAUNCHER_PORT", "7071")),
+            "token": env.get("GEMINI_AUTH_TOKEN", ""),
+            "status_file": Path(status) if status else None,
+            "heartbeat_file": Path(heartbeat) if heartbeat else None,
+            "grace_s": float(env.get("GEMINI_LAUNCHER_GRACE_S", "10")),
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+class Launcher:
+    """Runs the command, watches it, restarts it on request (see the module docstring)."""
+
+    def __init__(self, config: LauncherConfig, env: Mapping[str, str] | None = None) -> None:
+        if not config.command:
+            raise ValueError("no command to launch: use `gemini launch -- <command> [args]`")
+        self.config = config
+        self._base_env = dict(os.environ if env is None else env)
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._epoch = int(self._base_env.get("GEMINI_RESTART_EPOCH", "0") or 0)
+        self._restore: dict[str, int | str | None] = {
+            "version": self._base_env.get("GEMINI_RESTORE_VERSION") or None,
+            "source": self._base_env.get("GEMINI_RESTORE_SOURCE") or "local",
+        }
+        self._restarts = 0
+        self._state = "starting"
+        self._exit_code: int | None = None
+        self._exited_at: float | None = None
+        self._started_at: float | None = None
+        self._stopping = False
+        self._done = threading.Event()
+        self._tmp = tempfile.TemporaryDirectory(prefix="gemini-launch-")
+        self.heartbeat_file = config.heartbeat_file or Path(self._tmp.name) / "heartbeat"
+        self._server = ThreadingHTTPServer((config.host, config.port), _handler_for(self))
+        self._server.daemon_threads = True
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Start the command and serve the API until /stop, a success, or a signal."""
+        threading.Thread(
+            target=self._server.serve_forever, name="launcher-api", daemon=True
+        ).start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(
+                    sig, lambda *_: threading.Thread(target=self._stop_and_finish).start()
+                )
+        with self._lock:
+            self._start_child({})
+        self._done.wait()
+        self._server.shutdown()
+        self._server.server_close()
+        self._tmp.cleanup()
+        with self._lock:
+            return self._final_code()
+
+    def _final_code(self) -> int:
+        if self._stopping:
+            return 0
+        return self._exit_code if self._exit_code is not None else 0
+
+    def _start_child(self, extra_env: Mapping[str, str]) -> None:
+        env = {**self._base_env, **extra_env}
+        env["GEMINI_RESTART_EPOCH"] = str(self._epoch)
+        env["GEMINI_HEARTBEAT_FILE"] = str(self.heartbeat_file)
+        self.heartbeat_file.unlink(missing_ok=True)
+        proc = subprocess.Popen(list(self.config.command), env=env, start_new_session=True)
+        self._proc = proc
+        self._state = "running"
+        self._exit_code, self._exited_at = None, None
+        self._started_at = time.time()
+        log.info("started %s (pid %d, epoch %d)", self.config.command[0], proc.pid, self._epoch)
+        self._publish()
+        threading.Thread(target=self._watch, args=(proc,), daemon=True).start()
+
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        with self._lock:
+            if proc is not self._proc:
+                return  # an old child replaced by a restart; already accounted for
+            self._exit_code, self._exited_at = code, time.time()
+            self._state = "stopped" if self._stopping else "exited"
+            log.info("training process %d exited with %d (epoch %d)", proc.pid, code, self._epoch)
+            self._publish()
+            self._changed.notify_all()
+            if not self._stopping and (code == 0 or self.config.exit_on_failure):
+                self._done.set()
+
+    def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is not None:
+            return
+        _signal_group(proc, signal.SIGTERM)
+        try:
+            proc.wait(timeout=self.config.grace_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait()
+
+    def restart(self, req: RestartRequest) -> dict[str, Any]:
+        with self._lock:
+            if self._stopping:
+                raise LauncherError("the launcher is stopping", HTTPStatus.CONFLICT)
+            if req.epoch == self._epoch and self._restarts > 0:
+                return {"result": "already", **self.status()}
+            if req.epoch <= self._epoch:
+                raise LauncherError(
+                    f"restart epoch {req.epoch} is not newer than the current epoch {self._epoch}",
+                    HTTPStatus.CONFLICT,
+                )
+            old = self._proc
+            self._proc = None  # the watcher of the old child now ignores its exit
+        if old is not None:
+            self._terminate(old)
+        with self._lock:
+            self._epoch = req.epoch
+            self._restarts += 1
+            self._restore = {"version": req.version, "source": req.source}
+            self._start_child(req.env())
+            return {"result": "restarted", **self.status()}
+
+    def stop(self) -> dict[str, Any]:
+        with self._lock:
+            self._stopping = True
+            proc = self._proc
+        if proc is not None:
+            self._terminate(proc)
+        with self._lock:
+            self._state = "stopped"
+            self._publish()
+        return self.status()
+
+    def finish(self) -> None:
+        """Let ``run`` return (after /stop has been answered)."""
+        self._done.set()
+
+    def _stop_and_finish(self) -> None:
+        self.stop()
+        self.finish()
+
+    def wait_for_exit(self, timeout: float) -> bool:
+        """Test helper: wait until the current child has exited."""
+        with self._lock:
+            return self._changed.wait_for(lambda: self._state != "running", timeout)
+
+    # -- status ------------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            proc = self._proc
+            return {
+                "state": self._state,
+                "pid": proc.pid if proc is not None else None,
+                "epoch": self._epoch,
+                "restarts": self._restarts,
+                "exit_code": self._exit_code,
+                "exited_at": self._exited_at,
+                "started_at": self._started_at,
+                "restore": dict(self._restore),
+                "progress": self.progress(),
+                "port": self.port,
+            }
+
+    def progress(self) -> dict[str, float | int] | None:
+        """The last heartbeat: step, its unix time, and its age in seconds."""
+        try:
+            step_text, when_text = self.heartbeat_file.read_text().split()[:2]
+            step, when = int(step_text), float(when_text)
+        except (OSError, ValueError):
+            return None
+        return {"step": step, "unix": when, "age_s": max(0.0, time.time() - when)}
+
+    def _publish(self) -> None:
+        path = self.config.status_file
+        if path is None:
+            return
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.status(), sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+    def authorized(self, header: str | None) -> bool:
+        if not self.config.token:
+            return True
+        expected = f"Bearer {self.config.token}".encode()
+        return hmac.compare_digest((header or "").encode(), expected)
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+
+
+def _handler_for(launcher: Launcher) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "gemini-launcher"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("%s " + format, self.address_string(), *args)
+
+        def _reply(self, status: HTTPStatus, body: Mapping[str, Any]) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _guard(self) -> bool:
+            if launcher.authorized(self.headers.get("Authorization")):
+                return True
+            log.warning("refused an unauthenticated %s %s", self.command, self.path)
+            self._reply(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
+            return False
+
+        def do_GET(self) -> None:
+            if not self._guard():
+                return
+            if self.path == "/status":
+                self._reply(HTTPStatus.OK, launcher.status())
+            else:
+                self._reply(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {self.path}"})
+
+        def do_POST(self) -> None:
+            if not self._guard():
+                return
+            try:
+                body = self._body()
+                if self.path == "/restart":
+                    self._reply(HTTPStatus.OK, launcher.restart(RestartRequest.parse(body)))
+                elif self.path == "/stop":
+                    self._reply(HTTPStatus.OK, launcher.stop())
+                    launcher.finish()
+                else:
+                    self._reply(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {self.path}"})
+            except LauncherError as err:
+                self._reply(err.status, {"error": str(err)})
+
+        def _body(self) -> dict[str, Any]:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length > MAX_BODY:
+                raise LauncherError("request body too large", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+            raw = self.rfile.read(length) if length else b"{}"
+            try:
+                body = json.loads(raw or b"{}")
+            except json.JSONDecodeError as err:
+                raise LauncherError(f"body is not JSON: {err}", HTTPStatus.BAD_REQUEST) from err
+            if not isinstance(body, dict):
+                raise LauncherError("body must be a JSON object", HTTPStatus.BAD_REQUEST)
+            return body
+
+    return Handler
