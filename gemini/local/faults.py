@@ -74,13 +74,14 @@ def partition_node(state_dir: Path, node: str) -> None:
                          "their own group id (start the cluster as root)")
     # Packets leaving the node's processes for elsewhere are dropped (replies inside
     # connections that other node-local processes opened stay allowed), and so are packets
-    # from anyone else to the node's addresses.
+    # from anyone else to the node's addresses; the node's processes get no IPv6 (::1) at all.
     rules = f"""
 table inet {table} {{
   chain output {{
     type filter hook output priority -10; policy accept;
     meta skgid {gid} ct direction original ip daddr != {net.cidr} drop
     ip daddr {net.cidr} ip saddr != {net.cidr} meta skgid != {gid} drop
+    meta nfproto ipv6 meta skgid {gid} drop
   }}
 }}
 """

@@ -30,6 +30,7 @@ __all__ = ["NodeAgentError", "NodeSpec", "node_config", "node_dir", "node_names"
 _AGENT = "agent"
 # Claims on second octets of 127/8, so that two clusters on one machine never share addresses.
 CLAIMS_DIR = Path("/tmp/gemini-local-net")
+_CLAIM_GRACE_S = 60.0
 
 
 class NodeAgentError(RuntimeError):
@@ -113,7 +114,9 @@ def _claim(path: Path, state_dir: Path) -> bool:
         owner = Path(path.read_text().strip() or "/nonexistent")
         if owner == state_dir:
             return True
-        if owner.exists() and any(running_agent_pid(owner, n) for n in node_names(owner)):
+        fresh = time.time() - path.stat().st_mtime < _CLAIM_GRACE_S  # its nodes may be starting
+        if owner.exists() and (fresh or any(running_agent_pid(owner, n)
+                                            for n in node_names(owner))):
             return False
         path.unlink(missing_ok=True)  # the owner is gone or runs no node: a stale claim
         return _claim(path, state_dir)

@@ -203,15 +203,13 @@ def _refuse(plan: _Plan, err: SpecError) -> None:
         return
     plan.set(cond.INVALID_SPEC, detail=str(err))
     _finish(plan)
-    plan.actions.extend(_delete_all(plan.observed, "the spec is invalid"))
+    plan.actions.extend(_delete_active(plan.observed, "the spec is invalid"))
 
 
 def _finished(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
     if not any(plan.is_true(t) for t in cond.FINISHED_TYPES):
         return False
-    active = [p.name for p in observed.pods.values() if not p.terminal and not p.deleting]
-    if active:
-        plan.actions.append(DeletePods(tuple(sorted(active)), "the job has finished"))
+    plan.actions.extend(_delete_active(observed, "the job has finished"))
     ttl = spec.ttl_seconds_after_finished
     finished_at = _parse_time(plan.status.completion_time)
     if ttl is not None and finished_at is not None:
@@ -227,9 +225,12 @@ def _suspended(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan:
     if not spec.suspend:
         if plan.is_true(ConditionType.SUSPENDED):
             plan.set(cond.JOB_RESUMED)
-            # New pods for a new attempt; the deadline clock restarts, as for a Job.
+            # Pods that ran before get successors of a new attempt; the deadline clock
+            # restarts, as for a Job.
+            had_pods = cond.find(plan.status.conditions, ConditionType.CREATED) is not None
             plan.status = plan.status.with_changes(
-                restart_attempt=plan.status.restart_attempt + 1, start_time=None
+                restart_attempt=plan.status.restart_attempt + (1 if had_pods else 0),
+                start_time=None,
             )
         return False
     if not plan.is_true(ConditionType.SUSPENDED):
@@ -252,7 +253,7 @@ def _deadline(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: 
         return False
     plan.set(cond.DEADLINE_EXCEEDED, seconds=spec.active_deadline_seconds)
     _finish(plan)
-    plan.actions.extend(_delete_all(observed, "the job exceeded its active deadline"))
+    plan.actions.extend(_delete_active(observed, "the job exceeded its active deadline"))
     return True
 
 
@@ -324,12 +325,12 @@ def _decide_recovery(spec: JobSpec, plan: _Plan, failures: tuple[RankFailure, ..
         rule = decision.rule.name if decision.rule else ""
         plan.set(cond.FAILURE_POLICY_FAIL_JOB, cause=cause, rule=rule)
         _finish(plan)
-        plan.actions.extend(_delete_all(plan.observed, "the failure policy failed the job"))
+        plan.actions.extend(_delete_active(plan.observed, "the failure policy failed the job"))
         return
     if decision.counts and plan.status.restarts >= spec.failure_policy.max_restarts:
         plan.set(cond.MAX_RESTARTS_EXCEEDED, cause=cause, restarts=plan.status.restarts)
         _finish(plan)
-        plan.actions.extend(_delete_all(plan.observed, "the job ran out of restarts"))
+        plan.actions.extend(_delete_active(plan.observed, "the job ran out of restarts"))
         return
     kind = _kind(failures)
     plan.set(cond.RECOVERY_NEEDED, cause=cause, plan=_intent(kind))
@@ -427,6 +428,12 @@ def _current_pods(observed: Observed, attempt: int) -> dict[int, PodView]:
 
 def _delete_all(observed: Observed, reason: str) -> list[Action]:
     names = sorted(p.name for p in observed.pods.values() if not p.deleting)
+    return [DeletePods(tuple(names), reason)] if names else []
+
+
+def _delete_active(observed: Observed, reason: str) -> list[Action]:
+    """Stop the pods still running; finished ones stay for their logs and exit codes."""
+    names = sorted(p.name for p in observed.pods.values() if not p.terminal and not p.deleting)
     return [DeletePods(tuple(names), reason)] if names else []
 
 

@@ -118,16 +118,18 @@ def test_helm_install_runs_a_job_to_completion_and_uninstall_cleans_up(
     try:
         _adopt_crd(api, release, system)
         result = helm.run(["install", release, str(CHART), "--namespace", system, "--wait",
-                           "--timeout", "120s", "--set", f"operator.watchNamespace={jobs_ns}"],
+                           "--timeout", "120s", "--set", f"operator.watchNamespace={jobs_ns}", "--set-json", 'operator.extraEnv=[{"name":"PYTHONPATH","value":"/tmp/wt"}]'],
                           kubeconfig=kubeconfig, timeout=180)
         assert result.returncode == 0, result.stderr + _operator_diagnosis(core, system)
         assert "kubectl -n " + system in result.stdout  # NOTES.txt
 
-        # The operator pod is Ready (its probes pass) and leads through its own Lease.
+        # The operator pod is Ready (its probes pass) and leads through a Lease in its own
+        # namespace (the Role the chart grants).
         (pod,) = core.list_namespaced_pod(
             system, label_selector="app.kubernetes.io/instance=gemini").items
-        lease = wait_until(lambda: _lease_holder(api, system), 30, "a Lease holder")
-        assert lease.startswith(pod.metadata.name)
+        wait_until(lambda: _lease_holder(api, system), 30, "a Lease holder")
+        wait_until(lambda: "gemini_operator_leader 1.0" in _scrape(pod.status.pod_ip, 9090), 30,
+                   "the operator to report that it leads")
 
         body = make_job("done", jobs_ns).with_nodes(2).set(
             "template.command", ["python", "-c", "print('trained')"]).obj()
@@ -138,8 +140,9 @@ def test_helm_install_runs_a_job_to_completion_and_uninstall_cleans_up(
                            "the GeminiJob to finish")
         assert state == "Succeeded"
 
-        metrics = _scrape(pod.status.pod_ip, 9090)
-        assert 'gemini_operator_jobs{state="Succeeded"} 1.0' in metrics
+        # The gauge follows the status write.
+        wait_until(lambda: 'gemini_operator_jobs{state="Succeeded"} 1.0'
+                   in _scrape(pod.status.pod_ip, 9090), 10, "the metrics to count the job")
 
         result = helm.run(["uninstall", release, "--namespace", system, "--wait",
                            "--timeout", "60s"], kubeconfig=kubeconfig, timeout=120)

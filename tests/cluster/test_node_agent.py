@@ -68,6 +68,30 @@ def kubectl(cluster: LocalCluster, *args: str) -> str:
     return result.stdout
 
 
+def test_nodes_have_shape_topology_address_and_a_fresh_lease(local_cluster):
+    core = local_cluster.core
+    node: Any = core.read_node("node-3", _preload_content=False)
+    node = json.loads(node.data)
+    labels, status = node["metadata"]["labels"], node["status"]
+    assert (labels["kubernetes.io/hostname"], labels["topology.kubernetes.io/zone"],
+            labels["topology.gemini.io/rack"]) == ("node-3", "zone-1", "rack-1")
+    for key in ("capacity", "allocatable"):
+        assert {k: status[key][k] for k in ("cpu", "memory", "pods", "nvidia.com/gpu")} == {
+            "cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "1"}
+    [address] = [a["address"] for a in status["addresses"] if a["type"] == "InternalIP"]
+    assert address.startswith("127.") and address.endswith(".4.1")
+    assert status["daemonEndpoints"]["kubeletEndpoint"]["Port"] == 10250
+    assert not node["spec"].get("taints")  # the controller manager lifted not-ready
+    coordination = client.CoordinationV1Api(local_cluster.api)
+
+    def renewed() -> Any:
+        lease: Any = coordination.read_namespaced_lease("node-3", "kube-node-lease")
+        return lease.spec.renew_time
+    first = renewed()
+    time.sleep(2.5)
+    assert renewed() > first  # renewed every 2 s
+
+
 def test_pod_runs_then_succeeds_or_fails_with_its_exit_code(local_cluster, namespace):
     core = local_cluster.core
     core.create_namespaced_pod(namespace, pod("ok", [

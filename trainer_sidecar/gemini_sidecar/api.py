@@ -24,6 +24,7 @@ from gemini_sidecar.peer_client import FetchFailed
 from gemini_sidecar.protocol import PeerRefused
 from gemini_sidecar.s3 import S3Error
 from gemini_sidecar.store import StoreError
+from gemini_trainer.shm import SlotBusy
 
 log = logging.getLogger(__name__)
 OPEN_PATHS = frozenset({"/healthz", "/metrics"})
@@ -58,6 +59,8 @@ async def _auth_and_errors(request: web.Request, handler: Handler) -> web.Stream
         return _error(502, str(err))
     except S3Error as err:
         return _error(502, f"S3: {err}")
+    except SlotBusy as err:
+        return _error(409, str(err))
 
 
 async def _body(request: web.Request) -> dict[str, Any]:
@@ -166,6 +169,16 @@ async def fetch(request: web.Request) -> web.Response:
     return web.json_response(asdict(result))
 
 
+async def fetch_replicas(request: web.Request) -> web.Response:
+    """{"holders": {"<rank>": [rank | "host:port", ...]}} (optional): re-pull every held rank."""
+    doc = await _body(request)
+    given = {int(r): [h if isinstance(h, str) else int(h) for h in hs]
+             for r, hs in dict(doc.get("holders") or {}).items()}
+    results = await request.app[SIDECAR_KEY].refill(given)
+    status = 200 if all("error" not in r for r in results) else 502
+    return web.json_response({"replicas": results}, status=status)
+
+
 async def persist(request: web.Request) -> web.Response:
     """{"version": v|null}: upload that version of the own shard (default: newest) to S3."""
     doc = await _body(request)
@@ -197,6 +210,7 @@ def make_app(sidecar: Sidecar) -> web.Application:
         web.post("/peers", peers),
         web.post("/profile", profile),
         web.post("/fetch", fetch),
+        web.post("/fetch-replicas", fetch_replicas),
         web.post("/persist", persist),
         web.post("/commit", commit),
         web.post("/restore", restore),

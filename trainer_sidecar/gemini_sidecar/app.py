@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -17,9 +17,10 @@ from gemini_sidecar.fetcher import Fetched, FetchRequest, fetch
 from gemini_sidecar.local import LocalShard
 from gemini_sidecar.metrics import SidecarMetrics, make_metrics
 from gemini_sidecar.pacing import Profile, load_profile, profile_path
+from gemini_sidecar.peer_client import FetchFailed
 from gemini_sidecar.peer_server import PeerServer, ServerContext
 from gemini_sidecar.replicator import Replicator
-from gemini_sidecar.store import ReplicaStore
+from gemini_sidecar.store import ReplicaStore, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,22 @@ class Sidecar:
         self.store.finish(req.rank, result.version, finish(words, result.length))
         self._refresh_gauges()
         return result
+
+    async def refill(self, holders: Mapping[int, Sequence[int | str]]) -> list[dict[str, Any]]:
+        """Pull the newest complete version of every held rank (a replacement sidecar does
+        this after its own shard): from the holders given per rank, else from that rank's own
+        sidecar. One failed rank does not stop the others; each gets its result or error."""
+        results: list[dict[str, Any]] = []
+        for rank in self.placement.hold_ranks:
+            try:
+                got = await self.fetch(rank, None, self.holders_for(rank, holders.get(rank)),
+                                       "store")
+            except (FetchFailed, ValueError, StoreError) as err:
+                results.append({"rank": rank, "error": str(err)})
+                continue
+            results.append({"rank": rank, "version": got.version, "bytes": got.length,
+                            "holders_used": list(got.holders_used)})
+        return results
 
     # -- S3 ----------------------------------------------------------------------------------
     def _need_s3(self) -> s3mod.S3Store:

@@ -8,6 +8,7 @@ shared memory as in any other recovery.
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 from gemini_trainer.shm import ShardSlots, SlotError, SlotInfo, shard_path
@@ -24,14 +25,24 @@ class LocalShard:
         self.path = shard_path(rank, shm_dir, job)
         self.rank = rank
         self._slots: ShardSlots | None = None
+        self._inode = -1
 
     def _open(self) -> ShardSlots | None:
+        if self._slots is not None and self._replaced():
+            self.close()  # the trainer made a new file (new capacity): map that one
         if self._slots is None and self.path.exists():
             try:
                 self._slots = ShardSlots(self.path)
+                self._inode = os.stat(self.path).st_ino
             except (SlotError, ValueError, OSError):
                 return None  # being created by the trainer right now; try again later
         return self._slots
+
+    def _replaced(self) -> bool:
+        try:
+            return os.stat(self.path).st_ino != self._inode
+        except FileNotFoundError:
+            return True
 
     def latest(self) -> SlotInfo | None:
         slots = self._open()
@@ -64,6 +75,7 @@ class LocalShard:
         if slots is None:
             slots = ShardSlots(self.path, length, rank=self.rank)
             self._slots = slots
+            self._inode = os.stat(self.path).st_ino
         if length > slots.capacity:
             slots.close()
             self._slots = None

@@ -18,6 +18,7 @@ import hmac
 import os
 import socket
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from gemini_sidecar.checksum import checksum, finish, word_sum
@@ -104,6 +105,9 @@ def _unpack(raw: bytes) -> tuple[Frame, int]:
 
 BULK_BYTES = 64 * 1024  # payloads at least this large move on a worker thread
 BULK_TIMEOUT_S = 120.0
+# Bulk transfers block their thread until the peer keeps up; a pool of their own keeps them
+# from starving (or deadlocking, with several sidecars in one process) the default executor.
+_BULK_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="gemini-bulk")
 
 
 class Channel:
@@ -155,7 +159,7 @@ class Channel:
         elif len(payload) < BULK_BYTES:
             await self._loop.sock_sendall(self.sock, fields + mac + bytes(payload))
         else:
-            await asyncio.to_thread(self._send_bulk, fields + mac, payload)
+            await self._loop.run_in_executor(_BULK_POOL, self._send_bulk, fields + mac, payload)
 
     def _send_bulk(self, head: bytes, payload: memoryview | bytes) -> None:
         self._bulk.sendall(head)
@@ -195,7 +199,7 @@ class Channel:
             await self._recv_exact(view)
             words = word_sum(view)
         else:
-            words = await asyncio.to_thread(self._recv_bulk, view)
+            words = await self._loop.run_in_executor(_BULK_POOL, self._recv_bulk, view)
         if finish(words, frame.length) != frame.checksum:
             raise ChecksumMismatch(frame)
         return words

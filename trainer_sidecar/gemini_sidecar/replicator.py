@@ -151,7 +151,10 @@ class Replicator:
     async def _channel(self, rank: int) -> Channel:
         chan = self._channels.get(rank)
         if chan is None:
-            addr = self._placement().peers[rank]
+            peers = self._placement().peers
+            if rank not in peers:
+                raise PeerRefused(f"no address for rank {rank} in the placement")
+            addr = peers[rank]
             chan = await connect(addr, self.cfg.job, self.cfg.auth_token, self.cfg.max_frame_bytes)
             self._channels[rank] = chan
         return chan

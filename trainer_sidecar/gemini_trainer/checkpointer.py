@@ -57,6 +57,7 @@ from gemini_trainer.shm import (
     SlotInfo,
     TensorEntry,
     encode_index,
+    payload_size,
     plan_layout,
     read_payload,
     shard_path,
@@ -66,7 +67,7 @@ from gemini_trainer.shm import (
 log = logging.getLogger(__name__)
 
 SIDECAR_NOTIFY_PATH = "/v1/local/committed"
-HEADROOM_BYTES = 1 << 20  # room for the JSON index to grow (step numbers, extra state)
+HEADROOM_BYTES = 1 << 20  # room for the user's extra state to grow
 
 
 class RestoreError(Exception):
@@ -205,8 +206,9 @@ class Checkpointer:
             for i, (t, off) in enumerate(zip(tensors, offsets, strict=True))
         ]
         index = encode_index(entries, skeleton)
-        slots = self._slots_for(data_end + len(index))
-        slots.begin(step, data_end + len(index)).release()
+        nbytes = payload_size(data_end, index)
+        slots = self._slots_for(nbytes)
+        slots.begin(step, nbytes).release()
         buf = slots.pending_array()
         try:
             for t, off in zip(tensors, offsets, strict=True):
@@ -216,7 +218,7 @@ class Checkpointer:
             slots.abort()
             raise
         del buf
-        stats = SnapshotStats(step, data_end + len(index), time.perf_counter() - start, waited)
+        stats = SnapshotStats(step, nbytes, time.perf_counter() - start, waited)
         self.last = stats
         self._pending = self._pool.submit(self._commit, slots, step, stats.stall_s)
         if self.recorder is not None:

@@ -40,6 +40,8 @@ a 64-byte-aligned offset that stays the same from one step to the next, then a J
     data           array bytes at the offsets named in the index
     index          UTF-8 JSON {"tensors": [[name, dtype, shape, offset, nbytes], ...],
                                "meta": <small JSON tree>}
+    padding        zeros, so that index + padding is a multiple of 64 KiB with at least
+                   16 KiB to spare: the payload keeps its size from step to step
 
 ``dtype`` is a free string chosen by the writer (a numpy dtype string such as "<f4", or a name
 such as "torch.bfloat16" that numpy cannot express); restore needs no unpickling.
@@ -75,6 +77,8 @@ INDEX_MAGIC = b"GIDX"
 FILE_HEADER = struct.Struct("<8sIIiIQQ")
 SLOT_HEADER = struct.Struct("<8sIIiIqQQIIQ")
 PAYLOAD_PREFIX = struct.Struct("<4sIQQ")
+INDEX_SLACK = 16 << 10  # see index_region
+INDEX_ALIGN = 64 << 10
 _HEADER_CRC_SPAN = 52  # bytes of SLOT_HEADER covered by the header CRC (up to the checksum)
 
 ENV_SHM_DIR = "GEMINI_SHM_DIR"
@@ -456,16 +460,29 @@ def encode_index(entries: Sequence[TensorEntry], meta: Any) -> bytes:
     return json.dumps({"tensors": tensors, "meta": meta}, separators=(",", ":")).encode()
 
 
+def index_region(index_len: int) -> int:
+    """Bytes reserved for an index: its length plus slack, rounded up to INDEX_ALIGN.
+
+    The index's length changes a little from step to step (digits of the step, of the python
+    RNG state), so the payload's size would too; the padding keeps it the same, so a slot file
+    made for one version (by the sidecar, say, for a fetched copy) fits the next ones.
+    """
+    return _round_up(index_len + INDEX_SLACK, INDEX_ALIGN)
+
+
 def payload_size(data_end: int, index: bytes) -> int:
-    return data_end + len(index)
+    return data_end + index_region(len(index))
 
 
 def write_index(buf: np.ndarray, data_end: int, index: bytes) -> int:
-    """Write the JSON index after the data and the prefix in front; returns the payload size."""
+    """Write the JSON index after the data (zero-padded), the prefix in front; returns the
+    payload size."""
+    end = data_end + index_region(len(index))
     buf[data_end : data_end + len(index)] = np.frombuffer(index, dtype=np.uint8)
+    buf[data_end + len(index) : end] = 0
     prefix = PAYLOAD_PREFIX.pack(INDEX_MAGIC, 0, data_end, len(index))
     buf[: PAYLOAD_PREFIX.size] = np.frombuffer(prefix, dtype=np.uint8)
-    return data_end + len(index)
+    return end
 
 
 def write_payload(buf: np.ndarray, arrays: Mapping[str, tuple[str, np.ndarray]], meta: Any) -> int:

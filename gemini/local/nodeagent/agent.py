@@ -14,7 +14,7 @@ from gemini.local.nodeagent import logserver, procs
 from gemini.local.nodeagent.addressing import PodIpPool
 from gemini.local.nodeagent.config import KUBELET_PORT, AgentConfig
 from gemini.local.nodeagent.container import ContainerRun
-from gemini.local.nodeagent.kubeapi import ApiError, ApiTarget, KubeApi
+from gemini.local.nodeagent.kubeapi import ApiTarget, KubeApi
 from gemini.local.nodeagent.node import NodeReporter
 from gemini.local.nodeagent.pod import NodeContext, PodWorker
 from gemini.local.nodeagent.volumes import mount_namespaces_available
@@ -77,7 +77,7 @@ class NodeAgent:
                 if current is not None and current.cancelling():
                     self._watch_task.cancel()
                     raise
-            except (TimeoutError, ApiError, aiohttp.ClientError, OSError) as err:
+            except Exception as err:  # whatever went wrong, list and watch again
                 print(f"pod watch failed, re-listing: {err!r}", flush=True)
                 await asyncio.sleep(1)
 

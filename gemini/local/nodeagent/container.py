@@ -163,6 +163,9 @@ async def probe_once(probe: Obj, target: ProbeTarget, http: aiohttp.ClientSessio
             raise ConfigError("grpc probes are not supported by the local node agent")
     except (TimeoutError, OSError, aiohttp.ClientError):
         return False
+    except ConfigError as err:  # e.g. a named port the container does not declare
+        print(f"probe cannot run: {err}", flush=True)
+        return False
     return False
 
 

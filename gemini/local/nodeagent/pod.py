@@ -203,6 +203,9 @@ class PodWorker:
                 self._config_error(str(err))
                 self.dirty.set()
                 await self._sleep(_CONFIG_RETRY_S)
+            except (ApiError, aiohttp.ClientError, TimeoutError, OSError) as err:
+                print(f"preparing pod {self.namespace}/{self.name}: {err!r}", flush=True)
+                await self._sleep(_CONFIG_RETRY_S)  # the API server is unreachable: try again
 
     async def _fetch_objects(self) -> None:
         for kind, name in referenced_objects(self.pod):
@@ -236,7 +239,7 @@ class PodWorker:
             code = await self._run_once(run)
             if self.stopping or code == 0:
                 return code == 0
-            if self.restart_policy == "Never":
+            if code is not None and self.restart_policy == "Never":
                 return False
             await self._backoff(run)
         return False
@@ -458,7 +461,7 @@ class PodWorker:
     async def _delete(self) -> None:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "gracePeriodSeconds": 0,
                 "preconditions": {"uid": self.uid}}
-        for _ in range(30):
+        while True:  # until it is gone: through API errors and partitions
             try:
                 await self.ctx.api.request("DELETE", self.path, body)
                 return

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from functools import partial
 
 import pytest
 
@@ -36,7 +37,7 @@ async def _three_with_rank0_replicated(tmp_path) -> tuple[list[Sidecar], bytes]:
     write_local(cars[0].cfg, VERSION, data)
     cars[0].notify(VERSION, None)
     for holder in cars[1:]:
-        await wait_for(lambda h=holder: _has(h, 0, VERSION), what="replicas")
+        await wait_for(partial(_has, holder, 0, VERSION), what="replicas")
     return cars, data
 
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 
 import pytest
 
 from gemini_sidecar.app import Sidecar
+from gemini_sidecar.checksum import checksum
 from gemini_sidecar.config import PeerAddress
-from gemini_sidecar.peer_client import connect
+from gemini_sidecar.pacing import profile_from_json
+from gemini_sidecar.peer_client import FetchFailed, connect
 from gemini_sidecar.protocol import (
     CHALLENGE_BYTES,
     HEADER_BYTES,
@@ -46,7 +49,7 @@ async def test_new_local_version_is_replicated_bit_exactly_with_two_versions_kep
             data = payload(version, 3 * (1 << 20) + 13)
             info = write_local(a.cfg, version, data)
             a.notify(version, 0.01)
-            await wait_for(lambda v=version: _complete(b, 0, v), what=f"v{version} at rank 1")
+            await wait_for(partial(_complete, b, 0, version), what=f"v{version} at rank 1")
             replica, view = b.store.get(0, version)
             assert bytes(view) == data
             assert replica.checksum == info.checksum
@@ -141,6 +144,64 @@ async def test_a_version_over_the_memory_budget_is_refused_and_the_last_one_kept
         assert b.store.used_bytes <= b.cfg.memory_budget_bytes
         body = b.metrics.render().decode()
         assert 'gemini_memory_budget_refusals_total{job="job-a",rank="1"} 1.0' in body
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_a_half_sent_version_is_never_complete_and_the_previous_one_stays(
+    tmp_path, caplog
+):
+    ports = {0: free_port(), 1: free_port()}
+    a = Sidecar(make_config(0, 2, tmp_path, ports, send_to=(1,)))
+    b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,)))
+    await a.start()
+    await b.start()
+    try:
+        first = payload(1, 2 << 20)
+        write_local(a.cfg, 1, first)
+        a.notify(1, None)
+        await wait_for(partial(_complete, b, 0, 1), what="v1")
+        # the sender dies after half of version 2
+        second = payload(2, 2 << 20)
+        chan = await connect(PeerAddress("127.0.0.1", b.peer_port), JOB, TOKEN, 1 << 30)
+        await chan.send(Frame(FrameType.PUT_BEGIN, 0, 2, total=len(second), checksum=0))
+        await chan.recv()
+        half = second[: 1 << 20]
+        await chan.send(Frame(FrameType.PUT_CHUNK, 0, 2, 0, len(half), checksum(half)), half)
+        await chan.recv()
+        chan.close()
+        inv = {(r.version, r.complete, r.received_bytes) for r in b.store.inventory()}
+        assert inv == {(1, True, 2 << 20), (2, False, 1 << 20)}
+        assert b.store.get(0)[0].version == 1 and bytes(b.store.get(0)[1]) == first
+        with pytest.raises(FetchFailed, match="could not fetch rank 0 version 2"):
+            await b.fetch(0, 2, [PeerAddress("127.0.0.1", b.peer_port)], "store")
+        assert "rank 0 version 2 is not complete here" in caplog.text
+        assert bytes(b.store.get(0)[1]) == first
+    finally:
+        await a.stop()
+        await b.stop()
+
+
+async def test_interleaved_mode_sends_in_the_profiled_idle_spans(tmp_path):
+    ports = {0: free_port(), 1: free_port()}
+    a = Sidecar(make_config(0, 2, tmp_path, ports, send_to=(1,), traffic_mode="interleaved"))
+    b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,)))
+    a.pushed_profile = profile_from_json({"iterations": [
+        {"length": 0.5, "ops": [[0.0, 0.2], [0.3, 0.4]]}] * 3})
+    await a.start()
+    await b.start()
+    try:
+        data = payload(3, 4 << 20)
+        write_local(a.cfg, 3, data)
+        started = asyncio.get_running_loop().time()
+        a.notify(3, None)
+        await wait_for(partial(_complete, b, 0, 3), what="interleaved replication")
+        assert asyncio.get_running_loop().time() - started >= 0.2  # waited for the first gap
+        assert bytes(b.store.get(0, 3)[1]) == data
+        status = a.replicator.status
+        assert status.fits_idle_spans and status.interval_iterations == 1
+        assert "fit the idle spans" in status.plan_reason
     finally:
         await a.stop()
         await b.stop()

@@ -39,8 +39,10 @@ def test_two_clusters_claim_different_ranges_and_a_stale_claim_is_taken_over(tmp
     octet_two = nodes.network_octet(two)
     assert octet_one != octet_two
     assert nodes.network_octet(one) == octet_one  # recorded in the state dir
-    # `one` runs no node agent, so its claim is stale once its record is gone.
-    (one / "nodes" / "network.json").unlink()
-    (tmp_path / "claims" / str(octet_two)).write_text(str(tmp_path / "deleted"))
-    three = tmp_path / "three"
-    assert nodes.network_octet(three) in range(100, 200)
+    # A claim whose owner directory is gone is stale and can be taken over.
+    claim = tmp_path / "claims" / str(octet_two)
+    claim.write_text(str(tmp_path / "deleted"))
+    monkeypatch.setattr(nodes, "cluster_octet", lambda _d: octet_two)
+    assert nodes.network_octet(tmp_path / "three") == octet_two
+    # A fresh claim of a live directory is respected even before its agents run.
+    assert nodes.network_octet(tmp_path / "four") not in (octet_one, octet_two)

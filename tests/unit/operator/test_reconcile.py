@@ -282,3 +282,32 @@ def test_conditions_carry_the_observed_generation_and_keep_transition_times():
     running = h.condition("Running")
     assert running["message"] == "1 of 4 workers are ready"
     assert running["lastTransitionTime"] == first and running["observedGeneration"] == 1
+
+
+def test_a_failing_job_stops_running_pods_but_keeps_finished_ones_for_their_logs():
+    h = Harness(make_job().set("failurePolicy.maxRestarts", 0))
+    h.step()
+    h.run_pods()
+    h.step()
+    h.pods[0] = PodView("train-worker-0", 0, 0, "u0", "Failed", "n0",
+                        trainer_exit=ContainerExit(1, "Error"))
+    h.pods[3] = PodView("train-worker-3", 3, 0, "u3", "Succeeded", "n3")
+    (delete,) = _of(h.step(), DeletePods)
+    assert delete.names == ("train-worker-1", "train-worker-2")
+
+
+def test_a_job_suspended_from_the_start_begins_with_attempt_zero():
+    h = Harness(make_job().set("suspend", True))
+    assert not _of(h.step(), CreatePods)
+    assert h.status()["state"] == "Suspended"
+    h.job["spec"]["suspend"] = False
+    (create,) = _of(h.step(), CreatePods)
+    assert h.status()["restartAttempt"] == 0 and len(create.manifests) == 4
+
+
+def test_placement_waits_until_every_worker_runs():
+    h = Harness()
+    h.step()
+    h.run_pods(phase="Pending", ready=False)
+    d = h.step()
+    assert "placement" not in h.status() and not _of(d, DeliverPlacement)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import socket
 
 import pytest
+
 from gemini_sidecar.checksum import checksum, combine, finish, word_sum
 from gemini_sidecar.protocol import (
     AuthError,
@@ -23,7 +25,7 @@ TOKEN = b"unit-test-token-0123456789"
 def test_word_sums_of_aligned_pieces_add_up_to_the_whole():
     data = os.urandom((1 << 20) + 13)
     cuts = [0, 8, 4096, 777 * 8, 1 << 19, len(data)]
-    pieces = [word_sum(data[a:b]) for a, b in zip(cuts, cuts[1:], strict=False)]
+    pieces = [word_sum(data[a:b]) for a, b in itertools.pairwise(cuts)]
     assert finish(combine(pieces), len(data)) == checksum(data)
 
 
@@ -86,7 +88,7 @@ async def test_a_payload_that_does_not_match_its_checksum_is_reported():
 
 async def test_a_wrong_token_or_another_job_fails_the_handshake():
     for kwargs in ({"token_client": b"another-token-0123456789"}, {"job_client": "other"}):
-        server, client, results = await _pair(**kwargs)
+        _, client, results = await _pair(**kwargs)
         assert isinstance(results[0], AuthError)
         assert isinstance(results[1], ConnectionError)  # connect() turns it into PeerRefused
         client.close()

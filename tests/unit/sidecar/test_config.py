@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gemini_sidecar.config import ConfigError, PeerAddress, from_env, parse_peers
 
 BASE = {

@@ -7,6 +7,8 @@ from collections.abc import Iterator
 
 import boto3
 import pytest
+from moto.server import ThreadedMotoServer
+
 from gemini_sidecar.config import S3Settings
 from gemini_sidecar.s3 import (
     S3Error,
@@ -22,7 +24,6 @@ from gemini_sidecar.s3 import (
     shard_key,
 )
 from gemini_trainer.shm import payload_checksum
-from moto.server import ThreadedMotoServer
 
 JOB = "job-s3"
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
+
 from gemini_sidecar.checksum import checksum, finish, word_sum
 from gemini_sidecar.store import BudgetExceeded, ReplicaStore, StoreError
 
