@@ -6,15 +6,18 @@ shard), takes one optimizer step so the state exists, then measures in the same 
 - stall: ``Checkpointer.snapshot(step)`` as the training loop sees it (capture, layout, copy of
   every tensor into the free shared-memory slot), with the previous commit already finished
   (in training an iteration separates two snapshots; the commit time is reported beside it);
-- baseline (the figure's denominator): a plain memcpy (numpy.copyto) of the same bytes, the
-  state's tensors where they live, into a preallocated, already-touched buffer;
+- baseline (the figure's denominator): a plain copy of the same bytes, the state's tensors
+  where they live, into a preallocated, already-touched buffer (the faster of a numpy memcpy
+  per tensor and torch's copy_ per tensor, which is parallel on CPU);
 - for reference: one memcpy of a single contiguous source of the same size (the faster of
   numpy.copyto and torch's copy_), which also hides that the state is many tensors.
 
 They alternate, and each figure is the median over runs of stall / copy of the same run, so
 both see the same load on a shared machine.
 
-Usage: .venv/bin/python bench/snapshot_stall.py [--params-m 32] [--runs 15]
+With ``--device cuda`` the state lives on the GPU and every copy is device to host.
+
+Usage: .venv/bin/python bench/snapshot_stall.py [--params-m 32] [--runs 15] [--device cuda]
 The last line is the JSON result (target: stall <= 1.5 x copy).
 """
 
@@ -32,14 +35,17 @@ import numpy as np
 import torch
 
 from gemini_trainer.capture import capture_rng, encode_tree
-from gemini_trainer.checkpointer import Checkpointer, CheckpointerConfig
+from gemini_trainer.checkpointer import Checkpointer, CheckpointerConfig, CopyMethod
 
 
-def build(params_m: float, width: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def build(
+    params_m: float, width: int, device: str = "cpu"
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     layers = max(1, round(params_m * 1e6 / (width * width + width)))
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    model = model.to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    model(torch.randn(2, width)).sum().backward()
+    model(torch.randn(2, width, device=device)).sum().backward()
     opt.step()
     return model, opt
 
@@ -53,29 +59,47 @@ def timed(fn: Callable[[], object]) -> float:
 class Baselines:
     """Plain copies into preallocated, touched buffers (not freshly allocated memory)."""
 
-    def __init__(self, tensors: list[torch.Tensor], nbytes: int) -> None:
-        self.sources = [t.reshape(-1).view(torch.uint8).numpy() for t in tensors]
+    def __init__(self, tensors: list[torch.Tensor], nbytes: int, device: str) -> None:
+        self.device = device
+        self.sources = [t.reshape(-1).view(torch.uint8) for t in tensors]
         self.dst = np.ones(nbytes, dtype=np.uint8)
-        self.src = np.random.default_rng(0).integers(0, 255, size=nbytes, dtype=np.uint8)
-        self.times: dict[str, list[float]] = {"same": [], "numpy.copyto": [], "torch.copy_": []}
+        src = np.random.default_rng(0).integers(0, 255, size=nbytes, dtype=np.uint8)
+        self.src = torch.from_numpy(src).to(device)
+        self.times: dict[str, list[float]] = {
+            "same numpy.copyto": [],
+            "same torch.copy_": [],
+            "numpy.copyto": [],
+            "torch.copy_": [],
+        }
 
-    def _same_bytes(self) -> None:
+    def _same_bytes(self, use_numpy: bool) -> None:
         offset = 0
         for src in self.sources:
-            np.copyto(self.dst[offset : offset + src.nbytes], src)
+            dst = self.dst[offset : offset + src.nbytes]
+            if use_numpy:  # one single-threaded memcpy per tensor
+                np.copyto(dst, src.numpy())
+            else:  # parallel on CPU, device to host for GPU tensors
+                torch.from_numpy(dst).copy_(src)
             offset += src.nbytes
 
     def measure(self) -> None:
-        self.times["same"].append(timed(self._same_bytes))
-        self.times["numpy.copyto"].append(timed(lambda: np.copyto(self.dst, self.src)))
-        td, ts = torch.from_numpy(self.dst), torch.from_numpy(self.src)
-        self.times["torch.copy_"].append(timed(lambda: td.copy_(ts)))
+        self.times["same torch.copy_"].append(timed(lambda: self._same_bytes(False)))
+        if self.device == "cpu":
+            self.times["same numpy.copyto"].append(timed(lambda: self._same_bytes(True)))
+        td = torch.from_numpy(self.dst)
+        self.times["torch.copy_"].append(timed(lambda: td.copy_(self.src)))
+        if self.device == "cpu":
+            src = self.src.numpy()
+            self.times["numpy.copyto"].append(timed(lambda: np.copyto(self.dst, src)))
 
-    def contiguous(self) -> list[float]:
-        """Per-run times of the faster single contiguous copy method."""
-        names = ("numpy.copyto", "torch.copy_")
-        best = min(names, key=lambda k: statistics.median(self.times[k]))
-        return self.times[best]
+    def fastest(self, *names: str) -> tuple[str, list[float]]:
+        """The method with the lowest median among ``names``, and its per-run times."""
+        best = min((k for k in names if self.times[k]), key=lambda k: ms(self.times[k]))
+        return best, self.times[best]
+
+
+def ms(times: list[float]) -> float:
+    return statistics.median(times)
 
 
 def paired_median(stalls: list[float], copies: list[float]) -> float:
@@ -88,34 +112,39 @@ def main() -> int:
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--shm-dir", type=Path, default=Path("/dev/shm"))
+    ap.add_argument("--device", default="cpu", help="where the model lives (cpu, cuda)")
     args = ap.parse_args()
 
-    model, opt = build(args.params_m, args.width)
+    model, opt = build(args.params_m, args.width, args.device)
     n_params = sum(p.numel() for p in model.parameters())
     with tempfile.TemporaryDirectory(dir=args.shm_dir, prefix="gemini-bench-") as tmp:
         config = CheckpointerConfig(rank=0, world_size=1, shm_dir=Path(tmp), profile_iterations=0)
         ckpt = Checkpointer(model, opt, config=config)
         _, tensors = encode_tree({"state": ckpt.adapter.capture(), "rng": capture_rng()})
         nbytes = sum(t.nbytes for t in tensors)
-        base = Baselines(tensors, nbytes)
+        base = Baselines(tensors, nbytes, args.device)
         stalls, commits = [], []
-        for step in range(1, args.runs + 3):
+        warmup = 2 + 2 * CopyMethod.CALIBRATION  # both slots, and the copy calibration
+        for step in range(1, args.runs + warmup + 1):
             stall = ckpt.snapshot(step).stall_s
             commit = timed(ckpt.flush)
             base.measure()
-            if step > 2:  # the first write of each slot and of the baseline is warm-up
+            if step > warmup:
                 stalls.append(stall)
                 commits.append(commit)
         assert not ckpt.errors, list(ckpt.errors)
         ckpt.close()
-    same, contiguous = base.times["same"][2:], base.contiguous()[2:]
+    same_how, same = base.fastest("same numpy.copyto", "same torch.copy_")
+    contiguous_how, contiguous = base.fastest("numpy.copyto", "torch.copy_")
+    same, contiguous = same[warmup:], contiguous[warmup:]
     ratio = paired_median(stalls, same)
     gib = nbytes / 2**30
-    ms = statistics.median
     print(
-        f"{n_params / 1e6:.1f}M parameters, {len(tensors)} tensors, {gib:.3f} GiB; median ms: "
-        f"snapshot stall {ms(stalls) * 1e3:.1f}, memcpy of the same tensors "
-        f"{ms(same) * 1e3:.1f}, one contiguous memcpy {ms(contiguous) * 1e3:.1f}, "
+        f"{n_params / 1e6:.1f}M parameters on {args.device}, {len(tensors)} tensors, "
+        f"{gib:.3f} GiB; median ms: "
+        f"snapshot stall {ms(stalls) * 1e3:.1f}, copy of the same tensors ({same_how}) "
+        f"{ms(same) * 1e3:.1f}, one contiguous copy ({contiguous_how}) "
+        f"{ms(contiguous) * 1e3:.1f}, "
         f"background commit (CRC-32) {ms(commits) * 1e3:.1f}; stall / contiguous memcpy "
         f"{paired_median(stalls, contiguous):.3f}"
     )
@@ -126,6 +155,7 @@ def main() -> int:
         "better": "lower",
         "unit": "ratio",
     }
+    print(f"copy method chosen by the checkpointer: numpy={ckpt.copy_method.chosen}")
     print(json.dumps(result))
     return 0
 

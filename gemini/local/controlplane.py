@@ -99,8 +99,14 @@ def running_components(state_dir: Path) -> dict[str, int | None]:
     return {c: processes.running_pid(c, state_dir / "pids") for c in COMPONENTS}
 
 
-def start_control_plane(state_dir: Path, timeout: float = 60.0) -> ControlPlane:
-    """Start all four components and wait until the API server is ready for pods."""
+def start_control_plane(
+    state_dir: Path, timeout: float = 60.0, node_monitor_grace_seconds: int = 8,
+) -> ControlPlane:
+    """Start all four components and wait until the API server is ready for pods.
+
+    `node_monitor_grace_seconds`: how long a silent node stays Ready; thousands of kwok nodes
+    need more than the default 8 s (see gemini/local/kwok.py).
+    """
     alive = [c for c, pid in running_components(state_dir).items() if pid is not None]
     if alive:
         raise ControlPlaneError(
@@ -117,7 +123,8 @@ def start_control_plane(state_dir: Path, timeout: float = 60.0) -> ControlPlane:
         _wait(f"http://127.0.0.1:{plane.ports.etcd_client}/health", "etcd", plane, timeout)
         _start(plane, "kube-apiserver", _apiserver_args(bins, plane))
         _wait(f"{plane.api_url}/readyz", "kube-apiserver", plane, timeout)
-        _start(plane, "kube-controller-manager", _controller_manager_args(bins, plane))
+        _start(plane, "kube-controller-manager",
+               _controller_manager_args(bins, plane, node_monitor_grace_seconds))
         _start(plane, "kube-scheduler", _scheduler_args(bins, plane))
         _wait(f"https://127.0.0.1:{plane.ports.controller_manager}/healthz",
               "kube-controller-manager", plane, timeout)

@@ -36,6 +36,8 @@ class PodView:
     disruption_reason: str = ""  # the DisruptionTarget condition's reason, when true
     trainer_exit: ContainerExit | None = None
     ip: str = ""
+    owner_uid: str = ""  # the controlling GeminiJob's uid
+
 
     @property
     def terminal(self) -> bool:
@@ -74,6 +76,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         disruption_reason=_disruption_reason(status),
         trainer_exit=_trainer_exit(status),
         ip=str(status.get("podIP") or ""),
+        owner_uid=_controller_uid(meta),
     )
 
 
@@ -87,6 +90,13 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
         rack=labels.get(RACK_LABEL, ""),
         labels=labels,
     )
+
+
+def _controller_uid(meta: Mapping[str, Any]) -> str:
+    for ref in meta.get("ownerReferences") or ():
+        if ref.get("controller"):
+            return str(ref.get("uid") or "")
+    return ""
 
 
 def _condition_true(status: Mapping[str, Any], kind: str) -> bool:

@@ -76,6 +76,8 @@ class Observed:
     has_secret: bool
     now: datetime
     pending_creates: frozenset[int] = frozenset()  # created by us, not yet seen in the cache
+    # Ranks whose pod name is still taken by a pod of an earlier job of the same name.
+    foreign_ranks: frozenset[int] = frozenset()
     process_exits: Mapping[int, int] = field(default_factory=dict)  # from the launchers
     progress: Progress | None = None
 
@@ -271,15 +273,15 @@ def _children(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: 
     stale = [p.name for p in observed.pods.values() if p.attempt != attempt and not p.deleting]
     if stale:
         plan.actions.append(DeletePods(tuple(sorted(stale)), "the pod belongs to an older attempt"))
-    missing = [r for r in range(spec.num_nodes)
-               if r not in observed.pods and r not in observed.pending_creates]
+    missing = [r for r in range(spec.num_nodes) if r not in observed.pods
+               and r not in observed.pending_creates and r not in observed.foreign_ranks]
     if missing:
         plan.actions.append(CreatePods(tuple(
             _worker(observed, spec, config, rank, attempt) for rank in missing
         )))
         plan.events.append(Event("CreatedWorkers", f"created worker pods for {_ranks(missing)}"))
-    waiting = [r for r in range(spec.num_nodes)
-               if r in observed.pods and observed.pods[r].attempt != attempt]
+    waiting = [r for r in range(spec.num_nodes) if r in observed.foreign_ranks
+               or (r in observed.pods and observed.pods[r].attempt != attempt)]
     if not waiting:
         plan.set(cond.CHILDREN_CREATED, workers=spec.num_nodes)
     return True  # the pods are new: nothing else to judge until they are observed

@@ -108,8 +108,12 @@ class Reconciler:
         return decision.requeue_after
 
     def _observe(self, key: JobKey, job: JobView, snap: Snapshot) -> Observed:
+        # A deleted job's pods may linger (the garbage collector takes its time) while a new
+        # job of the same name starts: only pods controlled by this very job are its own.
+        own = {r: p for r, p in snap.pods.items() if p.owner_uid == job.uid}
         return Observed(
-            job=job, pods=snap.pods, nodes=snap.nodes,
+            job=job, pods=own, nodes=snap.nodes,
+            foreign_ranks=frozenset(snap.pods) - frozenset(own),
             has_service=self._exists(job, "Service", naming.service_name(job.name)),
             has_secret=self._exists(job, "Secret", naming.secret_name(job.name)),
             now=self._clock(), pending_creates=self._pending(key, snap),
@@ -155,9 +159,13 @@ class Reconciler:
     def _create_pods(self, job: JobView, snap: Snapshot, action: CreatePods) -> None:
         expected = self._expected.setdefault((job.namespace, job.name), {})
         deadline = time.monotonic() + EXPECTATION_SECONDS
-        for manifest in action.manifests:
-            expected[int(manifest["metadata"]["labels"][naming.LABEL_RANK])] = deadline
-        _parallel(self.kube.create, action.manifests)
+        ranks = [int(m["metadata"]["labels"][naming.LABEL_RANK]) for m in action.manifests]
+        for rank in ranks:
+            expected[rank] = deadline
+        created = _parallel(self.kube.create, action.manifests)
+        for rank, fresh in zip(ranks, created, strict=True):
+            if not fresh:  # the name is taken: wait for that pod, do not expect ours
+                expected.pop(rank, None)
 
     def _delete_pods(self, job: JobView, snap: Snapshot, action: DeletePods) -> None:
         log.info("deleting %d pods of %s/%s: %s", len(action.names), job.namespace, job.name,
@@ -207,14 +215,14 @@ _FAILING = frozenset(
 )
 
 
-def _parallel(fn: Callable[[Any], object], items: Any) -> None:
+def _parallel(fn: Callable[[Any], Any], items: Any) -> list[Any]:
+    """`fn` over `items` with a few requests in flight; results in order; the first failure
+    is raised (after the others finished)."""
     items = list(items)
     if len(items) <= 1:
-        for item in items:
-            fn(item)
-        return
+        return [fn(item) for item in items]
     with ThreadPoolExecutor(max_workers=min(PARALLEL_WRITES, len(items))) as pool:
-        list(pool.map(fn, items))  # list() re-raises the first failure
+        return list(pool.map(fn, items))
 
 
 class WorkQueue:

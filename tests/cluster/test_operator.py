@@ -130,7 +130,9 @@ def test_suspend_deletes_the_pods_and_resume_brings_them_back_as_a_new_attempt(j
     pods = wait_for(lambda: (p := jobs.pods("pausable")) and len(p) == 2 and p, 10,
                     "two new worker pods")
     assert {p.metadata.labels[naming.LABEL_RESTART_ATTEMPT] for p in pods} == {"1"}
-    assert jobs.condition("pausable", "Suspended")["reason"] == "JobResumed"
+    # The status is written right after the pods are created: allow for the gap.
+    wait_for(lambda: jobs.condition("pausable", "Suspended")["reason"] == "JobResumed", 5,
+             "the Suspended condition to say JobResumed")
 
 
 def test_a_spec_only_the_operator_can_judge_fails_with_a_warning_event(jobs: Jobs) -> None:

@@ -85,14 +85,12 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 def inventory_doc(sidecar: Sidecar) -> dict[str, Any]:
-    local = []
-    slots = sidecar.local._open()
-    if slots is not None:
-        for info in slots.slot_info():
-            if info.version >= 0:
-                local.append({"rank": sidecar.cfg.rank, "version": info.version,
-                              "complete": info.complete, "bytes": info.payload_len,
-                              "checksum": info.checksum})
+    local = [
+        {"rank": sidecar.cfg.rank, "version": info.version, "complete": info.complete,
+         "bytes": info.payload_len, "checksum": info.checksum}
+        for info in sidecar.local.slot_info()
+        if info.version >= 0
+    ]
     status = sidecar.replicator.status
     return {
         "job": sidecar.cfg.job,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import signal
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -44,7 +46,7 @@ class Sidecar:
                 job=cfg.job, token=cfg.auth_token, rank=cfg.rank,
                 max_payload=cfg.max_frame_bytes, store=self.store, local=self.local,
                 metrics=self.metrics, hold_ranks=lambda: self.placement.hold_ranks,
-                on_complete=self._replica_complete,
+                on_change=self._refresh_gauges,
             )
         )
         self.s3 = s3mod.open_store(cfg.s3) if cfg.s3 else None
@@ -89,9 +91,6 @@ class Sidecar:
         self.placement = placement
         self.replicator.reset_channels()
         self._refresh_gauges()
-
-    def _replica_complete(self, rank: int, version: int) -> None:
-        log.debug("replica of rank %d version %d complete", rank, version)
 
     def _refresh_gauges(self) -> None:
         self.metrics.memory_used.set(self.store.used_bytes)
@@ -253,9 +252,6 @@ class Sidecar:
 
 async def serve_forever(cfg: SidecarConfig) -> None:
     """Run a sidecar until SIGTERM/SIGINT; prints one JSON line with the bound ports."""
-    import json
-    import signal
-
     sidecar = Sidecar(cfg)
     await sidecar.start()
     print(json.dumps({"event": "ready", "rank": cfg.rank, "peer_port": sidecar.peer_port,

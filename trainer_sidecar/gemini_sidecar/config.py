@@ -65,7 +65,10 @@ class SidecarConfig:
     auth_token: bytes = field(repr=False)  # GEMINI_AUTH_TOKEN: per-job shared secret
     shm_dir: Path = Path("/dev/shm")  # GEMINI_SHM_DIR: tmpfs shared with the trainer
     traffic_mode: TrafficMode = "interleaved"  # GEMINI_TRAFFIC_MODE
-    chunk_bytes: int = 4 << 20  # GEMINI_CHUNK_BYTES: replication chunk size (immediate)
+    # GEMINI_CHUNK_BYTES: largest replication chunk (the paper's R/p). Each chunk costs a
+    # few hundred microseconds of Python per side, so chunks are large; interleaving splits
+    # them further to fit idle spans.
+    chunk_bytes: int = 16 << 20
     max_frame_bytes: int = 64 << 20  # GEMINI_MAX_FRAME_BYTES: larger frames are refused
     s3: S3Settings | None = None  # None when GEMINI_S3_BUCKET is unset
 
@@ -173,6 +176,10 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
     mode = env.get("GEMINI_TRAFFIC_MODE", "interleaved").strip()
     if mode not in ("interleaved", "immediate"):
         raise ConfigError(f"GEMINI_TRAFFIC_MODE must be interleaved or immediate, got {mode!r}")
+    max_frame = _int("GEMINI_MAX_FRAME_BYTES", env.get("GEMINI_MAX_FRAME_BYTES", str(64 << 20)),
+                     4096)
+    chunk = _int("GEMINI_CHUNK_BYTES", env.get("GEMINI_CHUNK_BYTES", str(16 << 20)), 4096,
+                 max_frame) // 8 * 8
     placement = make_placement(
         parse_peers(env.get("GEMINI_PEERS", "")),
         parse_ranks("GEMINI_HOLD_RANKS", env.get("GEMINI_HOLD_RANKS", ""), world),
@@ -193,9 +200,7 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
         auth_token=token,
         shm_dir=Path(env.get("GEMINI_SHM_DIR", "/dev/shm")),
         traffic_mode="immediate" if mode == "immediate" else "interleaved",
-        chunk_bytes=_int("GEMINI_CHUNK_BYTES", env.get("GEMINI_CHUNK_BYTES", str(4 << 20)),
-                         4096) // 8 * 8,
-        max_frame_bytes=_int("GEMINI_MAX_FRAME_BYTES",
-                             env.get("GEMINI_MAX_FRAME_BYTES", str(64 << 20)), 4096),
+        chunk_bytes=chunk,
+        max_frame_bytes=max_frame,
         s3=_s3_from_env(env),
     )

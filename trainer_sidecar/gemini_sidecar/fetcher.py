@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -51,7 +52,7 @@ class FetchRequest:
     rank: int
     version: int | None  # None: the newest complete version of the first holder that answers
     holders: Sequence[PeerAddress]
-    chunk_bytes: int = 4 << 20
+    chunk_bytes: int = 16 << 20
     window: int = 8
 
 
@@ -66,12 +67,32 @@ async def _info(chan: Channel, rank: int, version: int | None) -> tuple[int, int
     return reply.version, reply.total, reply.checksum
 
 
+class _RunningCrc:
+    """CRC-32 of the payload prefix received so far, taken while each chunk is still in
+    cache; chunks out of order (refetched elsewhere) leave it short, and the whole payload
+    is then checked in one pass at the end instead."""
+
+    def __init__(self) -> None:
+        self.upto = 0
+        self.crc = 0
+
+    def add(self, dest: memoryview, offset: int, size: int) -> None:
+        if offset == self.upto:
+            self.crc = payload_checksum_update(dest[offset : offset + size], self.crc)
+            self.upto += size
+
+
+def payload_checksum_update(data: memoryview, crc: int) -> int:
+    """The shm slot checksum (CRC-32, gemini_trainer.shm.payload_checksum), continued."""
+    return zlib.crc32(data, crc) & 0xFFFFFFFF
+
+
 async def _pull(
     chan: Channel, rank: int, version: int, dest: memoryview, chunks: list[tuple[int, int]],
-    window: int,
-) -> list[tuple[int, int]]:
-    """Request `chunks` pipelined; returns the ones that arrived corrupt (to refetch)."""
-    bad: list[tuple[int, int]] = []
+    window: int, done: set[int], running: _RunningCrc,
+) -> None:
+    """Request `chunks` pipelined; the offsets of those that arrive intact go into `done`
+    (also when the holder fails half-way, so the next holder only fetches the rest)."""
     queue = list(chunks)
     in_flight: list[tuple[int, int]] = []
     while queue or in_flight:
@@ -89,8 +110,9 @@ async def _pull(
             await chan.recv_into(reply, dest[off : off + size])
         except ChecksumMismatch as err:
             log.warning("%s; will refetch it from another holder", err)
-            bad.append((off, size))
-    return bad
+            continue
+        done.add(off)
+        running.add(dest, off, size)
 
 
 async def fetch(req: FetchRequest, allocate: Allocate, metrics: SidecarMetrics) -> Fetched:
@@ -117,6 +139,8 @@ async def _fetch_once(
     dest: memoryview | None = None
     version, length, crc = req.version, 0, 0
     remaining: list[tuple[int, int]] = []
+    done: set[int] = set()
+    running = _RunningCrc()
     used: list[str] = []
     for holder in order:
         try:
@@ -135,17 +159,21 @@ async def _fetch_once(
             elif (got_version, got_length, got_crc) != (version, length, crc):
                 raise PeerRefused(f"{holder} holds another copy of version {version}")
             used.append(str(holder))
-            remaining = await _pull(chan, req.rank, got_version, dest, remaining, req.window)
+            await _pull(chan, req.rank, got_version, dest, remaining, req.window, done, running)
         except (PeerRefused, ProtocolError, OSError, TimeoutError) as err:
             metrics.fetch_failures.inc()
             log.warning("fetch of rank %d from %s failed: %s", req.rank, holder, err)
             continue
         finally:
             chan.close()
+            remaining = [c for c in remaining if c[0] not in done]
         if remaining:
             metrics.fetch_failures.inc()
             continue
-        actual = await asyncio.to_thread(payload_checksum, dest)
+        if running.upto == length:
+            actual = running.crc
+        else:
+            actual = await asyncio.to_thread(payload_checksum, dest)
         if actual != crc:
             raise _CorruptWhole(f"rank {req.rank} v{version} from {used}: CRC-32 {actual:#x} "
                                 f"!= {crc:#x}")

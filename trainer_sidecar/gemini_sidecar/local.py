@@ -44,6 +44,11 @@ class LocalShard:
         except FileNotFoundError:
             return True
 
+    def slot_info(self) -> tuple[SlotInfo, ...]:
+        """Both slots' headers, or nothing while there is no slot file."""
+        slots = self._open()
+        return slots.slot_info() if slots else ()
+
     def latest(self) -> SlotInfo | None:
         slots = self._open()
         return slots.latest_complete() if slots else None

@@ -13,7 +13,7 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gemini_sidecar.checksum import combine, finish, word_sum
+from gemini_sidecar.checksum import combine, finish
 from gemini_sidecar.config import PeerAddress
 from gemini_sidecar.protocol import (
     FLAG_COMPLETE,
@@ -157,12 +157,9 @@ async def _send_chunks(
             if reader.done():
                 break
             piece = data[chunk.offset : chunk.offset + chunk.length]
-            words = word_sum(piece)
-            sums[chunk.offset] = words
             pending.put_nowait(chunk)
-            frame = Frame(FrameType.PUT_CHUNK, rank, version, chunk.offset, chunk.length,
-                          finish(words, chunk.length))
-            await chan.send(frame, piece)
+            frame = Frame(FrameType.PUT_CHUNK, rank, version, chunk.offset, chunk.length)
+            sums[chunk.offset] = await chan.send_chunk(frame, piece)
         pending.put_nowait(None)
         await reader
     finally:

@@ -41,7 +41,7 @@ class ServerContext:
     local: LocalShard
     metrics: SidecarMetrics
     hold_ranks: Callable[[], tuple[int, ...]]  # current placement (it can change)
-    on_complete: Callable[[int, int], None]  # (rank, version) now complete here
+    on_change: Callable[[], None]  # the replica store changed (refresh gauges)
 
 
 class PeerServer:
@@ -120,7 +120,7 @@ class PeerServer:
             log.error("%s", err)
             await chan.send_error(str(err))
             return
-        self._update_gauges()
+        self.ctx.on_change()
         await chan.send(Frame(FrameType.ACK, frame.rank, frame.version))
 
     async def _put_chunk(self, chan: Channel, frame: Frame) -> None:
@@ -147,16 +147,8 @@ class PeerServer:
             self.ctx.store.abort(frame.rank, frame.version)
             await chan.send_error(str(err))
             return
-        self.ctx.on_complete(frame.rank, frame.version)
-        self._update_gauges()
+        self.ctx.on_change()
         await chan.send(Frame(FrameType.ACK, frame.rank, frame.version, flags=FLAG_COMPLETE))
-
-    def _update_gauges(self) -> None:
-        m, store = self.ctx.metrics, self.ctx.store
-        m.memory_used.set(store.used_bytes)
-        m.replicas_held.set(len(store.held_ranks()))
-        complete = {i.rank for i in store.inventory() if i.complete}
-        m.replicas_complete.set(len(complete))
 
     # -- fetches (serving) -------------------------------------------------------------------
     def _source(self, rank: int, version: int | None) -> tuple[int, int, memoryview]:

@@ -19,9 +19,9 @@ import os
 import socket
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from gemini_sidecar.checksum import checksum, finish, word_sum
+from gemini_sidecar.checksum import checksum, combine, finish, word_sum
 
 MAGIC = b"GMN1"
 CHALLENGE_MAGIC = b"GMNS"
@@ -105,6 +105,7 @@ def _unpack(raw: bytes) -> tuple[Frame, int]:
 
 BULK_BYTES = 64 * 1024  # payloads at least this large move on a worker thread
 BULK_TIMEOUT_S = 120.0
+SUM_PIECE_BYTES = 1 << 20  # received bytes are summed in pieces of about L2 size
 # Bulk transfers block their thread until the peer keeps up; a pool of their own keeps them
 # from starving (or deadlocking, with several sidecars in one process) the default executor.
 _BULK_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="gemini-bulk")
@@ -119,6 +120,8 @@ class Channel:
     released, like a plain blocking transfer, instead of waking the event loop for every
     few hundred kilobytes. The duplicate shares the socket's non-blocking file status, so the
     event loop can read acknowledgements on the original at the same time.
+
+    One task sends and one task receives at a time (sends are awaited in order).
     """
 
     def __init__(self, sock: socket.socket, token: bytes, max_payload: int, server: bool) -> None:
@@ -165,14 +168,37 @@ class Channel:
         self._bulk.sendall(head)
         self._bulk.sendall(payload)
 
+    async def send_chunk(self, frame: Frame, payload: memoryview) -> int:
+        """Send `frame` with `payload`, its checksum computed here; returns the word sum.
+
+        The sum is taken on the bulk thread right before the send, so the kernel's copy
+        finds the chunk in cache and the event loop stays free for acknowledgements.
+        """
+        seq = self._send_seq
+        self._send_seq += 1
+        return await self._loop.run_in_executor(_BULK_POOL, self._sum_and_send, frame, seq,
+                                                payload)
+
+    def _sum_and_send(self, frame: Frame, seq: int, payload: memoryview) -> int:
+        words = word_sum(payload)
+        fields = _pack_fields(replace(frame, checksum=finish(words, len(payload))), seq)
+        self._send_bulk(fields + _mac(self._token, self._nonces, self._send_dir, fields),
+                        payload)
+        return words
+
     def _recv_bulk(self, view: memoryview) -> int:
-        got = 0
+        """Receive into `view`, summing each piece as it lands (still in cache)."""
+        got = summed = words = 0
         while got < len(view):
             n = self._bulk.recv_into(view[got:])
             if n == 0:
                 raise ConnectionError("peer closed the connection mid-frame")
             got += n
-        return word_sum(view)
+            upto = got if got == len(view) else got - got % 8
+            if upto - summed >= SUM_PIECE_BYTES or upto == len(view):
+                words += word_sum(view[summed:upto])
+                summed = upto
+        return combine([words])
 
     async def recv(self) -> Frame:
         """Read and authenticate the next header; the caller then reads `frame.length` bytes."""

@@ -81,7 +81,7 @@ class Replicator:
         self._channels.clear()
 
     def notify(self, version: int) -> None:
-        if self._wake.is_set() or not self.idle.is_set():
+        if self._wake.is_set():  # the version notified before has not started: superseded
             self.status.skipped_versions += 1
         self.status.notified_version = version
         self.idle.clear()

@@ -134,6 +134,7 @@ class Launcher:
         self.config = config
         self._base_env = dict(os.environ if env is None else env)
         self._lock = threading.RLock()
+        self._restart_lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._proc: subprocess.Popen[bytes] | None = None
         self._epoch = int(self._base_env.get("GEMINI_RESTART_EPOCH", "0") or 0)
@@ -221,6 +222,11 @@ class Launcher:
             proc.wait()
 
     def restart(self, req: RestartRequest) -> dict[str, Any]:
+        # One restart at a time: a second request waits, then sees the new epoch.
+        with self._restart_lock:
+            return self._restart(req)
+
+    def _restart(self, req: RestartRequest) -> dict[str, Any]:
         with self._lock:
             if self._stopping:
                 raise LauncherError("the launcher is stopping", HTTPStatus.CONFLICT)
@@ -236,6 +242,8 @@ class Launcher:
         if old is not None:
             self._terminate(old)
         with self._lock:
+            if self._stopping:  # /stop arrived while the old process was ending
+                raise LauncherError("the launcher is stopping", HTTPStatus.CONFLICT)
             self._epoch = req.epoch
             self._restarts += 1
             self._restore = {"version": req.version, "source": req.source}

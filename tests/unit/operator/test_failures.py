@@ -131,6 +131,7 @@ def test_recovery_is_free_only_when_every_failure_matches_an_ignore_rule():
 def test_views_parse_api_objects():
     pod = pod_view({
         "metadata": {"name": "j-worker-1", "uid": "u1", "deletionTimestamp": "t",
+                     "ownerReferences": [{"uid": "job-uid", "controller": True}],
                      "labels": {"gemini.io/rank": "1", "gemini.io/restart-attempt": "2"}},
         "spec": {"nodeName": "n3"},
         "status": {"phase": "Failed", "podIP": "10.0.0.5",
@@ -145,6 +146,7 @@ def test_views_parse_api_objects():
                                                                                True)
     assert pod.trainer_exit == ContainerExit(9, "Error")
     assert pod.disruption_reason == "DeletionByTaintManager" and pod.ip == "10.0.0.5"
+    assert pod.owner_uid == "job-uid"
     assert pod_view({"metadata": {"name": "other"}}) is None
     node = node_view({"metadata": {"name": "n3", "labels": {
         "topology.kubernetes.io/zone": "z1", "topology.gemini.io/rack": "r2"}},

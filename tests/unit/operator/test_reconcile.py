@@ -311,3 +311,16 @@ def test_placement_waits_until_every_worker_runs():
     h.run_pods(phase="Pending", ready=False)
     d = h.step()
     assert "placement" not in h.status() and not _of(d, DeliverPlacement)
+
+
+def test_pods_left_by_an_earlier_job_of_the_same_name_are_waited_for():
+    h = Harness()
+    observed = Observed(job=JobView.from_object(h.job), pods={}, nodes=h.nodes,
+                        has_service=True, has_secret=True, now=NOW,
+                        foreign_ranks=frozenset({1, 2}))
+    d = reconcile(observed, CONFIG)
+    (create,) = _of(d, CreatePods)
+    assert [p["metadata"]["name"] for p in create.manifests] == ["train-worker-0",
+                                                                 "train-worker-3"]
+    assert d.status.to_dict()["state"] == "Created"
+    assert all(c.type != "Created" for c in d.status.conditions)

@@ -1,12 +1,14 @@
 """The Prometheus metrics the project really exports, read from the registries its code builds.
 
-Every `metrics.py` of the shipped packages defines its metrics in a registry of its own; an
-adapter here builds that registry the way the running component does. A metrics module without
-an adapter is an error (`unread_metrics_modules`), so a new component cannot be forgotten.
+Each component defines its metrics in a registry of its own (its `metrics.py`); an adapter here
+builds that registry the way the running component does. A shipped module that defines
+metrics without an adapter is an error (`unread_metrics_modules`), so a new component's
+metrics cannot be forgotten.
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,8 +63,25 @@ class Family:
         return {self.name + suffix for suffix in _SUFFIXES[self.type]}
 
 
+_METRIC_TYPES = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}
+
+
+def _defines_metrics(path: Path) -> bool:
+    """Whether the module imports a metric type from prometheus_client."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (isinstance(node, ast.ImportFrom)
+                and (node.module or "").startswith("prometheus_client")
+                and {alias.name for alias in node.names} & _METRIC_TYPES):
+            return True
+        if isinstance(node, ast.Import) and any(
+                a.name.startswith("prometheus_client") for a in node.names):
+            return True
+    return False
+
+
 def metrics_modules() -> list[str]:
-    return sorted(str(p.relative_to(ROOT)) for d in SHIPPED for p in d.rglob("metrics.py"))
+    return sorted(str(p.relative_to(ROOT)) for d in SHIPPED for p in d.rglob("*.py")
+                  if _defines_metrics(p))
 
 
 def unread_metrics_modules() -> list[str]:

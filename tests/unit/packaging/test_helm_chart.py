@@ -17,6 +17,7 @@ from gemini_operator import naming, render
 from gemini_operator.spec import parse_spec
 from tests.fixtures.helm import CHART, Helm, RenderError, by_kind, one
 from tests.unit.operator.builders import make_job
+from tests.unit.packaging import dockerfile
 from tests.unit.packaging.commands import unknown_part
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -32,9 +33,13 @@ def container(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 # --- lint and defaults --------------------------------------------------------------------------
 
-def test_helm_lint_strict_passes_with_default_and_every_optional_part_on(helm: Helm):
-    for args in ([], ["--set", "serviceMonitor.enabled=false,podMonitor.enabled=false",
-                      "--set", "crds.install=false,dashboards.enabled=false"]):
+def test_helm_lint_strict_passes_with_default_and_minimal_values(helm: Helm):
+    """(Monitors cannot be linted: `helm lint` has no --api-versions; rendering tests cover
+    them.)"""
+    for args in ([], ["--set", "crds.install=false,dashboards.enabled=false,rbac.create=false",
+                      "--set", "serviceAccount.create=false,serviceAccount.name=operator",
+                      "--set", "metrics.service.enabled=false,replicaCount=0",
+                      "--kube-version", "1.29.0"]):
         result = helm.run(["lint", "--strict", str(CHART), *args])
         assert result.returncode == 0, result.stdout + result.stderr
 
@@ -103,6 +108,18 @@ def test_the_operator_container_is_non_root_read_only_and_probed(helm: Helm):
     assert env["TMPDIR"] in writable
 
 
+def test_the_deployment_matches_the_operator_image(helm: Helm):
+    """Same command as the image's entrypoint, same uid as the image's user."""
+    objects = helm.template()
+    stages = dockerfile.stages((ROOT / "Dockerfile").read_text())
+    operator_stage = next(s for s in stages if s.name == "operator")
+    entrypoint, user = operator_stage.last("ENTRYPOINT"), operator_stage.last("USER")
+    assert entrypoint is not None and user is not None
+    assert container(objects)["command"] == entrypoint.words()
+    pod = one(objects, "Deployment")["spec"]["template"]["spec"]
+    assert str(pod["securityContext"]["runAsUser"]) == user.args.split(":")[0]
+
+
 def test_image_tag_digest_and_sidecar_image_are_configurable(helm: Helm):
     operator = container(helm.template(
         "--set", "image.repository=registry.example/gemini-operator",
@@ -152,6 +169,15 @@ def test_rbac_grants_exactly_what_an_operator_of_gemini_jobs_needs(helm: Helm):
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
         ("coordination.k8s.io", "leases"): {"create", "get", "update"},
     }
+
+
+def test_watching_one_namespace_adds_only_listing_namespaces(helm: Helm):
+    """kopf finds the namespace it watches by listing namespaces; cluster-wide it does not."""
+    default = rbac_rules(helm.template())
+    narrowed = rbac_rules(helm.template("--set", "operator.watchNamespace=team-a"))
+    added = [r for r in narrowed if r not in default]
+    assert added == [{"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]}]
+    assert all(r in narrowed for r in default)
 
 
 def test_leases_are_granted_only_in_the_release_namespace(helm: Helm):

@@ -54,6 +54,7 @@ def test_json_peer_maps_and_s3_settings_are_accepted():
         ({"GEMINI_TRAFFIC_MODE": "burst"}, "interleaved or immediate"),
         ({"GEMINI_MEMORY_BUDGET_BYTES": "-1"}, "GEMINI_MEMORY_BUDGET_BYTES must be >= 0"),
         ({"GEMINI_S3_BUCKET": "b", "GEMINI_S3_PART_BYTES": "1024"}, "GEMINI_S3_PART_BYTES"),
+        ({"GEMINI_CHUNK_BYTES": str(128 << 20)}, "GEMINI_CHUNK_BYTES must be between 4096 and"),
     ],
 )
 def test_bad_settings_are_refused_with_a_message_naming_the_fix(change, message):

@@ -19,18 +19,22 @@ from gemini_trainer.checkpointer import (
 from gemini_trainer.shm import ShardSlots, SlotError, shard_path
 
 
-def make(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
+def make(
+    seed: int = 0, device: str = "cpu"
+) -> tuple[torch.nn.Module, torch.optim.Optimizer, object]:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(
         torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 2)
     )
+    model = model.to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=0.01)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     return model, opt, sched
 
 
 def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, sched: object, step: int) -> str:
-    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+    device = next(model.parameters()).device
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step)).to(device)
     noise = torch.rand(1).item() + random.random() + float(np.random.rand())  # all three RNGs
     loss = model(x).pow(2).mean() * (1 + noise)
     loss.backward()
@@ -44,8 +48,19 @@ def config(tmp_path: Path, **kw: object) -> CheckpointerConfig:
     return CheckpointerConfig(rank=0, world_size=1, shm_dir=tmp_path, **kw)  # type: ignore[arg-type]
 
 
-def test_restore_then_continue_gives_the_same_losses_as_never_stopping(tmp_path: Path) -> None:
-    model, opt, sched = make()
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+    ),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_restore_then_continue_gives_the_same_losses_as_never_stopping(
+    tmp_path: Path, device: str
+) -> None:
+    model, opt, sched = make(device=device)
     ckpt = Checkpointer(model, opt, sched, config=config(tmp_path))
     losses, lrs = [], []
     for step in range(8):
@@ -56,7 +71,7 @@ def test_restore_then_continue_gives_the_same_losses_as_never_stopping(tmp_path:
     ckpt.close()
 
     # a new process would start from other weights and other RNG states
-    model2, opt2, sched2 = make(seed=99)
+    model2, opt2, sched2 = make(seed=99, device=device)
     random.seed(5)
     np.random.seed(5)
     ckpt2 = Checkpointer(model2, opt2, sched2, config=config(tmp_path))
@@ -172,3 +187,17 @@ def test_the_payload_keeps_its_size_from_step_to_step(tmp_path: Path) -> None:
         sizes.add(ckpt.snapshot(step, extra={"position": step}).nbytes)
     ckpt.close()
     assert len(sizes) == 1
+
+
+def test_latest_restores_the_newest_complete_version_or_starts_fresh(tmp_path: Path) -> None:
+    model, opt, sched = make()
+    fresh = Checkpointer(model, opt, sched, config=config(tmp_path / "empty"))
+    assert fresh.restore(RestoreInstruction(None, latest=True)) is None
+    fresh.close()
+    ckpt = Checkpointer(model, opt, sched, config=config(tmp_path))
+    for step in (1, 2, 3):
+        ckpt.snapshot(step)
+    ckpt.close()
+    again = Checkpointer(model, opt, sched, config=config(tmp_path))
+    assert again.restore(RestoreInstruction(None, latest=True)) == 3
+    again.close()

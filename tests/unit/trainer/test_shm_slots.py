@@ -29,7 +29,7 @@ from gemini_trainer.shm import (
 
 @pytest.fixture()
 def slots(tmp_path: Path) -> Iterator[ShardSlots]:
-    s = ShardSlots(tmp_path / "rank0.slots", 1 << 16, rank=0)
+    s = ShardSlots(tmp_path / "rank0.slots", 1 << 18, rank=0)
     yield s
     s.close()
 
