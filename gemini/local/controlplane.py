@@ -258,7 +258,9 @@ def _apiserver_args(bins: Path, plane: ControlPlane) -> list[str]:
     ]
 
 
-def _controller_manager_args(bins: Path, plane: ControlPlane) -> list[str]:
+def _controller_manager_args(
+    bins: Path, plane: ControlPlane, node_monitor_grace_seconds: int = 8,
+) -> list[str]:
     return [
         str(bins / "kube-controller-manager"),
         f"--kubeconfig={plane.state_dir / 'controller-manager.kubeconfig'}",
@@ -270,8 +272,9 @@ def _controller_manager_args(bins: Path, plane: ControlPlane) -> list[str]:
         f"--cluster-signing-cert-file={plane.pki.ca_cert}",
         f"--cluster-signing-key-file={plane.pki.ca_key}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
-        # Fast node-lifecycle: a silent node is marked Unknown 8 s after its last heartbeat.
-        "--node-monitor-period=1s", "--node-monitor-grace-period=8s",
+        # Fast node-lifecycle: a silent node is marked Unknown 8 s (by default) after its last
+        # heartbeat.
+        "--node-monitor-period=1s", f"--node-monitor-grace-period={node_monitor_grace_seconds}s",
         f"--secure-port={plane.ports.controller_manager}", "--bind-address=127.0.0.1",
         "--profiling=false", "--v=1",
     ]

@@ -19,6 +19,8 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -39,9 +41,12 @@ LOST_LABEL = "gemini.io/kwok-lost"
 FAKE_NODE_LABEL = "node.gemini.io/kwok"
 # Pod IPs come from here; unique across nodes. Far from the service range (10.0.0.0/24).
 POD_CIDR = "10.244.0.0/16"
-# KCM marks a node Unknown 8 s after its last renewal (controlplane.py); kwok renews every
-# duration/4 = 5 s, which leaves room for a busy API server.
-LEASE_SECONDS = 20
+# kwok renews each Lease every duration/4 = 10 s (a kubelet's defaults); KCM must wait longer
+# than that before it calls a node Unknown. Its usual 8 s (controlplane.py) is too short here:
+# a thousand leases at 8 s would cost the API server ~300 writes/s, and any backlog on a busy
+# machine makes KCM evict pods from healthy fake nodes.
+LEASE_SECONDS = 40
+NODE_MONITOR_GRACE_SECONDS = 40
 # Node addresses: unique, never used for traffic.
 _NODE_NET = ipaddress.IPv4Address("172.16.0.0")
 _NAME = "kwok"
@@ -104,58 +109,62 @@ def _cached_kwok() -> bool:
     return any(p.joinpath("kwok").exists() for p in (cache / "bin").glob("kwok-*"))
 
 
-def kwok_args(bin_dir: Path, plane: ControlPlane) -> list[str]:
+def kwok_config(parallelism: int = 16) -> str:
+    """kwok's own options that have no flag: more workers than its default 4 for 1000 nodes."""
+    return json.dumps({
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1", "kind": "KwokConfiguration",
+        "options": {"nodeLeaseParallelism": parallelism, "nodePlayStageParallelism": parallelism,
+                    "podPlayStageParallelism": parallelism},
+    })
+
+
+def kwok_args(bin_dir: Path, plane: ControlPlane, config: Path, port: int) -> list[str]:
     return [
-        str(bin_dir / "kwok"), f"--kubeconfig={plane.kubeconfig}", f"--config={STAGES}",
+        str(bin_dir / "kwok"), f"--kubeconfig={plane.kubeconfig}",
+        f"--config={config}", f"--config={STAGES}",
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
         f"--node-lease-duration-seconds={LEASE_SECONDS}", f"--cidr={POD_CIDR}",
-        "--v=WARN",
+        # Its health endpoint, served once its controllers have started (loopback only).
+        f"--server-address=127.0.0.1:{port}", "--v=WARN",
     ]
 
 
-def start_kwok(plane: ControlPlane, state_dir: Path, timeout: float = 30.0) -> int:
-    """Start kwok against `plane`, its pid and log under `state_dir`; return its pid.
+def start_kwok(plane: ControlPlane, state_dir: Path, timeout: float = 60.0) -> int:
+    """Start kwok against `plane`, its pid, log and config under `state_dir`; return its pid.
 
-    Returns once kwok has connected and started its controllers (it exits on a bad config).
+    Returns once kwok's controllers run. Start `plane` with
+    `node_monitor_grace_seconds=NODE_MONITOR_GRACE_SECONDS`, or KCM may take busy fake nodes
+    for lost ones.
     """
     pid_dir, log_dir = state_dir / "pids", state_dir / "logs"
     if processes.running_pid(_NAME, pid_dir) is not None:
         raise KwokError(f"kwok is already running for {state_dir}; stop_kwok() it first")
-    argv = kwok_args(kwok_bin_dir(), plane)
+    bin_dir = kwok_bin_dir()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    config = state_dir / "kwok-config.yaml"
+    config.write_text(kwok_config())
+    port = processes.free_port()
+    pid = processes.spawn(_NAME, kwok_args(bin_dir, plane, config, port), pid_dir, log_dir)
     log = log_dir / f"{_NAME}.log"
-    offset = log.stat().st_size if log.exists() else 0
-    pid = processes.spawn(_NAME, argv, pid_dir, log_dir)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if processes.running_pid(_NAME, pid_dir) is None:
-            raise KwokError(f"kwok exited during start-up; end of {log}:\n{_tail(log, offset)}")
-        if _started(log, offset):
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-10:])
+            raise KwokError(f"kwok exited during start-up; end of {log}:\n{tail}")
+        if _healthy(port):
             return pid
-        time.sleep(0.1)
+        time.sleep(0.2)
     stop_kwok(state_dir)
-    raise KwokError(f"kwok did not start its controllers in {timeout:.0f}s; see {log}")
+    raise KwokError(f"kwok not healthy after {timeout:.0f}s; see {log}")
 
 
-def _started(log: Path, offset: int) -> bool:
-    # kwok logs "Starting node controller"-like lines at INFO only; with --v=WARN it prints
-    # nothing on success, so "alive for a second after spawning" is the signal instead.
-    with open(log, "rb") as f:
-        f.seek(offset)
-        text = f.read().decode(errors="replace")
-    if "error" in text.lower():
+def _healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
         return False
-    return _age(log) >= 1.0
-
-
-def _age(log: Path) -> float:
-    return time.time() - log.stat().st_ctime
-
-
-def _tail(log: Path, offset: int) -> str:
-    with open(log, "rb") as f:
-        f.seek(offset)
-        return "\n".join(f.read().decode(errors="replace").splitlines()[-10:])
 
 
 def stop_kwok(state_dir: Path) -> bool:
@@ -353,3 +362,23 @@ def kwok_restore_node(kubeconfig: Path, name: str) -> None:
         core.patch_namespaced_pod(meta["name"], meta["namespace"], unlabel,
                                   _preload_content=False)
     core.patch_node(name, unlabel, _preload_content=False)
+
+
+def start_kwok_cluster(state_dir: Path) -> ControlPlane:
+    """A control plane for fake nodes (KCM's grace fitted to kwok's leases) and kwok on it."""
+    from gemini.local.controlplane import start_control_plane, stop_control_plane
+
+    plane = start_control_plane(state_dir, node_monitor_grace_seconds=NODE_MONITOR_GRACE_SECONDS)
+    try:
+        start_kwok(plane, state_dir)
+    except BaseException:
+        stop_control_plane(state_dir)
+        raise
+    return plane
+
+
+def stop_kwok_cluster(state_dir: Path) -> None:
+    from gemini.local.controlplane import stop_control_plane
+
+    stop_kwok(state_dir)
+    stop_control_plane(state_dir)

@@ -64,8 +64,8 @@ class KubeClient:
     def connection(self) -> Connection:
         cfg = self._api.configuration
         token = (cfg.api_key or {}).get("authorization") or (cfg.api_key or {}).get("BearerToken")
-        if token and token.startswith("Bearer "):
-            token = token[len("Bearer "):]
+        if token and token.lower().startswith("bearer "):  # in-cluster config says "bearer"
+            token = token[len("bearer "):]
         return Connection(
             server=cfg.host, ca_path=cfg.ssl_ca_cert, certificate_path=cfg.cert_file,
             private_key_path=cfg.key_file, token=token, insecure=not cfg.verify_ssl,

@@ -111,11 +111,6 @@ def _exists(read: Callable[[], object]) -> bool:
 
 # Runs before tests/cluster/test_operator.py (file order): that module's in-process operator
 # watches every namespace and would reconcile this job too once started.
-@pytest.mark.xfail(strict=True, reason=(
-    "in-cluster login: gemini_operator.kube.KubeClient.connection() strips 'Bearer ' but the "
-    "in-cluster config stores 'bearer <token>', so kopf sends 'Bearer bearer ...' and the "
-    "operator pod crash-loops on 401. Remove this mark once kube.py compares case-insensitively "
-    "(passes with that one-line fix)."))
 def test_helm_install_runs_a_job_to_completion_and_uninstall_cleans_up(
     helm: Helm, local_cluster: LocalCluster, gemini_crd: dict[str, Any],
 ):
@@ -125,7 +120,7 @@ def test_helm_install_runs_a_job_to_completion_and_uninstall_cleans_up(
     try:
         _adopt_crd(api, release, system)
         result = helm.run(["install", release, str(CHART), "--namespace", system, "--wait",
-                           "--timeout", "120s", "--set", f"operator.watchNamespace={jobs_ns}", "--set-json", 'operator.extraEnv=[{"name":"PYTHONPATH","value":"/tmp/wt"}]'],
+                           "--timeout", "120s", "--set", f"operator.watchNamespace={jobs_ns}"],
                           kubeconfig=kubeconfig, timeout=180)
         assert result.returncode == 0, result.stderr + _operator_diagnosis(core, system)
         assert "kubectl -n " + system in result.stdout  # NOTES.txt

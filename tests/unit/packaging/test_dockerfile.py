@@ -106,10 +106,6 @@ def test_every_pip_install_is_constrained_by_requirements_lock():
     assert ("build-base", "requirements.lock") in context_copies()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "gemini/local/pki.py imports cryptography, which pyproject.toml does not declare (it is in "
-    "the lock only through moto, a dev tool), so `gemini` fails to start in the images; add "
-    "cryptography==50.0.2 to [project].dependencies and remove this mark"))
 def test_runtime_imports_are_declared_dependencies():
     """A module the shipped code imports must come with `pip install .[train]`, not only with
     the dev tools that happen to be in the lock (the image installs no dev extra)."""
