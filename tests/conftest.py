@@ -7,4 +7,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.operator",
     "tests.fixtures.trainers",
     "tests.fixtures.helm",
+    "tests.fixtures.kwok",
 ]

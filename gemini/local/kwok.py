@@ -50,6 +50,7 @@ NODE_MONITOR_GRACE_SECONDS = 40
 # Node addresses: unique, never used for traffic.
 _NODE_NET = ipaddress.IPv4Address("172.16.0.0")
 _NAME = "kwok"
+_UNREACHABLE = "node.kubernetes.io/unreachable"
 _UNKNOWN_MESSAGE = "Kubelet stopped posting node status."
 # What kwok's node-initialize Stage writes, written at creation instead.
 _HEALTHY = (
@@ -229,7 +230,8 @@ def node_manifest(node: FakeNode, shape: FakeNodeShape, now: datetime) -> dict[s
     }
 
 
-def _core(kubeconfig: Path, pool: int = 32) -> Any:
+def core_api(kubeconfig: Path, pool: int = 32) -> Any:
+    """A CoreV1Api with `pool` connections (this module reads raw JSON: `_preload_content`)."""
     from kubernetes import client, config
 
     cfg = client.Configuration()
@@ -252,10 +254,10 @@ def create_fake_nodes(
 
     They become Ready once kwok plays node-initialize on them: `wait_nodes_ready`.
     """
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
     nodes = fake_nodes(count, zones, racks, prefix)
-    core = _core(kubeconfig, pool=workers)
+    core = core_api(kubeconfig, pool=workers)
     shape = shape or FakeNodeShape()
     now = datetime.now(UTC)
 
@@ -282,9 +284,9 @@ def _untaint(core: Any, name: str) -> None:
 
 
 def delete_fake_nodes(kubeconfig: Path, names: Sequence[str], workers: int = 16) -> None:
-    from kubernetes.client.rest import ApiException
+    from kubernetes.client.exceptions import ApiException
 
-    core = _core(kubeconfig, pool=workers)
+    core = core_api(kubeconfig, pool=workers)
 
     def delete(name: str) -> None:
         try:
@@ -298,7 +300,7 @@ def delete_fake_nodes(kubeconfig: Path, names: Sequence[str], workers: int = 16)
 
 def ready_node_names(kubeconfig: Path) -> set[str]:
     """Names of the kwok nodes whose Ready condition is True and that are not tainted."""
-    core = _core(kubeconfig, pool=2)
+    core = core_api(kubeconfig, pool=2)
     resp = core.list_node(label_selector=f"{FAKE_NODE_LABEL}=true", _preload_content=False)
     ready = set()
     for node in json.loads(resp.data)["items"]:
@@ -325,44 +327,71 @@ def wait_nodes_ready(kubeconfig: Path, names: Iterable[str], timeout: float = 12
 
 
 def kwok_lose_node(kubeconfig: Path, name: str) -> datetime:
-    """Lose fake node `name` as a dead machine is lost; return the time its loss was written.
+    """Lose fake node `name` as a dead machine is lost; return when its loss was written.
 
-    kwok keeps renewing the node's Lease (it cannot be told to stop for one node), so the
-    conditions are written here as KCM writes them for a silent kubelet; KCM then adds the
-    unreachable taints and evicts the pods, which stay Terminating, as on a real lost node.
+    kwok keeps renewing the node's Lease (it cannot be told to stop for one node), so this
+    writes what KCM writes for a silent kubelet: every condition Unknown, then the unreachable
+    NoSchedule and NoExecute taints (KCM adds them too, but its NoSchedule pass proved
+    unreliable under load, and a replacement pod must never land on the lost node). KCM's
+    taint eviction then deletes the pods after their 5 s toleration; they stay Terminating, as
+    on a real lost node, until deleted with grace 0.
     """
-    core = _core(kubeconfig, pool=2)
+    core = core_api(kubeconfig, pool=2)
     label = {"metadata": {"labels": {LOST_LABEL: "true"}}}
     core.patch_node(name, label, _preload_content=False)
-    pods = json.loads(core.list_pod_for_all_namespaces(
-        field_selector=f"spec.nodeName={name}", _preload_content=False).data)["items"]
-    for pod in pods:
-        meta = pod["metadata"]
-        core.patch_namespaced_pod(meta["name"], meta["namespace"], label, _preload_content=False)
+    for namespace, pod in _pods_on(core, name):
+        core.patch_namespaced_pod(pod, namespace, label, _preload_content=False)
     now = datetime.now(UTC)
     stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     conditions = [{"type": kind, "status": "Unknown", "reason": "NodeStatusUnknown",
                    "message": _UNKNOWN_MESSAGE, "lastHeartbeatTime": stamp,
                    "lastTransitionTime": stamp} for kind in _NODE_CONDITIONS]
     core.patch_node_status(name, {"status": {"conditions": conditions}}, _preload_content=False)
+    _edit_taints(core, name, lambda taints: [t for t in taints if t["key"] != _UNREACHABLE] + [
+        {"key": _UNREACHABLE, "effect": "NoSchedule"},
+        {"key": _UNREACHABLE, "effect": "NoExecute", "timeAdded": stamp}])
     return now
 
 
 def kwok_restore_node(kubeconfig: Path, name: str) -> None:
-    """Bring a lost fake node back: kwok makes it Ready again, KCM lifts the taints.
+    """Bring a lost fake node back: kwok makes it Ready again; its taints are lifted.
 
     Pods left Terminating on it are finalized by kwok once their label is gone.
     """
-    core = _core(kubeconfig, pool=2)
+    core = core_api(kubeconfig, pool=2)
     unlabel = {"metadata": {"labels": {LOST_LABEL: None}}}
-    pods = json.loads(core.list_pod_for_all_namespaces(
-        field_selector=f"spec.nodeName={name}", _preload_content=False).data)["items"]
-    for pod in pods:
-        meta = pod["metadata"]
-        core.patch_namespaced_pod(meta["name"], meta["namespace"], unlabel,
-                                  _preload_content=False)
+    for namespace, pod in _pods_on(core, name):
+        core.patch_namespaced_pod(pod, namespace, unlabel, _preload_content=False)
     core.patch_node(name, unlabel, _preload_content=False)
+    _edit_taints(core, name, lambda taints: [t for t in taints if t["key"] != _UNREACHABLE])
 
+
+def _pods_on(core: Any, node: str) -> list[tuple[str, str]]:
+    resp = core.list_pod_for_all_namespaces(field_selector=f"spec.nodeName={node}",
+                                            _preload_content=False)
+    return [(p["metadata"]["namespace"], p["metadata"]["name"])
+            for p in json.loads(resp.data)["items"]]
+
+
+def _edit_taints(core: Any, name: str, edit: Callable[[list[dict[str, Any]]], list[Any]],
+                 attempts: int = 20) -> None:
+    """Replace the node's taints with `edit(taints)`, retrying when someone else wrote first."""
+    from kubernetes.client.exceptions import ApiException
+
+    for _ in range(attempts):
+        node = json.loads(core.read_node(name, _preload_content=False).data)
+        taints = node["spec"].get("taints") or []
+        try:
+            core.patch_node(name, [
+                {"op": "test", "path": "/metadata/resourceVersion",
+                 "value": node["metadata"]["resourceVersion"]},
+                {"op": "add", "path": "/spec/taints", "value": edit(taints)}],
+                _preload_content=False)
+            return
+        except ApiException as err:
+            if err.status not in (409, 422):  # 422: the test failed, the node changed
+                raise
+    raise KwokError(f"could not update the taints of node {name}: it kept changing")
 
 def start_kwok_cluster(state_dir: Path) -> ControlPlane:
     """A control plane for fake nodes (KCM's grace fitted to kwok's leases) and kwok on it."""

@@ -65,6 +65,7 @@ class Reconciler:
         self._clock = clock
         self._expected: dict[JobKey, dict[int, float]] = {}  # rank -> monotonic deadline
         self._children: set[tuple[str, str]] = set()  # (job uid, kind) known to exist
+        self._said_unrecoverable: set[tuple[str, int]] = set()  # (job uid, restarts) logged
         self._handlers: dict[type, Handler] = {
             CreateSecret: self._create_secret,
             CreateService: self._create_service,
@@ -188,9 +189,12 @@ class Reconciler:
         # Recovery execution (in-place restarts through the launchers, replacement pods,
         # shard fetches, S3 restore) is not implemented yet: the job stays Recovering, and
         # the condition says what is needed. See docs/geminijob.md.
-        log.warning("%s/%s needs a %s recovery (%d ranks); this operator version cannot "
-                    "execute recoveries yet", job.namespace, job.name, action.kind.value,
-                    len(action.failures))
+        said = (job.uid, int((job.status or {}).get("restarts", 0)))
+        if said not in self._said_unrecoverable:
+            self._said_unrecoverable.add(said)
+            log.warning("%s/%s needs a %s recovery (%d ranks); this operator version cannot "
+                        "execute recoveries yet", job.namespace, job.name, action.kind.value,
+                        len(action.failures))
 
     def _delete_job(self, job: JobView, snap: Snapshot, action: DeleteJob) -> None:
         self.kube.delete_job(job.namespace, job.name)

@@ -41,6 +41,7 @@ class FrameType(enum.IntEnum):
     PUT_CHUNK = 11
     PUT_END = 12
     ACK = 13
+    SUM = 14  # trailer of a PUT_CHUNK sent with FLAG_TRAILER: carries the payload checksum
     GET_INFO = 20
     INFO = 21
     GET = 22
@@ -49,6 +50,7 @@ class FrameType(enum.IntEnum):
 
 FLAG_COMPLETE = 1  # INFO/ACK: the version is complete
 FLAG_EXACT = 2  # GET_INFO: the version field names the version wanted (else: newest)
+FLAG_TRAILER = 4  # PUT_CHUNK: the checksum follows the payload in a SUM frame
 _CLIENT_TO_SERVER = 0
 _SERVER_TO_CLIENT = 1
 
@@ -168,23 +170,47 @@ class Channel:
         self._bulk.sendall(head)
         self._bulk.sendall(payload)
 
-    async def send_chunk(self, frame: Frame, payload: memoryview) -> int:
-        """Send `frame` with `payload`, its checksum computed here; returns the word sum.
+    def _sealed(self, frame: Frame, seq: int) -> bytes:
+        fields = _pack_fields(frame, seq)
+        return fields + _mac(self._token, self._nonces, self._send_dir, fields)
 
-        The sum is taken on the bulk thread right before the send, so the kernel's copy
-        finds the chunk in cache and the event loop stays free for acknowledgements.
+    async def send_chunk(self, frame: Frame, payload: memoryview) -> int:
+        """Send `frame` with `payload` and a SUM trailer; returns the payload's word sum.
+
+        The payload goes out in pieces of about L2 size, each summed right before its send,
+        so the kernel's copy finds it in cache and summing never stalls the stream (the
+        checksum then has to follow the payload, in an authenticated trailer frame).
         """
         seq = self._send_seq
-        self._send_seq += 1
-        return await self._loop.run_in_executor(_BULK_POOL, self._sum_and_send, frame, seq,
-                                                payload)
+        self._send_seq += 2
+        return await self._loop.run_in_executor(
+            _BULK_POOL, self._send_with_trailer, frame, seq, payload
+        )
 
-    def _sum_and_send(self, frame: Frame, seq: int, payload: memoryview) -> int:
-        words = word_sum(payload)
-        fields = _pack_fields(replace(frame, checksum=finish(words, len(payload))), seq)
-        self._send_bulk(fields + _mac(self._token, self._nonces, self._send_dir, fields),
-                        payload)
+    def _send_with_trailer(self, frame: Frame, seq: int, payload: memoryview) -> int:
+        head = replace(frame, flags=frame.flags | FLAG_TRAILER, checksum=0)
+        self._bulk.sendall(self._sealed(head, seq))
+        words = 0
+        for start in range(0, len(payload), SUM_PIECE_BYTES):
+            piece = payload[start : start + SUM_PIECE_BYTES]
+            words += word_sum(piece)
+            self._bulk.sendall(piece)
+        words = combine([words])
+        trailer = Frame(FrameType.SUM, frame.rank, frame.version, frame.offset, 0,
+                        finish(words, len(payload)))
+        self._bulk.sendall(self._sealed(trailer, seq + 1))
         return words
+
+    def _recv_bulk_and_trailer(self, view: memoryview) -> tuple[int, bytes]:
+        words = self._recv_bulk(view)
+        raw = bytearray(HEADER_BYTES)
+        got = 0
+        while got < HEADER_BYTES:
+            n = self._bulk.recv_into(memoryview(raw)[got:])
+            if n == 0:
+                raise ConnectionError("peer closed the connection before the chunk trailer")
+            got += n
+        return words, bytes(raw)
 
     def _recv_bulk(self, view: memoryview) -> int:
         """Receive into `view`, summing each piece as it lands (still in cache)."""
@@ -202,7 +228,10 @@ class Channel:
 
     async def recv(self) -> Frame:
         """Read and authenticate the next header; the caller then reads `frame.length` bytes."""
-        raw = await self.recv_bytes(HEADER_BYTES)
+        return self._open(await self.recv_bytes(HEADER_BYTES))
+
+    def _open(self, raw: bytes) -> Frame:
+        """Parse and authenticate one header (MAC, sequence number, size limit)."""
         frame, seq = _unpack(raw)
         expected = _mac(self._token, self._nonces, self._recv_dir, raw[: _FIELDS.size])
         if not hmac.compare_digest(expected, raw[_FIELDS.size :]):
@@ -221,12 +250,22 @@ class Channel:
         sum (checksum.word_sum), which the replica store keeps."""
         if len(view) != frame.length:
             raise ProtocolError(f"payload view of {len(view)} bytes for {frame.length}")
-        if len(view) < BULK_BYTES:
+        expected = frame.checksum
+        if frame.flags & FLAG_TRAILER:
+            words, raw = await self._loop.run_in_executor(
+                _BULK_POOL, self._recv_bulk_and_trailer, view
+            )
+            trailer = self._open(raw)
+            if trailer.type != FrameType.SUM or trailer.offset != frame.offset:
+                raise ProtocolError(f"expected the SUM trailer at {frame.offset}, got "
+                                    f"{trailer.type.name} at {trailer.offset}")
+            expected = trailer.checksum
+        elif len(view) < BULK_BYTES:
             await self._recv_exact(view)
             words = word_sum(view)
         else:
             words = await self._loop.run_in_executor(_BULK_POOL, self._recv_bulk, view)
-        if finish(words, frame.length) != frame.checksum:
+        if finish(words, frame.length) != expected:
             raise ChecksumMismatch(frame)
         return words
 

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 from gemini.domain.traffic import LinkModel
 from gemini_sidecar.config import Placement, SidecarConfig
@@ -20,6 +21,7 @@ from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.pacing import Plans, Profile, plan
 from gemini_sidecar.peer_client import SourceChanged, connect, send_version
 from gemini_sidecar.protocol import Channel, PeerRefused, ProtocolError
+from gemini_trainer.shm import SlotInfo
 
 log = logging.getLogger(__name__)
 DEFAULT_LINK = LinkModel(alpha_seconds=50e-6, bandwidth_bytes_per_second=2.0 * (1 << 30))
@@ -126,16 +128,15 @@ class Replicator:
 
     async def _send_to_peer(
         self, rank: int, version: int, crc: int, data: memoryview, plans: Plans, copy: int,
-        info: object,
+        info: SlotInfo,
     ) -> None:
         peer = self.status.peers.setdefault(rank, PeerState())
         peer.sending_version = version
         started = time.perf_counter()
         try:
             chan = await self._channel(rank)
-            still_valid = lambda: self.local.still_valid(info)  # type: ignore[arg-type]  # noqa: E731
             sent = await send_version(chan, self.cfg.rank, version, data, crc,
-                                      plans.per_copy[copy], still_valid)
+                                      plans.per_copy[copy], partial(self.local.still_valid, info))
         except (PeerRefused, ProtocolError, SourceChanged, OSError, TimeoutError) as err:
             self._drop_channel(rank)
             peer.last_error = str(err)

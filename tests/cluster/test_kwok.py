@@ -1,0 +1,168 @@
+"""kwok's fake nodes at scale: 1000 pods one per node go Running with IPs; a lost node is lost."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from gemini.local import kwok
+from gemini.local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
+from tests.fixtures.kwok import KWOK_RACKS, KWOK_ZONES, KwokCluster
+
+pytestmark = pytest.mark.cluster
+
+PODS = 1000
+
+
+@pytest.fixture(scope="module")
+def core(kwok_cluster: KwokCluster) -> Any:
+    """A CoreV1Api; raw JSON (`_preload_content=False`) is read for speed at 1000 pods."""
+    return kwok.core_api(kwok_cluster.kubeconfig, pool=16)
+
+
+@pytest.fixture
+def kwok_namespace(core: Any) -> Iterator[str]:
+    name = f"kwok-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        # kwok finalizes deleted pods; grace 0 so Terminating ones on lost nodes go too.
+        core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+        core.delete_namespace(name)
+
+
+def _pods(core: Any, namespace: str) -> list[dict[str, Any]]:
+    resp = core.list_namespaced_pod(namespace, _preload_content=False)
+    return list(json.loads(resp.data)["items"])
+
+
+def _wait(what: str, predicate: Callable[[], bool], timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(0.25)
+    raise AssertionError(f"{what}: not within {timeout:.0f}s")
+
+
+def _running(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    ready = any(c["type"] == "Ready" and c["status"] == "True"
+                for c in status.get("conditions") or [])
+    return status.get("phase") == "Running" and bool(status.get("podIP")) and ready
+
+
+def _worker(i: int) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"w-{i}", "labels": {"app": "scale"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "trainer", "image": "none", "resources": {
+                "requests": {"cpu": "1", GPU_RESOURCE: "1"},
+                "limits": {GPU_RESOURCE: "1"}}}],
+            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "scale"}},
+                 "topologyKey": "kubernetes.io/hostname"}]}},
+        },
+    }
+
+
+def test_fake_nodes_have_topology_and_resources(
+    kwok_cluster: KwokCluster, core: Any,
+) -> None:
+    print(f"\nkwok cluster set-up (s): {kwok_cluster.timings}")
+    resp = core.list_node(label_selector=f"{kwok.FAKE_NODE_LABEL}=true", _preload_content=False)
+    nodes = json.loads(resp.data)["items"]
+    assert len(nodes) == len(kwok_cluster.nodes)
+    labels = [n["metadata"]["labels"] for n in nodes]
+    assert len({lab[ZONE_LABEL] for lab in labels}) == KWOK_ZONES
+    assert len({lab[RACK_LABEL] for lab in labels}) == KWOK_RACKS
+    assert all(lab["kubernetes.io/hostname"] == n["metadata"]["name"]
+               for lab, n in zip(labels, nodes, strict=True))
+    assert all(n["status"]["allocatable"][GPU_RESOURCE] == "8" for n in nodes)
+    assert len({n["status"]["addresses"][0]["address"] for n in nodes}) == len(nodes)
+
+
+def test_thousand_pods_one_per_node_run_with_ips(
+    kwok_cluster: KwokCluster, core: Any, kwok_namespace: str,
+) -> None:
+    start = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: core.create_namespaced_pod(
+            kwok_namespace, _worker(i), _preload_content=False), range(PODS)))
+    created = time.monotonic() - start
+    _wait(f"{PODS} pods Running with an IP",
+          lambda: sum(_running(p) for p in _pods(core, kwok_namespace)) == PODS, timeout=300)
+    running = time.monotonic() - start
+    print(f"\n{PODS} pods: created in {created:.1f}s, all Running in {running:.1f}s")
+
+    pods = _pods(core, kwok_namespace)
+    nodes = Counter(p["spec"]["nodeName"] for p in pods)
+    assert len(nodes) == PODS, "anti-affinity: at most one worker per node"
+    assert set(nodes) <= {n.name for n in kwok_cluster.nodes}
+    assert len({p["status"]["podIP"] for p in pods}) == PODS, "pod IPs are unique"
+    zone_of = {n.name: n.zone for n in kwok_cluster.nodes}
+    zones = Counter(zone_of[p["spec"]["nodeName"]] for p in pods)
+    assert len(zones) == KWOK_ZONES and min(zones.values()) > PODS // KWOK_ZONES // 2
+
+
+def test_lost_node_turns_unknown_evicts_and_comes_back(
+    kwok_cluster: KwokCluster, core: Any, kwok_namespace: str,
+) -> None:
+    node = kwok_cluster.nodes[-1].name
+    pinned = {"metadata": {"name": "pinned"}, "spec": {
+        "nodeSelector": {"kubernetes.io/hostname": node},
+        "containers": [{"name": "c", "image": "none"}]}}
+    core.create_namespaced_pod(kwok_namespace, pinned)
+    _wait("pinned pod Running", lambda: _running(_read_pod(core, kwok_namespace, "pinned")), 60)
+
+    kwok.kwok_lose_node(kwok_cluster.kubeconfig, node)
+    status = _node(core, node)
+    assert _ready(status) == "Unknown"
+    assert {("node.kubernetes.io/unreachable", "NoSchedule"),
+            ("node.kubernetes.io/unreachable", "NoExecute")} <= _taints(status)
+    # KCM's taint eviction deletes the pod after its 5 s toleration; with no kubelet to confirm,
+    # it stays Terminating.
+    _wait("pod on the lost node evicted", lambda: _read_pod(
+        core, kwok_namespace, "pinned")["metadata"].get("deletionTimestamp") is not None, 30)
+    time.sleep(2)
+    assert _read_pod(core, kwok_namespace, "pinned")["metadata"]["name"] == "pinned"
+    # Nothing new lands on it.
+    core.create_namespaced_pod(kwok_namespace, {**pinned, "metadata": {"name": "pinned-2"}})
+    time.sleep(3)
+    assert not _read_pod(core, kwok_namespace, "pinned-2")["spec"].get("nodeName")
+    assert _ready(_node(core, node)) == "Unknown", "kwok must not revive a lost node"
+
+    kwok.kwok_restore_node(kwok_cluster.kubeconfig, node)
+    _wait("restored node Ready and untainted", lambda: _ready(_node(core, node)) == "True"
+          and not _taints(_node(core, node)), 30)
+    _wait("Terminating pod finalized", lambda: "pinned" not in {
+        p["metadata"]["name"] for p in _pods(core, kwok_namespace)}, 30)
+    _wait("pending pod placed on the restored node",
+          lambda: _running(_read_pod(core, kwok_namespace, "pinned-2")), 60)
+
+
+def _read_pod(core: Any, namespace: str, name: str) -> dict[str, Any]:
+    resp = core.read_namespaced_pod(name, namespace, _preload_content=False)
+    return dict(json.loads(resp.data))
+
+
+def _node(core: Any, name: str) -> dict[str, Any]:
+    return dict(json.loads(core.read_node(name, _preload_content=False).data))
+
+
+def _ready(node: dict[str, Any]) -> str:
+    return next((c["status"] for c in node["status"].get("conditions") or []
+                 if c["type"] == "Ready"), "None")
+
+
+def _taints(node: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(t["key"], t["effect"]) for t in node["spec"].get("taints") or []}
