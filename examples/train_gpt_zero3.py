@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from typing import Any
 
 import torch
@@ -153,8 +154,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"step {step + 1} loss {loss.item().hex()}", flush=True)
         ckpt.snapshot(step + 1, extra={"next_batch": step + 1})  # GEMINI 3/4: every iteration
         if args.step_sleep:
-            import time
-
             time.sleep(args.step_sleep)
     ckpt.close()  # GEMINI 4/4: wait for the last commit
     torch.distributed.destroy_process_group()

@@ -3,12 +3,12 @@
 kwok (sigs.k8s.io/kwok, built by hack/build-kwok.sh) runs as one detached process against a
 control plane from `start_control_plane`. It manages only Nodes annotated
 `kwok.x-k8s.io/node: fake` and plays the Stages in hack/kwok/stages.yaml: such nodes become
-Ready (with a Lease renewed every few seconds), pods bound to them become Running and Ready with
-a pod IP, and deleted pods are finalized. Scale tests of the operator use it; nothing runs.
+Ready (with a Lease renewed every 10 s), pods bound to them become Running and Ready with a
+pod IP, and deleted pods are finalized. Scale tests of the operator use it; nothing runs.
 
 A node is "lost" with `kwok_lose_node`: it is labelled so the Stages leave it and its pods
-alone, and its conditions become Unknown exactly as kube-controller-manager writes them for a
-silent kubelet; KCM then taints it unreachable and evicts its pods, which stay Terminating.
+alone, and its conditions and taints become what kube-controller-manager writes for a silent
+kubelet; KCM then evicts its pods, which stay Terminating.
 """
 
 from __future__ import annotations
@@ -39,16 +39,18 @@ KWOK_ANNOTATION_VALUE = "fake"
 # Nodes and pods with this label are skipped by every Stage (see hack/kwok/stages.yaml).
 LOST_LABEL = "gemini.io/kwok-lost"
 FAKE_NODE_LABEL = "node.gemini.io/kwok"
-# Pod IPs come from here; unique across nodes. Far from the service range (10.0.0.0/24).
-POD_CIDR = "10.244.0.0/16"
+# Pod IPs come from here, unique across nodes: loopback, so that a connection to a fake pod
+# (an operator calling its sidecar) is refused at once instead of leaving the machine; outside
+# the node agents' 127.100-199.x.x (gemini.local.nodeagent.addressing).
+POD_CIDR = "127.64.0.0/16"
 # kwok renews each Lease every duration/4 = 10 s (a kubelet's defaults); KCM must wait longer
 # than that before it calls a node Unknown. Its usual 8 s (controlplane.py) is too short here:
-# a thousand leases at 8 s would cost the API server ~300 writes/s, and any backlog on a busy
-# machine makes KCM evict pods from healthy fake nodes.
+# renewing a thousand leases that often costs the API server 200+ writes/s, and on a busy
+# machine the backlog made KCM evict pods from healthy fake nodes (seen).
 LEASE_SECONDS = 40
 NODE_MONITOR_GRACE_SECONDS = 40
-# Node addresses: unique, never used for traffic.
-_NODE_NET = ipaddress.IPv4Address("172.16.0.0")
+# Node addresses: unique, loopback like the pods' (nothing listens there).
+_NODE_NET = ipaddress.IPv4Address("127.65.0.0")
 _NAME = "kwok"
 _UNREACHABLE = "node.kubernetes.io/unreachable"
 _UNKNOWN_MESSAGE = "Kubelet stopped posting node status."
@@ -119,9 +121,9 @@ def kwok_config(parallelism: int = 16) -> str:
     })
 
 
-def kwok_args(bin_dir: Path, plane: ControlPlane, config: Path, port: int) -> list[str]:
+def kwok_args(bin_dir: Path, kubeconfig: Path, config: Path, port: int) -> list[str]:
     return [
-        str(bin_dir / "kwok"), f"--kubeconfig={plane.kubeconfig}",
+        str(bin_dir / "kwok"), f"--kubeconfig={kubeconfig}",
         f"--config={config}", f"--config={STAGES}",
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
@@ -146,7 +148,8 @@ def start_kwok(plane: ControlPlane, state_dir: Path, timeout: float = 60.0) -> i
     config = state_dir / "kwok-config.yaml"
     config.write_text(kwok_config())
     port = processes.free_port()
-    pid = processes.spawn(_NAME, kwok_args(bin_dir, plane, config, port), pid_dir, log_dir)
+    argv = kwok_args(bin_dir, plane.kubeconfig, config, port)
+    pid = processes.spawn(_NAME, argv, pid_dir, log_dir)
     log = log_dir / f"{_NAME}.log"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -175,8 +178,8 @@ def stop_kwok(state_dir: Path) -> bool:
 
 def fake_nodes(count: int, zones: int, racks: int, prefix: str = "kwok-node") -> list[FakeNode]:
     """`count` nodes: node i in rack i % racks, rack r in zone r % zones (as `gemini local`)."""
-    if count < 1 or count > 60000:
-        raise ValueError(f"count must be between 1 and 60000, got {count}")
+    if count < 1 or count > 65000:
+        raise ValueError(f"count must be between 1 and 65000, got {count}")
     if not 1 <= zones <= racks <= count:
         raise ValueError(f"need 1 <= zones ({zones}) <= racks ({racks}) <= count ({count})")
     nodes = []

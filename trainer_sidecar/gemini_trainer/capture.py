@@ -25,7 +25,7 @@ from __future__ import annotations
 import base64
 import random
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -373,5 +373,3 @@ def adapter_for(target: Any, optimizer: Any = None, lr_scheduler: Any = None) ->
         f"torch.optim.Optimizer; got {type(target).__name__} and {type(optimizer).__name__}"
     )
 
-
-ExtraState = Callable[[], Tree]

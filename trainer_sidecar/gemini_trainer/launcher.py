@@ -270,7 +270,7 @@ class Launcher:
         self.finish()
 
     def wait_for_exit(self, timeout: float) -> bool:
-        """Test helper: wait until the current child has exited."""
+        """Wait until the current training process has exited (True) or the timeout passed."""
         with self._lock:
             return self._changed.wait_for(lambda: self._state != "running", timeout)
 

@@ -1,0 +1,56 @@
+"""The fake nodes' shape: topology spread, unique addresses, and what kwok needs to manage them."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from gemini.local import kwok
+from gemini.local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
+
+
+def test_nodes_spread_over_racks_and_zones_like_gemini_local() -> None:
+    nodes = kwok.fake_nodes(1010, zones=3, racks=100)
+    assert len({n.name for n in nodes}) == 1010
+    assert len({n.ip for n in nodes}) == 1010
+    racks = Counter(n.rack for n in nodes)
+    assert len(racks) == 100 and set(racks.values()) == {10, 11}
+    # A rack lives in exactly one zone.
+    assert all(len({n.zone for n in nodes if n.rack == r}) == 1 for r in racks)
+    assert Counter(n.zone for n in nodes) == {"zone-a": 344, "zone-b": 333, "zone-c": 333}
+
+
+@pytest.mark.parametrize(("count", "zones", "racks"), [(0, 1, 1), (4, 2, 1), (4, 1, 5)])
+def test_bad_topologies_are_refused(count: int, zones: int, racks: int) -> None:
+    with pytest.raises(ValueError, match=r"must be|need"):
+        kwok.fake_nodes(count, zones, racks)
+
+
+def test_manifest_is_kwok_managed_ready_and_labelled() -> None:
+    node = kwok.fake_nodes(5, zones=2, racks=3)[4]
+    manifest = kwok.node_manifest(node, kwok.FakeNodeShape(gpus=4), datetime.now(UTC))
+    meta, status = manifest["metadata"], manifest["status"]
+    assert meta["annotations"] == {kwok.KWOK_ANNOTATION: kwok.KWOK_ANNOTATION_VALUE}
+    assert meta["labels"]["kubernetes.io/hostname"] == node.name == "kwok-node-4"
+    assert (meta["labels"][ZONE_LABEL], meta["labels"][RACK_LABEL]) == ("zone-b", "rack-1")
+    assert status["allocatable"][GPU_RESOURCE] == "4" == status["capacity"][GPU_RESOURCE]
+    ready = [c for c in status["conditions"] if c["type"] == "Ready"]
+    assert [c["status"] for c in ready] == ["True"]
+    assert {"type": "InternalIP", "address": node.ip} in status["addresses"]
+
+
+def test_no_gpus_means_no_gpu_resource() -> None:
+    assert GPU_RESOURCE not in kwok.FakeNodeShape(gpus=0).resources()
+
+
+def test_kwok_runs_with_our_stages_and_lease() -> None:
+    args = " ".join(kwok.kwok_args(Path("/bin"), Path("/kubeconfig"), Path("/c.yaml"), 1234))
+    assert f"--config={kwok.STAGES}" in args
+    assert f"--node-lease-duration-seconds={kwok.LEASE_SECONDS}" in args
+    # kwok renews every duration/4; KCM must not call a node lost before two renewals fail.
+    assert kwok.LEASE_SECONDS / 4 * 2 < kwok.NODE_MONITOR_GRACE_SECONDS
+    assert kwok.STAGES.exists()
+
