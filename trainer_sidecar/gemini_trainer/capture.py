@@ -372,4 +372,3 @@ def adapter_for(target: Any, optimizer: Any = None, lr_scheduler: Any = None) ->
         "Checkpointer needs a DeepSpeed ZeRO-3 engine, or a torch.nn.Module with its "
         f"torch.optim.Optimizer; got {type(target).__name__} and {type(optimizer).__name__}"
     )
-

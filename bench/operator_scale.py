@@ -1,0 +1,527 @@
+"""The operator at scale on kwok's fake nodes: a 1000-rank GeminiJob, then 10 lost ranks.
+
+Starts its own control plane, kwok and 1010 fake nodes (3 zones, 100 racks) in a temporary
+directory, installs crds/geminijob.yaml and runs `gemini operator run` as a subprocess. Then,
+per run (medians over --runs):
+- create -> all 1000 worker pods created and the job's status populated (status.workers.ready
+  == 1000 and status.placement covering every rank); target <= 60 s;
+- 10 nodes holding ranks lost (`kwok_lose_node`: conditions Unknown, unreachable taints) ->
+  replacement pods created for exactly those ranks and the recovery recorded in status
+  (status.lastRecovery.failedRanks); target <= 5 s.
+Baselines from the same run: a plain client creating the same 1000 one-per-node pods until all
+Running (what the scheduler and kwok allow without an operator), and a plain client deleting
+10 pods (grace 0) and creating their replacements.
+If the operator is missing or does not get there, the run fails with a message that says what
+is missing, and the JSON lines carry "value": null and that "error"; never a made-up number.
+The last line is the recovery JSON; the line before it is the creation JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gemini.local import kwok, processes
+from gemini.local.controlplane import REPO_ROOT, ControlPlane
+
+CRD = REPO_ROOT / "crds" / "geminijob.yaml"
+# `python -m gemini.cli` rather than the `gemini` script: the pid file then names the
+# interpreter that really runs (processes.running_pid compares it).
+GEMINI = [sys.executable, "-m", "gemini.cli"]
+GROUP, VERSION, PLURAL = "gemini.io", "v1alpha1", "geminijobs"
+LABEL_JOB, LABEL_RANK = "gemini.io/job-name", "gemini.io/rank"
+NAMESPACE = "scale"
+ZONES, RACKS = 3, 100
+CREATE_TARGET_S, RECOVERY_TARGET_S = 60.0, 5.0
+GPU = "nvidia.com/gpu"
+
+
+class BenchError(RuntimeError):
+    """A step did not happen; the message says what is missing."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Watching pods: one raw watch, first-seen times per pod uid (the Python models are too slow).
+
+
+@dataclass
+class PodRecord:
+    name: str
+    rank: int
+    uid: str
+    seen: float  # wall clock, first event
+    node: str = ""
+    running: float | None = None
+    deleting: bool = False
+    gone: bool = False
+
+
+@dataclass
+class PodWatch:
+    """Every worker pod of a namespace, by uid, kept current by a background watch."""
+
+    core: Any
+    namespace: str
+    pods: dict[str, PodRecord] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    stop: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self._watch_once()
+        except BaseException as err:  # surfaced by the waits
+            self.error = err
+
+    def _watch_once(self) -> None:
+        listing = json.loads(self.core.list_namespaced_pod(
+            self.namespace, label_selector=LABEL_JOB, _preload_content=False).data)
+        for pod in listing["items"]:
+            self._apply("ADDED", pod)
+        resp = self.core.list_namespaced_pod(
+            self.namespace, label_selector=LABEL_JOB, watch=True, timeout_seconds=300,
+            resource_version=listing["metadata"]["resourceVersion"],
+            allow_watch_bookmarks=False, _preload_content=False)
+        buf = b""
+        for chunk in resp.stream(65536, decode_content=True):
+            if self.stop.is_set():
+                break
+            buf += chunk
+            *lines, buf = buf.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    event = json.loads(line)
+                    if event["type"] == "ERROR":
+                        return  # e.g. 410 Gone: list again
+                    self._apply(event["type"], event["object"])
+        resp.release_conn()
+
+    def _apply(self, kind: str, pod: dict[str, Any]) -> None:
+        now = time.time()
+        meta, status = pod["metadata"], pod.get("status") or {}
+        with self.lock:
+            rec = self.pods.get(meta["uid"])
+            if rec is None:
+                rec = PodRecord(meta["name"], int(meta["labels"].get(LABEL_RANK, -1)),
+                                meta["uid"], now)
+                self.pods[meta["uid"]] = rec
+            rec.node = (pod.get("spec") or {}).get("nodeName") or ""
+            if rec.running is None and status.get("phase") == "Running" and status.get("podIP"):
+                rec.running = now
+            rec.deleting = meta.get("deletionTimestamp") is not None
+            rec.gone = kind == "DELETED"
+
+    def snapshot(self) -> list[PodRecord]:
+        if self.error is not None:
+            raise BenchError(f"watching pods failed: {self.error!r}")
+        with self.lock:
+            return [PodRecord(**vars(r)) for r in self.pods.values()]
+
+
+def wait_for(what: Callable[[], str | None], timeout: float, interval: float = 0.05) -> float:
+    """Poll `what` (None: done; else a description of what is still missing); wall time done."""
+    deadline = time.monotonic() + timeout
+    missing: str | None = "not checked"
+    while time.monotonic() < deadline:
+        missing = what()
+        if missing is None:
+            return time.time()
+        time.sleep(interval)
+    raise BenchError(f"after {timeout:.0f} s: {missing}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The operator
+
+
+def check_operator_available() -> None:
+    if not CRD.exists():
+        raise BenchError(f"the GeminiJob CRD {CRD} is missing")
+    result = subprocess.run([*GEMINI, "operator", "run", "--help"], capture_output=True,
+                            text=True, check=False)
+    if result.returncode != 0:
+        raise BenchError("`gemini operator run` is not available: "
+                         f"{(result.stderr or result.stdout).strip()[-500:]}")
+
+
+def apply_crd(api: Any) -> None:
+    import yaml
+    from kubernetes import client
+
+    crd = yaml.safe_load(CRD.read_text())
+    ext: Any = client.ApiextensionsV1Api(api)
+    ext.create_custom_resource_definition(crd)
+    name = crd["metadata"]["name"]
+
+    def established() -> str | None:
+        raw = json.loads(ext.read_custom_resource_definition(name, _preload_content=False).data)
+        conds = (raw.get("status") or {}).get("conditions") or []
+        ok = any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+        return None if ok else f"CRD {name} not Established"
+
+    wait_for(established, 30, 0.1)
+
+
+def start_operator(plane: ControlPlane) -> tuple[int, Path]:
+    port = processes.free_port()
+    argv = [*GEMINI, "operator", "run", f"--kubeconfig={plane.kubeconfig}",
+            f"--metrics-port={port}", "--log-level=INFO"]
+    pid = processes.spawn("operator", argv, plane.pid_dir, plane.log_dir,
+                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return pid, plane.log_dir / "operator.log"
+
+
+def operator_alive(plane: ControlPlane, log: Path) -> None:
+    if processes.running_pid("operator", plane.pid_dir) is None:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        raise BenchError(f"the operator exited; end of {log}:\n{tail}")
+
+
+def job_manifest(name: str, ranks: int, spare_nodes: int) -> dict[str, Any]:
+    # The trainer never runs on fake nodes; image and command only have to be valid.
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "GeminiJob",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "numNodes": ranks,
+            "template": {
+                "image": "gemini-operator:dev", "command": ["python", "-m", "train"],
+                "resourcesPerNode": {"requests": {"cpu": "4", "memory": "16Gi", GPU: "8"},
+                                     "limits": {GPU: "8"}},
+            },
+            "checkpoint": {"replicas": 2, "sidecar": {"image": "gemini-operator:dev"}},
+            "failurePolicy": {"spareNodes": spare_nodes, "maxRestarts": 100},
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# One run
+
+
+@dataclass
+class RunResult:
+    """One run's measured steps (s) and, per target, what never happened."""
+
+    steps: dict[str, float] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)  # "create" / "recovery" -> why
+
+    def step(self, name: str, since: float, at: float) -> float:
+        self.steps[name] = at - since
+        print(f"  {name}: {at - since:.2f}", file=sys.stderr, flush=True)
+        return at
+
+    def attempt(self, target: str, name: str, since: float,
+                what: Callable[[], str | None], timeout: float, interval: float = 0.05,
+                ) -> float | None:
+        """Wait for a step of `target`; on a timeout record why and return None."""
+        try:
+            return self.step(name, since, wait_for(what, timeout, interval))
+        except BenchError as err:
+            self.errors.setdefault(target, f"{name}: {err}")
+            print(f"  {name}: never ({err})", file=sys.stderr, flush=True)
+            return None
+
+
+def job_status(custom: Any, name: str) -> dict[str, Any]:
+    resp = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name,
+                                               _preload_content=False)
+    return dict(json.loads(resp.data).get("status") or {})
+
+
+def one_run(plane: ControlPlane, api: Any, watch: PodWatch, log: Path, name: str, ranks: int,
+            lost: int, spare_nodes: int, timeout: float) -> RunResult:
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api)
+    t0 = time.time()
+    custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
+                                           job_manifest(name, ranks, spare_nodes))
+
+    def live() -> list[PodRecord]:
+        operator_alive(plane, log)
+        return [p for p in watch.snapshot() if not p.gone and not p.deleting]
+
+    def all_created() -> str | None:
+        n = len({p.rank for p in live()})
+        return None if n == ranks else f"the operator created {n} of {ranks} worker pods"
+
+    def all_running() -> str | None:
+        n = sum(p.running is not None for p in live())
+        return None if n == ranks else f"{n} of {ranks} worker pods Running on fake nodes"
+
+    def populated() -> str | None:
+        status = job_status(custom, name)
+        ready = (status.get("workers") or {}).get("ready", 0)
+        placed = len((status.get("placement") or {}).get("nodes") or {})
+        if ready == ranks and placed == ranks:
+            return None
+        return (f"status.workers.ready is {ready} and status.placement.nodes covers {placed} "
+                f"of {ranks} ranks (state {status.get('state')!r})")
+
+    result = RunResult()
+    t_created = result.step("pods_created_s", t0, wait_for(all_created, timeout))
+    result.step("pods_running_s", t0, wait_for(all_running, timeout))
+    t_status = result.attempt("create", "status_populated_s", t0, populated, timeout, 0.2)
+    if t_status is not None:
+        result.steps["create_total_s"] = max(t_created, t_status) - t0
+
+    # Lose `lost` nodes that hold ranks, spread over the job.
+    pods = sorted(live(), key=lambda p: p.rank)
+    victims = [pods[i * len(pods) // lost] for i in range(lost)]
+    old_uids = {p.uid for p in victims}
+    lost_ranks = {p.rank for p in victims}
+    time.sleep(2.0)  # a steady state before the failure
+    with ThreadPoolExecutor(lost) as pool:
+        stamps = list(pool.map(lambda p: kwok.kwok_lose_node(plane.kubeconfig, p.node),
+                               victims))
+    t_loss = min(s.timestamp() for s in stamps)
+    lost_nodes = {p.node for p in victims}
+
+    def replaced() -> str | None:
+        new = [p for p in live() if p.rank in lost_ranks and p.uid not in old_uids]
+        if len({p.rank for p in new}) == lost:
+            return None
+        return f"replacement pods exist for {len({p.rank for p in new})} of {lost} lost ranks"
+
+    recorded_ranks: set[int] = set()  # over time: the ten may be recovered in batches
+
+    def recorded() -> str | None:
+        rec = job_status(custom, name).get("lastRecovery") or {}
+        recorded_ranks.update(rec.get("failedRanks") or [])
+        if lost_ranks <= recorded_ranks:
+            return None
+        return (f"status.lastRecovery.failedRanks showed {sorted(recorded_ranks)[:20]}, "
+                f"not all of {sorted(lost_ranks)}")
+
+    def replacements_running() -> str | None:
+        new = [p for p in live() if p.rank in lost_ranks and p.uid not in old_uids
+               and p.running is not None]
+        on_lost = [p for p in new if p.node in lost_nodes]
+        if on_lost:
+            raise BenchError(f"replacement pods were placed on lost nodes: {on_lost}")
+        return None if len(new) == lost else f"{len(new)} of {lost} replacements Running"
+
+    t_replaced = result.attempt("recovery", "replacements_created_s", t_loss, replaced, timeout)
+    t_recorded = result.attempt("recovery", "recovery_recorded_s", t_loss, recorded, timeout,
+                                0.1)
+    if t_replaced is not None:
+        result.attempt("recovery", "replacements_running_s", t_loss, replacements_running,
+                       timeout)
+    if t_replaced is not None and t_recorded is not None:
+        result.steps["recovery_total_s"] = max(t_replaced, t_recorded) - t_loss
+    cleanup(plane, api, custom, name, lost_nodes)
+    return result
+
+
+def cleanup(plane: ControlPlane, api: Any, custom: Any, name: str, lost_nodes: set[str]) -> None:
+    core = kwok.core_api(plane.kubeconfig, pool=4)
+    custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
+    # Not left to KCM's garbage collector: a thousand deletes at its client's rate take minutes.
+    core.delete_collection_namespaced_pod(NAMESPACE, label_selector=f"{LABEL_JOB}={name}",
+                                          grace_period_seconds=0)
+    for node in lost_nodes:
+        kwok.kwok_restore_node(plane.kubeconfig, node)
+    kwok.wait_nodes_ready(plane.kubeconfig, lost_nodes, timeout=60)
+
+    def gone() -> str | None:
+        left = json.loads(core.list_namespaced_pod(
+            NAMESPACE, label_selector=f"{LABEL_JOB}={name}", _preload_content=False).data)
+        n = len(left["items"])
+        return None if n == 0 else f"{n} pods of {name} still exist"
+
+    wait_for(gone, 120, 0.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Baselines: the same work by a plain client, without the operator
+
+
+def baseline_pods(core: Any, ranks: int, lost: int) -> tuple[float, float]:
+    """(s) 1000 one-per-node pods created until all Running; 10 deleted + recreated."""
+    ns = "baseline"
+    core.create_namespace({"metadata": {"name": ns}})
+
+    def pod(i: int) -> dict[str, Any]:
+        return {"metadata": {"name": f"w-{i}", "labels": {"app": "baseline"}}, "spec": {
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "trainer", "image": "none", "resources": {
+                "requests": {"cpu": "4", "memory": "16Gi", GPU: "8"}, "limits": {GPU: "8"}}}],
+            "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "baseline"}},
+                 "topologyKey": "kubernetes.io/hostname"}]}}}}
+
+    def running() -> int:
+        items = json.loads(core.list_namespaced_pod(ns, _preload_content=False).data)["items"]
+        return sum(1 for p in items if (p.get("status") or {}).get("phase") == "Running"
+                   and (p.get("status") or {}).get("podIP")
+                   and not p["metadata"].get("deletionTimestamp"))
+
+    start = time.time()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda i: core.create_namespaced_pod(ns, pod(i), _preload_content=False),
+                      range(ranks)))
+    wait_for(lambda: None if running() == ranks else f"{running()} baseline pods Running",
+             300, 0.5)
+    create_s = time.time() - start
+    # 10 replaced by a plain client: delete (grace 0) and create again, in parallel.
+    start = time.time()
+
+    def replace(i: int) -> None:
+        core.delete_namespaced_pod(f"w-{i}", ns, grace_period_seconds=0, _preload_content=False)
+        core.create_namespaced_pod(ns, pod(ranks + i), _preload_content=False)
+
+    with ThreadPoolExecutor(lost) as pool:
+        list(pool.map(replace, range(lost)))
+    replace_s = time.time() - start
+    core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
+    core.delete_namespace(ns)
+    return create_s, replace_s
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=1000)
+    parser.add_argument("--lost", type=int, default=10)
+    parser.add_argument("--spare-nodes", type=int, default=0,
+                        help="failurePolicy.spareNodes of the job")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=180.0, help="per step (s)")
+    parser.add_argument("--keep", action="store_true", help="keep the state directory")
+    args = parser.parse_args()
+    nodes = args.ranks + max(args.lost, args.spare_nodes)
+
+    results: list[RunResult] = []
+    setup: dict[str, float] = {}
+    error = ""
+    state_dir = Path(tempfile.mkdtemp(prefix="gemini-scale-"))
+    try:
+        check_operator_available()
+        t = time.monotonic()
+        plane = kwok.start_kwok_cluster(state_dir)
+        setup["control_plane_and_kwok_s"] = time.monotonic() - t
+        t = time.monotonic()
+        fake = kwok.create_fake_nodes(plane.kubeconfig, nodes, ZONES, RACKS)
+        setup["create_nodes_s"] = time.monotonic() - t
+        kwok.wait_nodes_ready(plane.kubeconfig, [n.name for n in fake], timeout=300)
+        setup["nodes_ready_s"] = time.monotonic() - t
+        core = kwok.core_api(plane.kubeconfig, pool=32)
+        base_create, base_replace = baseline_pods(core, args.ranks, args.lost)
+        setup["plain_client_create_running_s"] = base_create
+        setup["plain_client_replace_s"] = base_replace
+        print(f"set-up and baselines (s): { {k: round(v, 2) for k, v in setup.items()} }",
+              file=sys.stderr, flush=True)
+
+        from kubernetes import config
+
+        api = config.new_client_from_config(str(plane.kubeconfig))
+        apply_crd(api)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        _, log = start_operator(plane)
+        watch = PodWatch(core, NAMESPACE)
+        watch.start()
+        warm_up(plane, api, watch, log, args.timeout)
+        for i in range(args.runs):
+            result = one_run(plane, api, watch, log, f"scale-{i}", args.ranks, args.lost,
+                             args.spare_nodes, args.timeout)
+            results.append(result)
+            print(f"run {i}: { {k: round(v, 2) for k, v in result.steps.items()} } "
+                  f"{result.errors or ''}", file=sys.stderr, flush=True)
+        watch.stop.set()
+    except Exception as err:  # reported in the JSON lines, never as a number
+        error = str(err) if isinstance(err, BenchError) else f"{type(err).__name__}: {err}"
+        error += last_operator_complaint(state_dir / "logs" / "operator.log")
+        print(f"error: {error}", file=sys.stderr)
+    finally:
+        processes.stop("operator", state_dir / "pids")
+        kwok.stop_kwok_cluster(state_dir)
+        if args.keep or error:
+            print(f"state and logs kept in {state_dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(state_dir, ignore_errors=True)
+    report(results, setup, error, args)
+    return 1 if error else 0
+
+
+def warm_up(plane: ControlPlane, api: Any, watch: PodWatch, log: Path, timeout: float) -> None:
+    """A 2-rank job first: the operator is watching and leading before anything is timed."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api)
+    custom.create_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL,
+                                           job_manifest("warmup", 2, 0))
+
+    def created() -> str | None:
+        operator_alive(plane, log)
+        n = sum(1 for p in watch.snapshot() if p.name.startswith("warmup-") and not p.gone)
+        return None if n == 2 else (f"the operator created {n} of 2 pods of a 2-rank "
+                                    f"GeminiJob (see {log})")
+
+    wait_for(created, timeout, 0.1)
+    cleanup(plane, api, custom, "warmup", set())
+
+
+def last_operator_complaint(log: Path) -> str:
+    """The operator's newest warning or error, which usually says why a step never happened."""
+    if not log.exists():
+        return ""
+    lines = [line for line in log.read_text(errors="replace").splitlines()
+             if " WARNING " in line or " ERROR " in line]
+    return f"; the operator's last complaint: {lines[-1][:600]}" if lines else ""
+
+
+def report(results: list[RunResult], setup: dict[str, float], error: str,
+           args: argparse.Namespace) -> None:
+    """Two JSON lines, creation then recovery; a value only when every run got there."""
+
+    def median(key: str) -> float | None:
+        values = [r.steps[key] for r in results if key in r.steps]
+        return round(statistics.median(values), 3) if values else None
+
+    def line(target: str, metric: str, total: str, goal: float, steps: list[str],
+             baseline: str) -> str:
+        errors = [r.errors[target] for r in results if target in r.errors]
+        why = error or (errors[0] if errors else "")
+        complete = bool(results) and not why
+        return json.dumps({
+            "metric": metric, "value": median(total) if complete else None, "target": goal,
+            "better": "lower", "unit": "s",
+            # Steps measured before anything failed are real numbers, shown for diagnosis.
+            **{k: median(k) for k in steps},
+            f"baseline_{baseline}": round(setup[baseline], 3) if baseline in setup else None,
+            "runs": len(results), "ranks": args.ranks, "lost": args.lost,
+            **({"error": why} if why else {}),
+        })
+
+    print(line("create", "operator_1000_rank_job_created_and_status_populated_median",
+               "create_total_s", CREATE_TARGET_S,
+               ["pods_created_s", "pods_running_s", "status_populated_s"],
+               "plain_client_create_running_s"))
+    print(line("recovery", "operator_10_lost_ranks_replaced_median", "recovery_total_s",
+               RECOVERY_TARGET_S,
+               ["replacements_created_s", "recovery_recorded_s", "replacements_running_s"],
+               "plain_client_replace_s"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
