@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 COMMAND_MODULES: list[str] = [
+    "gemini.cli.demo",
     "gemini.cli.fault",
     "gemini.cli.launch",
     "gemini.cli.local",

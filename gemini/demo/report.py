@@ -67,13 +67,14 @@ class FailureRecord:
 
 def failure_row(
     record: FailureRecord, match: bool, iteration_seconds: float,
-    s3_checkpoint_seconds: float, s3_restore_seconds: float,
+    s3_checkpoint_seconds: float | None, s3_restore_seconds: float | None,
 ) -> dict[str, Any]:
     """The JSON row of one failure, with the paper's wasted-time model beside the measurement.
 
     In-memory checkpoints every iteration waste about one and a half iterations plus the
     recovery; S3-only checkpointing at the highest rate S3 sustains (one checkpoint at a time)
-    wastes its checkpoint time, half its interval and the S3 retrieval.
+    wastes its checkpoint time, half its interval and the S3 retrieval. Without S3 timings
+    (nothing was persisted) that baseline is None.
     """
     downtime = record.downtime_seconds
     lost = record.steps_lost
@@ -94,7 +95,9 @@ def failure_row(
             wasted_seconds_per_failure(
                 iteration_seconds, iteration_seconds, 0.0, iteration_seconds)
             + (downtime or 0.0), 2),
-        "model_wasted_seconds_s3_only": round(
+        "model_wasted_seconds_s3_only": None
+        if s3_checkpoint_seconds is None or s3_restore_seconds is None
+        else round(
             wasted_seconds_per_failure(
                 s3_checkpoint_seconds, s3_checkpoint_seconds, s3_restore_seconds,
                 iteration_seconds)

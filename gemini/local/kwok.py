@@ -143,6 +143,13 @@ def start_kwok(plane: ControlPlane, state_dir: Path, timeout: float = 60.0) -> i
     pid_dir, log_dir = state_dir / "pids", state_dir / "logs"
     if processes.running_pid(_NAME, pid_dir) is not None:
         raise KwokError(f"kwok is already running for {state_dir}; stop_kwok() it first")
+    grace = _node_monitor_grace(plane)
+    if grace is not None and grace < NODE_MONITOR_GRACE_SECONDS:
+        raise KwokError(
+            f"kube-controller-manager calls a node lost after {grace} s of silence, but kwok "
+            f"renews leases every {LEASE_SECONDS // 4} s: start the control plane with "
+            f"node_monitor_grace_seconds={NODE_MONITOR_GRACE_SECONDS} "
+            "(gemini.local.kwok.start_kwok_cluster does)")
     bin_dir = kwok_bin_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
     config = state_dir / "kwok-config.yaml"
@@ -161,6 +168,17 @@ def start_kwok(plane: ControlPlane, state_dir: Path, timeout: float = 60.0) -> i
         time.sleep(0.2)
     stop_kwok(state_dir)
     raise KwokError(f"kwok not healthy after {timeout:.0f}s; see {log}")
+
+
+def _node_monitor_grace(plane: ControlPlane) -> int | None:
+    """KCM's --node-monitor-grace-period in seconds, read from its command line."""
+    pid = processes.running_pid("kube-controller-manager", plane.pid_dir)
+    if pid is None:
+        return None
+    for arg in Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0"):
+        if arg.startswith("--node-monitor-grace-period=") and arg.endswith("s"):
+            return int(arg.split("=", 1)[1][:-1])
+    return None
 
 
 def _healthy(port: int) -> bool:

@@ -5,7 +5,9 @@ A registry of its own, so several operators in one process (tests) do not collid
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -36,7 +38,34 @@ class OperatorMetrics:
             registry=r,
         )
         self.leader = Gauge("gemini_operator_leader", "1 while this replica leads", registry=r)
+        self.detections = Counter(
+            "gemini_operator_failures_detected", "Failures that started a recovery", registry=r
+        )
+        self.recoveries_done = Counter(
+            "gemini_operator_recoveries_finished", "Recoveries finished, by cause and source",
+            ["cause", "source"], registry=r,
+        )
+        self.recovery_seconds = Histogram(
+            "gemini_operator_recovery_seconds", "From detection to every launcher restarted",
+            registry=r, buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+        )
+        self.recovery_phase_seconds = Histogram(
+            "gemini_operator_recovery_phase_seconds", "Seconds per recovery phase", ["phase"],
+            registry=r, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
+        )
+        self.steps_lost = Counter(
+            "gemini_operator_steps_lost", "Training steps redone after recoveries", registry=r
+        )
         self._states: dict[tuple[str, str], str] = {}
+
+    def observe_recovery(self, last: Mapping[str, Any]) -> None:
+        """Count a finished recovery (a status.lastRecovery document)."""
+        self.recoveries_done.labels(cause=str(last.get("cause", "")),
+                                    source=str(last.get("source", ""))).inc()
+        self.recovery_seconds.observe(float(last.get("durationSeconds", 0.0)))
+        self.steps_lost.inc(int(last.get("stepsLost", 0)))
+        for phase, seconds in (last.get("breakdown") or {}).items():
+            self.recovery_phase_seconds.labels(phase=str(phase)).observe(float(seconds))
 
     def job_state(self, key: tuple[str, str], state: State | None) -> None:
         """Record a job's state (None: the job is gone) and refresh the per-state gauge."""

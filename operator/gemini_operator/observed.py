@@ -37,7 +37,10 @@ class PodView:
     trainer_exit: ContainerExit | None = None
     ip: str = ""
     owner_uid: str = ""  # the controlling GeminiJob's uid
-
+    # The trainer container's restarts (the launcher exits when training fails and the node
+    # restarts it) and how it last ended: a software failure, seen in the pod watch.
+    trainer_restarts: int = 0
+    trainer_last_exit: ContainerExit | None = None
 
     @property
     def terminal(self) -> bool:
@@ -77,6 +80,8 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         trainer_exit=_trainer_exit(status),
         ip=str(status.get("podIP") or ""),
         owner_uid=_controller_uid(meta),
+        trainer_restarts=_trainer_restarts(status),
+        trainer_last_exit=_trainer_exit(status, "lastState"),
     )
 
 
@@ -112,11 +117,18 @@ def _disruption_reason(status: Mapping[str, Any]) -> str:
     return ""
 
 
-def _trainer_exit(status: Mapping[str, Any]) -> ContainerExit | None:
+def _trainer_restarts(status: Mapping[str, Any]) -> int:
+    for container in status.get("containerStatuses") or ():
+        if container.get("name") == naming.TRAINER_CONTAINER:
+            return int(container.get("restartCount") or 0)
+    return 0
+
+
+def _trainer_exit(status: Mapping[str, Any], key: str = "state") -> ContainerExit | None:
     for container in status.get("containerStatuses") or ():
         if container.get("name") != naming.TRAINER_CONTAINER:
             continue
-        terminated = (container.get("state") or {}).get("terminated")
+        terminated = (container.get(key) or {}).get("terminated")
         if terminated:
             return ContainerExit(int(terminated.get("exitCode", 0)),
                                  str(terminated.get("reason") or ""))

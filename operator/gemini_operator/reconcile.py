@@ -127,12 +127,18 @@ class Recover:
 
 
 @dataclass(frozen=True)
+class StartTraining:
+    """Every worker runs and has its placement: tell every launcher to start epoch 1."""
+
+
+@dataclass(frozen=True)
 class DeleteJob:
     """The TTL after finishing has passed."""
 
 
 Action = (
-    CreateSecret | CreateService | CreatePods | DeletePods | DeliverPlacement | Recover | DeleteJob
+    CreateSecret | CreateService | CreatePods | DeletePods | DeliverPlacement | Recover
+    | StartTraining | DeleteJob
 )
 
 
@@ -305,8 +311,9 @@ def _failures(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: 
         if r not in observed.pending_creates and not (r in current and current[r].phase ==
                                                          "Succeeded")
     )
-    failures = detect_failures(current, observed.nodes, spec.num_nodes, expected,
-                               observed.process_exits)
+    exits = {**trainer_exits(current, plan.status.launch, plan.status.restart_attempt),
+             **observed.process_exits}
+    failures = detect_failures(current, observed.nodes, spec.num_nodes, expected, exits)
     if not failures:
         failures = detect_hang(observed.progress, observed.now,
                                spec.failure_policy.hang_timeout_seconds, sorted(expected))
@@ -360,7 +367,35 @@ def _placement(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan:
     return False
 
 
+def trainer_exits(
+    pods: Mapping[int, PodView], launch: Mapping[str, Any] | None, attempt: int,
+) -> dict[int, int]:
+    """Ranks whose trainer container restarted since the launchers were last told to run
+    (the launcher exits when training fails), with the exit code it ended with."""
+    if not launch or int(launch.get("restartAttempt", -1)) != attempt:
+        return {}
+    counts = launch.get("trainerRestarts") or {}
+    uids = launch.get("podUIDs") or {}
+    exits = {}
+    for rank, pod in pods.items():
+        base = int(counts.get(str(rank), 0)) if uids.get(str(rank)) == pod.uid else 0
+        if pod.trainer_restarts > base:
+            code = pod.trainer_last_exit.exit_code if pod.trainer_last_exit else 1
+            exits[rank] = code or 1
+    return exits
+
+
+def training_started(status: JobStatus) -> bool:
+    launch = status.launch
+    return bool(launch) and int((launch or {}).get("restartAttempt", -1)) == status.restart_attempt
+
+
 def _running(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
+    current = _current_pods(observed, plan.status.restart_attempt)
+    if (not training_started(plan.status) and plan.status.placement is not None
+            and len(current) == spec.num_nodes
+            and all(p.phase == "Running" and p.ip for p in current.values())):
+        plan.actions.append(StartTraining())
     workers = plan.status.workers
     if workers.ready == spec.num_nodes:
         plan.set(cond.ALL_WORKERS_READY, total=spec.num_nodes)

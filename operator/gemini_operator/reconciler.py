@@ -16,8 +16,9 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,8 +27,10 @@ from gemini_operator.cache import ClusterCache, JobKey, Snapshot
 from gemini_operator.conditions import (
     FAILURE_POLICY_FAIL_JOB,
     MAX_RESTARTS_EXCEEDED,
+    RECOVERY_FINISHED,
     RECOVERY_NEEDED,
     state_of,
+    upsert,
 )
 from gemini_operator.kube import KubeClient
 from gemini_operator.metrics import OperatorMetrics
@@ -43,10 +46,12 @@ from gemini_operator.reconcile import (
     Observed,
     ReconcileConfig,
     Recover,
+    StartTraining,
     reconcile,
 )
+from gemini_operator.recovery import Outcome, RecoveryExecutor
 from gemini_operator.sidecars import SidecarAddress, deliver_placement
-from gemini_operator.status import status_patch
+from gemini_operator.status import JobStatus, status_patch
 
 log = logging.getLogger(__name__)
 EXPECTATION_SECONDS = 60.0  # how long a created pod may take to show up in the watch
@@ -73,8 +78,14 @@ class Reconciler:
             DeletePods: self._delete_pods,
             DeliverPlacement: self._deliver_placement,
             Recover: self._recover,
+            StartTraining: self._start_training,
             DeleteJob: self._delete_job,
         }
+        self.recovery = RecoveryExecutor(kube, config, self._write_status, clock)
+        # Per reconcile: status fields the recovery steps set, and what they asked for.
+        self._overrides: dict[str, Any] = {}
+        self._outcomes: list[Outcome] = []
+        self._decided = JobStatus()
 
     def reconcile(self, key: JobKey) -> float | None:
         """One reconcile of job `key`; returns seconds until a time-based re-check, if any."""
@@ -92,21 +103,62 @@ class Reconciler:
             # have listed every pod and node yet, and a missing pod must not count as lost.
             snap = self._refresh(key, snap)
             decision = reconcile(self._observe(key, job, snap), self.config)
+        self._overrides, self._outcomes, self._decided = {}, [], decision.status
         for action in decision.actions:
-            self._handlers[type(action)](job, snap, action)
             if isinstance(action, Recover) and any(
                 e.reason == RECOVERY_NEEDED.reason for e in decision.events
             ):
                 self.metrics.recoveries.labels(kind=action.kind.value).inc()
-        patch = status_patch(job.status, decision.status.to_dict())
+                self._record_detection(job, snap, decision)
+            self._handlers[type(action)](job, snap, action)
+        new, conditions = self._final_status(job, decision)
+        current = self.cache.snapshot(key)
+        old = current.job.get("status") if current is not None else job.status
+        patch = status_patch(old, new)
         if patch is not None:
             updated = self.kube.patch_job_status(job.namespace, job.name, patch)
             self.cache.update_job(updated, deleted=False)
             self.metrics.status_writes.inc()
         self._send_events(job, decision.events)
-        self.metrics.job_state(key, state_of(decision.status.conditions))
+        for outcome in self._outcomes:
+            self._send_events(job, [_Ev(r, m, w) for r, m, w in outcome.events])
+        self.metrics.job_state(key, state_of(conditions))
         self.metrics.reconcile_seconds.observe(time.monotonic() - started)
-        return decision.requeue_after
+        waits = [o.requeue_after for o in self._outcomes if o.requeue_after is not None]
+        if decision.requeue_after is not None:
+            waits.append(decision.requeue_after)
+        return min(waits) if waits else None
+
+    def _final_status(self, job: JobView, decision: Decision) -> tuple[dict[str, Any], Any]:
+        """The decided status with what the recovery steps wrote or finished on top."""
+        new = decision.status.to_dict()
+        conditions = decision.status.conditions
+        for outcome in self._outcomes:
+            self._overrides.update(outcome.status)
+            if outcome.finished is not None:
+                conditions = upsert(conditions, RECOVERY_FINISHED.condition(
+                    _now_text(self._clock()), job.generation,
+                    cause=outcome.finished.get("message") or outcome.finished.get("cause"),
+                    step=outcome.finished.get("restoredStep", "none (fresh start)")))
+                self.metrics.observe_recovery(outcome.finished)
+        for name, value in self._overrides.items():
+            if value is None:
+                new.pop(name, None)
+            else:
+                new[name] = value
+        new["conditions"] = [c.to_dict() for c in conditions]
+        new["state"] = state_of(conditions).value
+        return new, conditions
+
+    def _write_status(self, job: JobView, patch: Mapping[str, Any]) -> None:
+        """A recovery step's record, written before the step acts; kept for the final write."""
+        updated = self.kube.patch_job_status(job.namespace, job.name, dict(patch))
+        self.cache.update_job(updated, deleted=False)
+        self.metrics.status_writes.inc()
+        self._overrides.update(patch)
+
+    def _record_detection(self, job: JobView, snap: Snapshot, decision: Decision) -> None:
+        self.metrics.detections.inc()
 
     def _observe(self, key: JobKey, job: JobView, snap: Snapshot) -> Observed:
         # A deleted job's pods may linger (the garbage collector takes its time) while a new
@@ -186,15 +238,10 @@ class Reconciler:
         deliver_placement(action.placement, addresses, token)
 
     def _recover(self, job: JobView, snap: Snapshot, action: Recover) -> None:
-        # Recovery execution (in-place restarts through the launchers, replacement pods,
-        # shard fetches, S3 restore) is not implemented yet: the job stays Recovering, and
-        # the condition says what is needed. See docs/geminijob.md.
-        said = (job.uid, int((job.status or {}).get("restarts", 0)))
-        if said not in self._said_unrecoverable:
-            self._said_unrecoverable.add(said)
-            log.warning("%s/%s needs a %s recovery (%d ranks); this operator version cannot "
-                        "execute recoveries yet", job.namespace, job.name, action.kind.value,
-                        len(action.failures))
+        self._outcomes.append(self.recovery.recover(job, snap, action, self._decided))
+
+    def _start_training(self, job: JobView, snap: Snapshot, action: StartTraining) -> None:
+        self._outcomes.append(self.recovery.start_training(job, snap, self._decided))
 
     def _delete_job(self, job: JobView, snap: Snapshot, action: DeleteJob) -> None:
         self.kube.delete_job(job.namespace, job.name)
@@ -207,6 +254,17 @@ class Reconciler:
                                        self._clock())
             except Exception as err:
                 log.warning("could not record event %s: %s", event.reason, err)
+
+
+@dataclass(frozen=True)
+class _Ev:
+    reason: str
+    message: str
+    warning: bool = False
+
+
+def _now_text(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _new_failure(decision: Decision) -> bool:

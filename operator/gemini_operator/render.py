@@ -38,7 +38,7 @@ class RenderConfig:
     rendezvous_port: int = 29500
     shm_mount_path: str = "/gemini/shm"
     cluster_domain: str = "cluster.local"
-    launcher_command: tuple[str, ...] = ("gemini", "launch", "--")
+    launcher_command: tuple[str, ...] = ("gemini", "launch", "--exit-on-failure", "--")
     sidecar_command: tuple[str, ...] = ("gemini", "sidecar")
 
     @property
@@ -84,7 +84,10 @@ def worker_pod(
             "ownerReferences": [owner_reference(job)],
         },
         "spec": {
-            "restartPolicy": "Never",  # the launcher restarts training in place; a dead pod is lost
+            # The launcher exits when training fails (--exit-on-failure) and the node restarts
+            # the container in place: the operator sees it in the pod watch, the pod (and the
+            # sidecar's memory) stays. A launcher that exits 0 (training done) is not restarted.
+            "restartPolicy": "OnFailure",
             "hostname": name,
             "subdomain": naming.service_name(job.name),
             "enableServiceLinks": False,
@@ -239,6 +242,10 @@ def _trainer_env(job: JobRef, spec: JobSpec, rank: int, config: RenderConfig) ->
         _value("GEMINI_NUM_PROC_PER_NODE", spec.num_proc_per_node),
         _value("GEMINI_CHECKPOINT_INTERVAL", spec.checkpoint.interval_iterations),
         _value("GEMINI_LAUNCHER_PORT", config.launcher_port),
+        # Listen on the pod IP and wait for the operator's first /restart, which names this
+        # epoch's rendezvous (rank 0's pod IP; a replaced rank 0 has a new one).
+        _value("GEMINI_LAUNCHER_HOST", "$(GEMINI_POD_IP)"),
+        _value("GEMINI_LAUNCHER_HOLD", 1),
         # $(VAR) is expanded by the kubelet from the entries above.
         _value("GEMINI_SIDECAR_URL", "http://$(GEMINI_POD_IP):$(GEMINI_SIDECAR_API_PORT)"),
         _value("GEMINI_HEARTBEAT_FILE", f"{config.shm_mount_path}/heartbeat"),

@@ -73,3 +73,48 @@ def _post(address: SidecarAddress, path: str, body: Mapping[str, Any], token: st
         return f"rank {address.rank}: {path} answered {err.code} {err.read()[:200]!r}"
     except OSError as err:
         return f"rank {address.rank}: {path} unreachable ({err})"
+
+
+def call(
+    ip: str, port: int, path: str, token: str, body: Mapping[str, Any] | None = None,
+    timeout: float = TIMEOUT_SECONDS,
+) -> dict[str, Any]:
+    """One JSON request to a sidecar or launcher (GET without a body, POST with one); the
+    answer's JSON object. Raises SidecarError naming the address and what it answered."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(
+        f"http://{ip}:{port}{path}", data=data, method="GET" if body is None else "POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            answer = json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        raise SidecarError(f"{ip}:{port}{path} answered {err.code} {err.read()[:300]!r}") from err
+    except (OSError, ValueError) as err:
+        raise SidecarError(f"{ip}:{port}{path} unreachable ({err})") from err
+    return answer if isinstance(answer, dict) else {"answer": answer}
+
+
+def call_all(
+    targets: Mapping[int, tuple[str, int]], path: str, token: str,
+    bodies: Mapping[int, Mapping[str, Any] | None], timeout: float = TIMEOUT_SECONDS,
+) -> dict[int, dict[str, Any]]:
+    """`call` for every rank in parallel; raise one SidecarError naming every failure."""
+    ranks = sorted(targets)
+    results: dict[int, dict[str, Any]] = {}
+    errors: list[str] = []
+
+    def one(rank: int) -> None:
+        ip, port = targets[rank]
+        try:
+            results[rank] = call(ip, port, path, token, bodies.get(rank), timeout)
+        except SidecarError as err:
+            errors.append(f"rank {rank}: {err}")
+
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(ranks)))) as pool:
+        list(pool.map(one, ranks))
+    if errors:
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise SidecarError("; ".join(sorted(errors)[:3]) + more)
+    return results

@@ -56,6 +56,10 @@ class JobStatus:
     # Owned by placement and recovery; kept as the documents the CRD describes.
     placement: Mapping[str, Any] | None = None
     last_recovery: Mapping[str, Any] | None = None
+    # The training epoch the launchers run (epoch, rendezvous, trainer restart baselines) and
+    # the recovery under way (each step written before it is acted on): see recovery.py.
+    launch: Mapping[str, Any] | None = None
+    recovery: Mapping[str, Any] | None = None
 
     def with_changes(self, **changes: Any) -> JobStatus:
         return replace(self, **changes)
@@ -75,6 +79,8 @@ class JobStatus:
             ("completionTime", self.completion_time),
             ("placement", self.placement),
             ("lastRecovery", self.last_recovery),
+            ("launch", self.launch),
+            ("recovery", self.recovery),
         ):
             if value is not None:
                 out[key] = dict(value) if isinstance(value, Mapping) else value
@@ -101,6 +107,8 @@ class JobStatus:
             ),
             placement=raw.get("placement"),
             last_recovery=raw.get("lastRecovery"),
+            launch=raw.get("launch"),
+            recovery=raw.get("recovery"),
         )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import time
 import uuid
@@ -108,7 +109,9 @@ def test_thousand_pods_one_per_node_run_with_ips(
     nodes = Counter(p["spec"]["nodeName"] for p in pods)
     assert len(nodes) == PODS, "anti-affinity: at most one worker per node"
     assert set(nodes) <= {n.name for n in kwok_cluster.nodes}
-    assert len({p["status"]["podIP"] for p in pods}) == PODS, "pod IPs are unique"
+    ips = {ipaddress.ip_address(p["status"]["podIP"]) for p in pods}
+    assert len(ips) == PODS, "pod IPs are unique"
+    assert all(ip in ipaddress.ip_network(kwok.POD_CIDR) for ip in ips)
     zone_of = {n.name: n.zone for n in kwok_cluster.nodes}
     zones = Counter(zone_of[p["spec"]["nodeName"]] for p in pods)
     assert len(zones) == KWOK_ZONES and min(zones.values()) > PODS // KWOK_ZONES // 2

@@ -11,7 +11,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from gemini_trainer.shm import ShardSlots, SlotError, SlotInfo, shard_path
+from gemini_trainer.shm import ShardSlots, SlotError, SlotInfo, default_capacity, shard_path
 
 
 class LocalShardError(Exception):
@@ -72,13 +72,14 @@ class LocalShard:
         return slots is not None and slots.still_valid(info)
 
     def begin_write(self, version: int, length: int) -> tuple[ShardSlots, memoryview]:
-        """Writable memory for a version fetched from elsewhere; the file is created if new.
+        """Writable memory for a version fetched from elsewhere; the file is created if new,
+        with the trainer's headroom (``default_capacity``) so its next snapshots fit too.
 
         Raises SlotBusy while the trainer holds the writer lock (it must be stopped first).
         """
         slots = self._open()
         if slots is None:
-            slots = ShardSlots(self.path, length, rank=self.rank)
+            slots = ShardSlots(self.path, default_capacity(length), rank=self.rank)
             self._slots = slots
             self._inode = os.stat(self.path).st_ino
         if length > slots.capacity:

@@ -52,6 +52,7 @@ from gemini_trainer.capture import (
 )
 from gemini_trainer.commprof import CommRecorder, phase_path, profile_path
 from gemini_trainer.shm import (
+    SLOT_HEADROOM_BYTES,
     ShardSlots,
     SlotError,
     SlotInfo,
@@ -67,7 +68,7 @@ from gemini_trainer.shm import (
 log = logging.getLogger(__name__)
 
 SIDECAR_NOTIFY_PATH = "/v1/local/committed"
-HEADROOM_BYTES = 1 << 20  # room for the user's extra state to grow
+HEADROOM_BYTES = SLOT_HEADROOM_BYTES  # room for the user's extra state to grow
 
 
 class RestoreError(Exception):

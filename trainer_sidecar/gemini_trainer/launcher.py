@@ -4,10 +4,12 @@
 up when it exits, so a restart costs a process start, not a pod (and the sidecar's memory
 survives). The operator drives it over a small HTTP API:
 
-    GET  /status    -> {"state": "running"|"exited"|"stopped", "pid", "epoch", "restarts",
+    GET  /status    -> {"state": "held"|"running"|"exited"|"stopped", "pid", "epoch", "restarts",
                         "exit_code", "exited_at", "started_at", "restore": {"version",
                         "source"}, "progress": {"step", "unix", "age_s"} | null}
-    POST /restart   {"epoch": int, "version": int | "latest" | null, "source": "local"|"peer"|"s3"}
+    POST /restart   {"epoch": int, "version": int | "latest" | null, "source": "local"|"peer"|"s3",
+                     "env": {"NAME": "value", ...} (optional: merged into the child's environment,
+                     e.g. MASTER_ADDR/MASTER_PORT of this epoch's rendezvous)}
                     stops the current process (SIGTERM to its group, SIGKILL after the grace
                     period) and starts the command again with GEMINI_RESTART_EPOCH=epoch,
                     GEMINI_RESTORE_VERSION=version ("none" for null), GEMINI_RESTORE_SOURCE.
@@ -25,7 +27,12 @@ Progress: the child gets GEMINI_HEARTBEAT_FILE; the trainer library writes "<ste
 there after each committed snapshot, and ``progress.age_s`` tells hang detection how long ago
 that was. When the child exits 0 the launcher exits 0 (training finished); a failure is
 reported and the launcher waits for /restart (or exits with the child's code when
-``exit_on_failure`` is set, for use without an operator).
+``exit_on_failure`` is set, so the container ends and the node restarts it).
+
+Hold mode (GEMINI_LAUNCHER_HOLD=1): the command is not started until the first POST /restart,
+so the operator can hand every rank the rendezvous address of this epoch (rank 0's pod IP
+changes when rank 0 is replaced; there is no cluster DNS to hide that). The child dies with
+the launcher (parent-death signal): a killed trainer container leaves no orphaned training.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ import hmac
 import json
 import logging
 import os
+import queue
 import signal
 import subprocess
 import tempfile
@@ -51,6 +59,8 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
 SOURCES = ("local", "peer", "s3")
+MAX_ENV = 64
+PR_SET_PDEATHSIG = 1
 
 
 class LauncherError(Exception):
@@ -66,6 +76,7 @@ class RestartRequest:
     epoch: int
     version: int | str | None  # a step, "latest", or None (fresh start)
     source: str = "local"
+    extra_env: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def parse(cls, body: Mapping[str, Any]) -> RestartRequest:
@@ -79,15 +90,30 @@ class RestartRequest:
             )
         if source not in SOURCES:
             raise LauncherError(f"'source' must be one of {SOURCES}", HTTPStatus.BAD_REQUEST)
-        return cls(epoch, version, source)
+        return cls(epoch, version, source, _parse_env(body.get("env")))
 
     def env(self) -> dict[str, str]:
         version = "none" if self.version is None else str(self.version)
         return {
+            **dict(self.extra_env),
             "GEMINI_RESTART_EPOCH": str(self.epoch),
             "GEMINI_RESTORE_VERSION": version,
             "GEMINI_RESTORE_SOURCE": self.source,
         }
+
+
+def _parse_env(raw: object) -> tuple[tuple[str, str], ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict) or len(raw) > MAX_ENV or not all(
+        isinstance(k, str) and k and "=" not in k and "\0" not in k
+        and isinstance(v, str) and "\0" not in v for k, v in raw.items()
+    ):
+        raise LauncherError(
+            f"'env' must be an object of at most {MAX_ENV} names (no '=') to string values",
+            HTTPStatus.BAD_REQUEST,
+        )
+    return tuple(sorted(raw.items()))
 
 
 def _is_step(value: object) -> bool:
@@ -104,6 +130,7 @@ class LauncherConfig:
     heartbeat_file: Path | None = None  # default: a file in a private temp dir
     grace_s: float = 10.0
     exit_on_failure: bool = False
+    hold: bool = False  # wait for the first POST /restart before starting the command
 
     @classmethod
     def from_env(
@@ -120,6 +147,7 @@ class LauncherConfig:
             "status_file": Path(status) if status else None,
             "heartbeat_file": Path(heartbeat) if heartbeat else None,
             "grace_s": float(env.get("GEMINI_LAUNCHER_GRACE_S", "10")),
+            "hold": env.get("GEMINI_LAUNCHER_HOLD", "") in ("1", "true", "yes"),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -151,6 +179,7 @@ class Launcher:
         self._done = threading.Event()
         self._tmp = tempfile.TemporaryDirectory(prefix="gemini-launch-")
         self.heartbeat_file = config.heartbeat_file or Path(self._tmp.name) / "heartbeat"
+        self._spawner = _Spawner()
         self._server = ThreadingHTTPServer((config.host, config.port), _handler_for(self))
         self._server.daemon_threads = True
 
@@ -171,7 +200,12 @@ class Launcher:
                     sig, lambda *_: threading.Thread(target=self._stop_and_finish).start()
                 )
         with self._lock:
-            self._start_child({})
+            if self.config.hold:
+                self._state = "held"
+                log.info("holding %s until the first /restart", self.config.command[0])
+                self._publish()
+            else:
+                self._start_child({})
         self._done.wait()
         self._server.shutdown()
         self._server.server_close()
@@ -189,7 +223,7 @@ class Launcher:
         env["GEMINI_RESTART_EPOCH"] = str(self._epoch)
         env["GEMINI_HEARTBEAT_FILE"] = str(self.heartbeat_file)
         self.heartbeat_file.unlink(missing_ok=True)
-        proc = subprocess.Popen(list(self.config.command), env=env, start_new_session=True)
+        proc = self._spawner.spawn(list(self.config.command), env)
         self._proc = proc
         self._state = "running"
         self._exit_code, self._exited_at = None, None
@@ -314,6 +348,42 @@ class Launcher:
             return True
         expected = f"Bearer {self.config.token}".encode()
         return hmac.compare_digest((header or "").encode(), expected)
+
+
+class _Spawner:
+    """Starts children from one long-lived thread: the parent-death signal fires when the
+    *thread* that forked the child ends, and request threads end right after answering."""
+
+    def __init__(self) -> None:
+        self._requests: queue.Queue[tuple[list[str], dict[str, str], queue.Queue[Any]]] = (
+            queue.Queue()
+        )
+        threading.Thread(target=self._serve, name="launcher-spawner", daemon=True).start()
+
+    def spawn(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        answer: queue.Queue[Any] = queue.Queue(maxsize=1)
+        self._requests.put((command, env, answer))
+        result = answer.get()
+        if isinstance(result, BaseException):
+            raise result
+        return result  # type: ignore[no-any-return]
+
+    def _serve(self) -> None:
+        while True:
+            command, env, answer = self._requests.get()
+            try:
+                answer.put(subprocess.Popen(command, env=env, start_new_session=True,
+                                            preexec_fn=_die_with_parent))
+            except BaseException as err:  # handed to the caller, who raises it
+                answer.put(err)
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the launcher dies (Linux; elsewhere a no-op)."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -82,6 +82,9 @@ INDEX_ALIGN = 64 << 10
 _HEADER_CRC_SPAN = 52  # bytes of SLOT_HEADER covered by the header CRC (up to the checksum)
 
 ENV_SHM_DIR = "GEMINI_SHM_DIR"
+# Room a slot keeps beyond the payload it is first made for, so later versions fit when the
+# user's extra state grows a little (the index is padded already, see index_region).
+SLOT_HEADROOM_BYTES = 1 << 20
 
 
 class SlotState(IntEnum):
@@ -134,6 +137,12 @@ def shard_path(rank: int, shm_dir: str | os.PathLike[str] | None = None, job: st
     base = Path(shm_dir or os.environ.get(ENV_SHM_DIR) or "/dev/shm")
     prefix = f"gemini-{job}-" if job else "gemini-"
     return base / f"{prefix}rank{rank}.slots"
+
+
+def default_capacity(payload_len: int) -> int:
+    """Slot capacity for a file first made for a payload of ``payload_len`` bytes: the
+    payload plus SLOT_HEADROOM_BYTES (the trainer and the sidecar use the same rule)."""
+    return payload_len + SLOT_HEADROOM_BYTES
 
 
 def _round_up(n: int, to: int) -> int:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from gemini.local import kwok
+from gemini.local import kwok, processes
+from gemini.local.controlplane import ControlPlane, Ports
 from gemini.local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
+from gemini.local.pki import Pki
 
 
 def test_nodes_spread_over_racks_and_zones_like_gemini_local() -> None:
@@ -54,3 +57,17 @@ def test_kwok_runs_with_our_stages_and_lease() -> None:
     assert kwok.LEASE_SECONDS / 4 * 2 < kwok.NODE_MONITOR_GRACE_SECONDS
     assert kwok.STAGES.exists()
 
+
+
+def test_kwok_refuses_a_control_plane_that_would_call_its_nodes_lost(tmp_path: Path) -> None:
+    # A stand-in process with KCM's name and command line; start_kwok reads only those.
+    argv = [sys.executable, "-c", "import time; time.sleep(60)",
+            "--node-monitor-period=1s", "--node-monitor-grace-period=8s"]
+    processes.spawn("kube-controller-manager", argv, tmp_path / "pids", tmp_path / "logs")
+    plane = ControlPlane(tmp_path, Ports(1, 2, 3, 4, 5), tmp_path / "kubeconfig",
+                         Pki(tmp_path / "pki"))
+    try:
+        with pytest.raises(kwok.KwokError, match="node_monitor_grace_seconds=40"):
+            kwok.start_kwok(plane, tmp_path)
+    finally:
+        processes.stop("kube-controller-manager", tmp_path / "pids", grace_seconds=1)

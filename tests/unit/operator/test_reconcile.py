@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from gemini.domain.recovery import FailureKind
 from gemini_operator import naming
 from gemini_operator.observed import ContainerExit, NodeView, PodView
+from gemini_operator.recovery import launch_document
 from gemini_operator.reconcile import (
     CreatePods,
     CreateSecret,
@@ -18,6 +19,7 @@ from gemini_operator.reconcile import (
     Observed,
     ReconcileConfig,
     Recover,
+    StartTraining,
     reconcile,
 )
 from gemini_operator.status import status_patch
@@ -113,7 +115,8 @@ def test_reconciling_an_unchanged_job_writes_nothing_and_says_nothing():
     h = Harness()
     h.step()
     h.run_pods()
-    h.step()
+    (start,) = _of(h.step(), StartTraining)
+    h.job["status"]["launch"] = launch_document(1, 0, h.pods, CONFIG.render)
     h.now += timedelta(seconds=5)
     d = h.step()
     assert status_patch(h.previous_status, d.status.to_dict()) is None

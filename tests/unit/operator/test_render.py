@@ -40,9 +40,10 @@ def test_worker_pod_is_owned_by_the_job():
 def test_trainer_runs_the_user_command_under_the_launcher():
     pod = _pod(make_job().set("template.args", ["--lr", "0.1"]))
     (trainer,) = pod["spec"]["containers"]
-    assert trainer["command"] == ["gemini", "launch", "--", "python", "train.py"]
+    assert trainer["command"] == ["gemini", "launch", "--exit-on-failure", "--", "python",
+                                  "train.py"]
     assert trainer["args"] == ["--lr", "0.1"]
-    assert pod["spec"]["restartPolicy"] == "Never"
+    assert pod["spec"]["restartPolicy"] == "OnFailure"
 
 
 def test_sidecar_is_a_native_sidecar_sharing_a_memory_volume():

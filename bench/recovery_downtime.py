@@ -1,0 +1,91 @@
+"""Median downtime per failure kind: `gemini demo --output json` run several times.
+
+Downtime is from the fault's injection to the first training step printed by a restarted
+trainer (the demo measures it from the trainer's own output), with the breakdown the operator
+reports. Targets (issue 6): trainer crash <= 10 s, node loss <= 30 s. The final line is one JSON
+object; its value is the worst median's share of its target (<= 1: every target met).
+
+    .venv/bin/python bench/recovery_downtime.py [--runs 3] [--workers 4] [--replicas 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TARGETS = {"trainer-crash": 10.0, "node-loss": 30.0}
+
+
+def one_run(args: argparse.Namespace) -> dict[str, Any]:
+    state = Path(tempfile.mkdtemp(prefix="gbench-", dir="/tmp"))
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "gemini.cli", "demo", "--workers", str(args.workers),
+             "--replicas", str(args.replicas), "--failures", args.failures, "--state-dir",
+             str(state), "--output", "json"],
+            cwd=REPO, capture_output=True, text=True, timeout=1200, check=False)
+    finally:
+        subprocess.run([sys.executable, "-m", "gemini.cli", "local", "--state-dir", str(state),
+                        "down"], cwd=REPO, capture_output=True, check=False)
+        shutil.rmtree(state, ignore_errors=True)
+    if not result.stdout.strip():
+        raise SystemExit(f"the demo failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
+    report: dict[str, Any] = json.loads(result.stdout)
+    return report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--failures", default="trainer-crash,node-loss,group-loss")
+    args = parser.parse_args()
+    downtimes: dict[str, list[float]] = defaultdict(list)
+    breakdowns: dict[str, list[dict[str, float]]] = defaultdict(list)
+    lost: dict[str, list[int]] = defaultdict(list)
+    iterations = []
+    for run in range(args.runs):
+        report = one_run(args)
+        iterations.append(report["iteration_seconds"])
+        for row in report["failures"]:
+            if row["downtime_seconds"] is None:
+                raise SystemExit(f"run {run}: {row['kind']} was not recovered: {row}")
+            downtimes[row["kind"]].append(row["downtime_seconds"])
+            breakdowns[row["kind"]].append(row["breakdown_seconds"])
+            lost[row["kind"]].append(row["steps_lost"] or 0)
+        print(f"run {run}: " + ", ".join(
+            f"{r['kind']} {r['downtime_seconds']:.1f}s via {r['source'] or '?'} "
+            f"(lost {r['steps_lost']}, match {r['losses_match']})" for r in report["failures"]),
+            flush=True)
+    medians = {kind: statistics.median(values) for kind, values in downtimes.items()}
+    parts = {kind: {key: round(statistics.median(b.get(key, 0.0) for b in rows), 2)
+                    for key in sorted({k for b in rows for k in b})}
+             for kind, rows in breakdowns.items()}
+    for kind, value in medians.items():
+        print(f"{kind}: median downtime {value:.1f} s (target {TARGETS.get(kind, '-')}), "
+              f"breakdown {parts[kind]}, steps lost {lost[kind]}")
+    shares = [medians[k] / t for k, t in TARGETS.items() if k in medians]
+    print(json.dumps({
+        "metric": "recovery_downtime_median_vs_target",
+        "value": round(max(shares), 3) if shares else None,
+        "target": 1.0, "better": "lower", "unit": "ratio",
+        "median_downtime_seconds": {k: round(v, 2) for k, v in medians.items()},
+        "targets_seconds": TARGETS,
+        "breakdown_seconds": parts,
+        "iteration_seconds": round(statistics.median(iterations), 3),
+        "runs": args.runs,
+    }))
+
+
+if __name__ == "__main__":
+    main()

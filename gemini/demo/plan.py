@@ -1,0 +1,163 @@
+"""What the demo runs and breaks, decided from its options: pure, no I/O.
+
+The job manifest, the trainer's arguments (shared with the reference run so the losses can be
+compared bit for bit), how many spare nodes the failures need, which nodes a whole placement
+group lives on, and the one-line progress readout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+FAILURE_KINDS = ("trainer-crash", "node-loss", "group-loss")
+MODEL_SIZES: Mapping[str, tuple[str, ...]] = {
+    # (layers, d_model, heads): tiny keeps a step well under a second on one core.
+    "tiny": ("--layers", "1", "--d-model", "32", "--heads", "2"),
+    "small": ("--layers", "2", "--d-model", "64", "--heads", "4"),
+}
+JOB_NAME = "gpt-demo"
+NAMESPACE = "gemini-demo"
+S3_SECRET = "demo-s3"
+PERSIST_INTERVAL_SECONDS = 30  # the CRD's minimum
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    workers: int = 4
+    replicas: int = 2
+    model_size: str = "tiny"
+    steps: int | None = None  # None: enough for the failures (steps_needed)
+    failures: tuple[str, ...] = FAILURE_KINDS
+    step_sleep: float = 0.5  # idle per step: stretches the run so failures land mid-training
+    seed: int = 1234
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.failures if f not in FAILURE_KINDS]
+        if unknown:
+            raise ValueError(f"unknown failure kind(s) {', '.join(unknown)}; choose from "
+                             f"{', '.join(FAILURE_KINDS)}")
+        if self.model_size not in MODEL_SIZES:
+            raise ValueError(f"--model-size must be one of {', '.join(MODEL_SIZES)}")
+        if not 2 <= self.workers <= 16:
+            raise ValueError(f"--workers must be between 2 and 16, got {self.workers}")
+        if not 2 <= self.replicas <= self.workers:
+            raise ValueError(f"--replicas must be between 2 and --workers ({self.workers}), "
+                             f"got {self.replicas}")
+        if self.steps is not None and self.steps < self.steps_needed:
+            raise ValueError(f"--steps {self.steps} is too few for {len(self.failures)} "
+                             f"failure(s); use at least {self.steps_needed}")
+
+    @property
+    def steps_needed(self) -> int:
+        # Warm-up, then STEPS_BETWEEN good steps before each failure and after the last one;
+        # the group loss also waits for a checkpoint in S3 (PERSIST_INTERVAL_SECONDS).
+        wait_s3 = 0
+        if "group-loss" in self.failures:
+            wait_s3 = int(PERSIST_INTERVAL_SECONDS * 1.5 / max(self.step_sleep, 0.1))
+        return WARMUP_STEPS + STEPS_BETWEEN * (len(self.failures) + 1) + wait_s3
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps if self.steps is not None else self.steps_needed
+
+
+WARMUP_STEPS = 3
+STEPS_BETWEEN = 4
+
+
+def spare_nodes(config: DemoConfig) -> int:
+    """Two spares at least, more when the failures replace more nodes than that."""
+    lost = ("node-loss" in config.failures) + config.replicas * ("group-loss" in config.failures)
+    return max(2, lost)
+
+
+def trainer_args(config: DemoConfig, with_sleep: bool = True) -> list[str]:
+    """The example's arguments. Everything but --step-sleep shapes the losses, so the
+    reference uses the same list without the idling."""
+    args = ["--engine", "deepspeed", "--steps", str(config.total_steps),
+            *MODEL_SIZES[config.model_size], "--seed", str(config.seed)]
+    if with_sleep and config.step_sleep:
+        args += ["--step-sleep", str(config.step_sleep)]
+    return args
+
+
+def job_manifest(config: DemoConfig, script: str, s3_url: str, bucket: str,
+                 prefix: str) -> dict[str, Any]:
+    """The GeminiJob: one trainer per node, checkpoint every iteration, S3 persistence."""
+    return {
+        "apiVersion": "gemini.io/v1alpha1",
+        "kind": "GeminiJob",
+        "metadata": {"name": JOB_NAME, "namespace": NAMESPACE},
+        "spec": {
+            "numNodes": config.workers,
+            "numProcPerNode": 1,
+            "template": {
+                "image": "gemini:local",  # local nodes run the host's Python; nothing is pulled
+                "command": ["python", script],
+                "args": trainer_args(config),
+                "env": [{"name": "OMP_NUM_THREADS", "value": "1"},
+                        {"name": "PYTHONUNBUFFERED", "value": "1"}],
+            },
+            "checkpoint": {"replicas": config.replicas, "intervalIterations": 1},
+            "persistence": {
+                "bucketURI": f"s3://{bucket}/{prefix}",
+                "endpoint": s3_url,
+                "credentialsSecretRef": {"name": S3_SECRET},
+                "intervalSeconds": PERSIST_INTERVAL_SECONDS,
+                "keep": 2,
+            },
+            "failurePolicy": {"maxRestarts": 20, "hangTimeoutSeconds": 120,
+                              "spareNodes": spare_nodes(config)},
+        },
+    }
+
+
+def trainer_crash_target(workers: int) -> int:
+    """The rank whose trainer crashes: rank 1 (rank 0 holds the rendezvous; a crash
+    elsewhere is the common case)."""
+    return 1 if workers > 1 else 0
+
+
+def node_loss_target(placement: Mapping[str, Any], workers: int) -> str:
+    """The node of the last rank."""
+    return str(placement["nodes"][str(workers - 1)])
+
+
+def group_loss_nodes(placement: Mapping[str, Any]) -> list[str]:
+    """Every node holding rank 0's shard (its own and its replicas): with them gone, that
+    shard survives only in S3. status.placement: holders rank -> [ranks], nodes rank -> node."""
+    holders = placement.get("holders", {}).get("0")
+    if not holders:
+        groups: Sequence[Sequence[int]] = placement.get("groups", [])
+        holders = next((g for g in groups if 0 in g), None)
+    if not holders:
+        raise ValueError(f"status.placement names no holders of rank 0's shard: {placement}")
+    return sorted({str(placement["nodes"][str(r)]) for r in holders})
+
+
+def progress_line(elapsed: float, step: int | None, loss: float | None,
+                  status: Mapping[str, Any], event: str) -> str:
+    """One line of the live readout."""
+    checkpoint = status.get("checkpoint") or {}
+    parts = [
+        f"{elapsed:6.1f}s",
+        f"step {step if step is not None else '-':>4}",
+        f"loss {loss:.4f}" if loss is not None else "loss    -  ",
+        f"ckpt mem {_dash(checkpoint.get('inMemoryStep'))} s3 "
+        f"{_dash(checkpoint.get('persistedStep'))}",
+        f"{status.get('state') or 'Pending':<10}",
+    ]
+    line = "  ".join(parts)
+    return f"{line}  {event}" if event else line
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def source_name(raw: str | None) -> str:
+    """status.lastRecovery.source (Local | Peers | S3) as the report spells it."""
+    return {"local": "local", "peers": "peer", "peer": "peer", "s3": "s3"}.get(
+        (raw or "").lower(), "")

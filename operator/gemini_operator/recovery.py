@@ -1,0 +1,390 @@
+"""Starting training and executing recoveries: the steps that talk to launchers and sidecars.
+
+Level-based: every step of a recovery is written to status.recovery (epoch, phase, plan)
+before it is acted on, and every action is idempotent (a launcher ignores an epoch it already
+runs; a fetch or restore of the same version again is harmless; a pod that exists is not
+created twice), so an operator restarted in the middle repeats the current phase and goes on.
+
+Phases: Planning (read every live sidecar's inventory, plan with gemini.domain.recovery)
+-> Replacing (lost ranks only: force-delete their pods, create replacements, wait until they
+run) -> Fetching (replacements pull their shard and replicas from peers; or, for an S3 plan,
+every sidecar restores the committed step) -> Restarting (every launcher starts the new epoch
+with the plan's version and the epoch's rendezvous: rank 0's pod IP, a fresh port) -> done.
+A phase that must wait (a pod not yet running, a launcher restarting) asks to be called again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gemini.domain.placement import Placement
+from gemini.domain.recovery import (
+    MODE_MEMORY,
+    MODE_S3,
+    FailureKind,
+    RecoveryPlan,
+    ShardCopy,
+    plan_recovery,
+)
+from gemini_operator import naming, render
+from gemini_operator.cache import Snapshot
+from gemini_operator.failures import describe
+from gemini_operator.kube import KubeClient
+from gemini_operator.observed import PodView, pod_view
+from gemini_operator.reconcile import JobView, ReconcileConfig, Recover
+from gemini_operator.sidecars import SidecarError, call_all
+from gemini_operator.spec import parse_spec
+from gemini_operator.status import JobStatus
+
+log = logging.getLogger(__name__)
+PORT_WINDOW = 1000  # the rendezvous port of epoch e is base + e % PORT_WINDOW
+WAIT_SECONDS = 0.25
+
+
+class RecoveryWait(Exception):
+    """A phase must wait for the cluster (a pod starting, a launcher restarting)."""
+
+
+@dataclass
+class Outcome:
+    """What a step leaves for the reconciler: status fields to set (None removes one),
+    when to call again, and the events to send."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    requeue_after: float | None = None
+    events: list[tuple[str, str, bool]] = field(default_factory=list)
+    finished: Mapping[str, Any] | None = None  # the lastRecovery document when one finished
+
+
+def rendezvous(
+    pods: Mapping[int, PodView], epoch: int, config: render.RenderConfig,
+) -> dict[str, str]:
+    """This epoch's rendezvous: rank 0's pod IP and a port not used by the previous epochs."""
+    return {"MASTER_ADDR": pods[0].ip, "MASTER_PORT": str(rendezvous_port(epoch, config)),
+            "PET_MASTER_ADDR": pods[0].ip, "PET_MASTER_PORT": str(rendezvous_port(epoch, config))}
+
+
+def rendezvous_port(epoch: int, config: render.RenderConfig) -> int:
+    return config.rendezvous_port + epoch % PORT_WINDOW
+
+
+def launch_document(
+    epoch: int, attempt: int, pods: Mapping[int, PodView], config: render.RenderConfig,
+) -> dict[str, Any]:
+    """status.launch: the epoch and each rank's trainer restarts now (later ones are failures)."""
+    return {
+        "epoch": epoch,
+        "restartAttempt": attempt,
+        "masterAddr": pods[0].ip,
+        "masterPort": rendezvous_port(epoch, config),
+        "trainerRestarts": {str(r): p.trainer_restarts for r, p in sorted(pods.items())},
+        "podUIDs": {str(r): p.uid for r, p in sorted(pods.items())},
+    }
+
+
+def inventory_copies(inventories: Mapping[int, Mapping[str, Any]]) -> list[ShardCopy]:
+    """Every shard copy the sidecars report (own shard in shm and replicas held for peers)."""
+    copies = []
+    for holder, doc in sorted(inventories.items()):
+        for entry in [*(doc.get("local") or ()), *(doc.get("replicas") or ())]:
+            copies.append(ShardCopy(
+                rank=int(entry["rank"]), version=int(entry["version"]), holder=holder,
+                complete=bool(entry.get("complete")), checksum=str(entry.get("checksum", "")),
+            ))
+    return copies
+
+
+def plan_document(plan: RecoveryPlan, newest_seen: int | None) -> dict[str, Any]:
+    """status.recovery.plan: what every rank restores from where (JSON-ready)."""
+    return {
+        "version": plan.version,
+        "mode": plan.mode,
+        "reason": plan.reason,
+        "replaceRanks": list(plan.replace_ranks),
+        "sources": {str(r): {"kind": s.kind, "holder": s.holder}
+                    for r, s in sorted(plan.sources.items())},
+        "refetch": {str(r): list(h) for r, h in sorted(plan.refetch.items())},
+        "newestSeen": newest_seen,
+    }
+
+
+def source_word(plan: Mapping[str, Any]) -> str:
+    """lastRecovery.source: S3, Peers (some rank loaded from a peer) or Local."""
+    if plan.get("mode") == MODE_S3:
+        return "S3"
+    kinds = {s.get("kind") for s in (plan.get("sources") or {}).values()}
+    return "Peers" if "peer" in kinds else "Local"
+
+
+class RecoveryExecutor:
+    def __init__(
+        self, kube: KubeClient, config: ReconcileConfig,
+        write_status: Callable[[JobView, Mapping[str, Any]], None],
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        s3_steps: Callable[[JobView], Sequence[int]] | None = None,
+    ) -> None:
+        self.kube, self.config = kube, config
+        self._write = write_status
+        self._clock = clock
+        self._s3_steps = s3_steps or (lambda job: ())
+
+    # --- the first start ------------------------------------------------------------------
+
+    def start_training(self, job: JobView, snap: Snapshot, status: JobStatus) -> Outcome:
+        pods = self._current(snap, status)
+        token = self._token(job)
+        epoch = int((status.launch or {}).get("epoch", 0)) + 1
+        body = {"epoch": epoch, "version": None, "source": "local",
+                "env": rendezvous(pods, epoch, self.config.render)}
+        try:
+            call_all(self._launchers(pods), "/restart", token, dict.fromkeys(pods, body))
+        except SidecarError as err:
+            log.info("launchers of %s/%s not ready yet: %s", job.namespace, job.name, err)
+            return Outcome(requeue_after=WAIT_SECONDS)
+        fresh = self._fresh_pods(job, status)
+        return Outcome(
+            status={"launch": launch_document(epoch, status.restart_attempt, fresh,
+                                              self.config.render)},
+            events=[("TrainingStarted", f"started training epoch {epoch} on {len(pods)} "
+                     f"workers (rendezvous {pods[0].ip}:"
+                     f"{rendezvous_port(epoch, self.config.render)})", False)],
+        )
+
+    # --- recovery ---------------------------------------------------------------------------
+
+    def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus) -> Outcome:
+        rec = dict(status.recovery or {})
+        launch = status.launch or {}
+        if not rec or int(rec.get("epoch", 0)) <= int(launch.get("epoch", 0)):
+            rec = self._begin(job, action, launch)
+        try:
+            if rec["phase"] == "Planning":
+                rec = self._step(job, rec, "Replacing", plan=self._plan(job, snap, status, rec))
+            if rec["phase"] == "Replacing":
+                self._replace(job, snap, status, rec)
+                rec = self._step(job, rec, "Fetching")
+            if rec["phase"] == "Fetching":
+                self._fetch(job, snap, status, rec)
+                rec = self._step(job, rec, "Restarting")
+            if rec["phase"] == "Restarting":
+                return self._restart(job, snap, status, rec)
+        except RecoveryWait as wait:
+            log.info("recovery of %s/%s waits: %s", job.namespace, job.name, wait)
+            return Outcome(requeue_after=WAIT_SECONDS)
+        raise RuntimeError(f"unknown recovery phase {rec.get('phase')!r} in status.recovery")
+
+    def _begin(self, job: JobView, action: Recover, launch: Mapping[str, Any]) -> dict[str, Any]:
+        now = self._clock()
+        failed = sorted({f.rank for f in action.failures})
+        lost = sorted({f.rank for f in action.failures if f.kind is FailureKind.HARDWARE})
+        rec = {
+            "epoch": int(launch.get("epoch", 0)) + 1,
+            "phase": "Planning",
+            "kind": action.kind.value,
+            "cause": describe(action.failures) or "a failure",
+            "failedRanks": failed,
+            "detectedAt": _ts(now),
+            "startedAt": _ts(now),
+            "startedUnix": time.time(),
+            "marks": {},
+            "plan": {"lostRanks": lost},
+        }
+        self._write(job, {"recovery": rec})  # recorded before anything is done about it
+        return rec
+
+    def _step(self, job: JobView, rec: Mapping[str, Any], phase: str,
+              plan: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        marks = {**(rec.get("marks") or {}),
+                 str(rec["phase"]).lower(): round(time.time() - float(rec["startedUnix"]), 3)}
+        new = {**rec, "phase": phase, "marks": marks}
+        if plan is not None:
+            new["plan"] = plan
+        self._write(job, {"recovery": new})
+        return new
+
+    def _plan(self, job: JobView, snap: Snapshot, status: JobStatus,
+              rec: Mapping[str, Any]) -> dict[str, Any]:
+        if status.placement is None:
+            raise RuntimeError("status.placement is missing: cannot plan a recovery")
+        placement = Placement.from_dict(status.placement)
+        lost = set(int(r) for r in (rec.get("plan") or {}).get("lostRanks", ()))
+        pods = self._current(snap, status)
+        live = {r: p for r, p in pods.items() if r not in lost and p.ip and not p.deleting}
+        inventories = call_all(self._sidecars(live), "/inventory", self._token(job), {})
+        copies = inventory_copies(inventories)
+        s3_steps = list(self._s3_steps(job))
+        newest = max((c.version for c in copies), default=None)
+        if not copies and not s3_steps:
+            # Nothing was ever checkpointed: training starts over (deterministic, same steps).
+            return {"version": None, "mode": "fresh", "reason": "no checkpoint was taken yet",
+                    "replaceRanks": sorted(lost), "sources": {}, "refetch": {},
+                    "newestSeen": None, "lostRanks": sorted(lost)}
+        plan = plan_recovery(placement.replicas, placement, rec.get("failedRanks", ()), lost,
+                             copies, s3_steps)
+        if not plan.recoverable:
+            raise RuntimeError(f"no recovery possible: {plan.reason}")
+        return {**plan_document(plan, newest), "lostRanks": sorted(lost)}
+
+    def _replace(self, job: JobView, snap: Snapshot, status: JobStatus,
+                 rec: Mapping[str, Any]) -> None:
+        replace = [int(r) for r in (rec.get("plan") or {}).get("replaceRanks", ())]
+        if not replace:
+            return
+        pods = {r: p for r, p in snap.pods.items() if p.owner_uid == job.uid}
+        old_uids = set((status.launch or {}).get("podUIDs", {}).get(str(r)) for r in replace)
+        waiting = []
+        spec = parse_spec(job.spec, self.config.default_sidecar_image)
+        for rank in replace:
+            pod = pods.get(rank)
+            if pod is not None and pod.uid in old_uids:
+                # The lost pod: gone for good (its node may never answer), free the name now.
+                self.kube.delete_pod(job.namespace, pod.name, grace_seconds=0)
+                waiting.append(f"rank {rank}: the lost pod is being removed")
+            elif pod is None:
+                self.kube.create(render.worker_pod(job.ref, spec, rank, status.restart_attempt,
+                                                   self.config.render))
+                waiting.append(f"rank {rank}: replacement created")
+            elif pod.phase != "Running" or not pod.ip:
+                waiting.append(f"rank {rank}: replacement is {pod.phase}")
+        if waiting:
+            raise RecoveryWait("; ".join(waiting))
+
+    def _fetch(self, job: JobView, snap: Snapshot, status: JobStatus,
+               rec: Mapping[str, Any]) -> None:
+        plan = rec.get("plan") or {}
+        pods = self._current(snap, status)
+        token = self._token(job)
+        if plan.get("mode") == MODE_S3:
+            body = {"version": plan["version"]}
+            call_all(self._sidecars(pods), "/restore", token, dict.fromkeys(pods, body),
+                     timeout=120)
+            return
+        if plan.get("mode") != MODE_MEMORY:
+            return
+        replace = {int(r) for r in plan.get("replaceRanks", ())}
+        if replace and status.placement is not None:
+            self._deliver_placement(job, pods, status, token)
+        peers = {int(r): s for r, s in (plan.get("sources") or {}).items()
+                 if s.get("kind") == "peer"}
+        if peers:
+            bodies = {r: {"rank": r, "version": plan["version"], "holders": [s["holder"]],
+                          "into": "shm"} for r, s in peers.items()}
+            call_all(self._sidecars({r: pods[r] for r in peers}), "/fetch", token, bodies,
+                     timeout=120)
+        refetch = {int(r): h for r, h in (plan.get("refetch") or {}).items()}
+        if refetch:
+            bodies = {r: {"holders": {}} for r in refetch}
+            call_all(self._sidecars({r: pods[r] for r in refetch}), "/fetch-replicas", token,
+                     bodies, timeout=120)
+
+    def _deliver_placement(self, job: JobView, pods: Mapping[int, PodView], status: JobStatus,
+                           token: str) -> None:
+        from gemini_operator.sidecars import SidecarAddress, deliver_placement
+
+        ports = self.config.render
+        addresses = {r: SidecarAddress(r, p.ip, ports.sidecar_api_port, ports.sidecar_port)
+                     for r, p in pods.items()}
+        deliver_placement(status.placement or {}, addresses, token)
+
+    def _restart(self, job: JobView, snap: Snapshot, status: JobStatus,
+                 rec: Mapping[str, Any]) -> Outcome:
+        plan = rec.get("plan") or {}
+        pods = self._current(snap, status)
+        epoch = int(rec["epoch"])
+        token = self._token(job)
+        body = {"epoch": epoch, "version": plan.get("version"),
+                "source": "s3" if plan.get("mode") == MODE_S3 else "local",
+                "env": rendezvous(pods, epoch, self.config.render)}
+        try:
+            call_all(self._launchers(pods), "/restart", token, dict.fromkeys(pods, body))
+        except SidecarError as err:
+            raise RecoveryWait(f"a launcher is not reachable yet ({err})") from err
+        fresh = self._fresh_pods(job, status)
+        # A launcher that died after taking the epoch restarts held (epoch 0): send it again.
+        states = call_all(self._launchers(fresh), "/status", token, {})
+        behind = sorted(r for r, s in states.items() if s.get("epoch") != epoch)
+        if behind:
+            raise RecoveryWait(f"ranks {behind} are not running epoch {epoch} yet")
+        return self._finish(job, status, rec, fresh)
+
+    def _finish(self, job: JobView, status: JobStatus, rec: Mapping[str, Any],
+                pods: Mapping[int, PodView]) -> Outcome:
+        plan = rec.get("plan") or {}
+        duration = time.time() - float(rec["startedUnix"])
+        marks = {**(rec.get("marks") or {}), "restarting": round(duration, 3)}
+        version, newest = plan.get("version"), plan.get("newestSeen")
+        lost_steps = max(0, int(newest) - int(version)) if (
+            newest is not None and version is not None) else 0
+        source = source_word(plan)
+        last: dict[str, Any] = {
+            "cause": str(rec.get("kind", "software")),
+            "message": str(rec.get("cause", ""))[:4096],
+            "source": source,
+            "failedRanks": list(rec.get("failedRanks", ())),
+            "stepsLost": lost_steps,
+            "startTime": rec.get("startedAt"),
+            "detectedAt": rec.get("detectedAt"),
+            "completionTime": _ts(self._clock()),
+            "durationSeconds": round(duration, 3),
+            "durationMilliseconds": int(duration * 1000),
+            "epoch": int(rec["epoch"]),
+            "breakdown": _breakdown(marks),
+        }
+        if version is not None:
+            last["restoredStep"] = int(version)
+        new_status: dict[str, Any] = {
+            "launch": launch_document(int(rec["epoch"]), status.restart_attempt, pods,
+                                      self.config.render),
+            "lastRecovery": last,
+            "recovery": None,
+        }
+        if status.placement is not None and plan.get("replaceRanks"):
+            new_status["placement"] = {**status.placement, "nodes": {
+                str(r): p.node_name for r, p in sorted(pods.items())}}
+        message = (f"recovered from {rec.get('cause')}: restored step {version} from "
+                   f"{source.lower()} in {duration:.1f} s (epoch {rec['epoch']})")
+        return Outcome(status=new_status, finished=last,
+                       events=[("RecoveryFinished", message, False)])
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def _current(self, snap: Snapshot, status: JobStatus) -> dict[int, PodView]:
+        return {r: p for r, p in snap.pods.items() if p.attempt == status.restart_attempt}
+
+    def _fresh_pods(self, job: JobView, status: JobStatus) -> dict[int, PodView]:
+        views = (pod_view(o) for o in self.kube.list_worker_pods(job.namespace, job.name))
+        return {v.rank: v for v in views if v is not None and v.owner_uid == job.uid
+                and v.attempt == status.restart_attempt and not v.deleting}
+
+    def _token(self, job: JobView) -> str:
+        token = self.kube.secret_value(job.namespace, naming.secret_name(job.name),
+                                       naming.SECRET_TOKEN_KEY)
+        if token is None:
+            raise RuntimeError(f"the peer-auth Secret of {job.namespace}/{job.name} is missing")
+        return token
+
+    def _launchers(self, pods: Mapping[int, PodView]) -> dict[int, tuple[str, int]]:
+        return {r: (p.ip, self.config.render.launcher_port) for r, p in pods.items()}
+
+    def _sidecars(self, pods: Mapping[int, PodView]) -> dict[int, tuple[str, int]]:
+        return {r: (p.ip, self.config.render.sidecar_api_port) for r, p in pods.items()}
+
+
+def _breakdown(marks: Mapping[str, float]) -> dict[str, float]:
+    """Seconds spent in each phase, from the cumulative marks."""
+    order = ["planning", "replacing", "fetching", "restarting"]
+    out, before = {}, 0.0
+    for phase in order:
+        if phase in marks:
+            out[phase] = round(max(0.0, float(marks[phase]) - before), 3)
+            before = float(marks[phase])
+    return out
+
+
+def _ts(now: datetime) -> str:
+    return now.strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -1,0 +1,81 @@
+"""`gemini demo --output json` end to end: a small job on the local cluster through a trainer
+crash, a node loss and a whole placement group's loss, every one recovered with the losses of
+an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gemini.demo.plan import DemoConfig, trainer_args
+from gemini.demo.reference import ReferenceRun
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+
+@pytest.fixture
+def demo_dir() -> Iterator[Path]:
+    # Short: the control plane's unix sockets live under it.
+    path = Path(tempfile.mkdtemp(prefix="gdemo-", dir="/tmp"))
+    yield path
+    subprocess.run([sys.executable, "-m", "gemini.cli", "local", "--state-dir", str(path),
+                    "down"], cwd=REPO, capture_output=True, check=False)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.e2e
+def test_the_demo_recovers_every_failure_with_the_reference_losses(demo_dir: Path) -> None:
+    plot = demo_dir / "demo.png"
+    result = subprocess.run(
+        [sys.executable, "-m", "gemini.cli", "demo", "--workers", "4", "--replicas", "2",
+         "--model-size", "tiny", "--failures", "trainer-crash,node-loss,group-loss",
+         "--state-dir", str(demo_dir), "--plot", str(plot), "--output", "json"],
+        cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+    assert result.returncode == 0, f"stderr:\n{result.stderr[-6000:]}\nstdout:\n{result.stdout}"
+    report = json.loads(result.stdout)
+    print(result.stderr[-3000:])
+    print(json.dumps(report, indent=2))
+    assert report["iteration_seconds"] > 0
+    assert report["losses_match"] is True
+    kinds = [f["kind"] for f in report["failures"]]
+    assert kinds == ["trainer-crash", "node-loss", "group-loss"]
+    for failure in report["failures"]:
+        assert failure["downtime_seconds"] is not None and failure["downtime_seconds"] > 0
+        assert failure["losses_match"] is True, failure
+        assert failure["source"] in ("local", "peer", "s3"), failure
+        if failure["source"] in ("local", "peer"):
+            assert failure["steps_lost"] <= 1, failure
+    # The whole group's holders are gone: only S3 has that shard.
+    assert report["failures"][2]["source"] == "s3"
+    assert report["failures"][0]["source"] in ("local", "peer")
+    assert plot.stat().st_size > 10_000
+    # Torn down: nothing of the demo's cluster still runs.
+    status = subprocess.run([sys.executable, "-m", "gemini.cli", "local", "--state-dir",
+                             str(demo_dir), "status", "--output", "json"], cwd=REPO,
+                            capture_output=True, text=True, check=False)
+    assert json.loads(status.stdout)["running"] is False, status.stdout
+
+
+@pytest.mark.integration
+def test_the_reference_run_is_deterministic_to_the_bit(tmp_path: Path) -> None:
+    """Two reference runs side by side print the same loss at every step: what makes a
+    comparison with the run through failures meaningful."""
+    config = DemoConfig(workers=2, failures=("trainer-crash",), steps=11)
+    args = trainer_args(config, with_sleep=False)
+    script = REPO / "examples" / "train_gpt_zero3.py"
+    runs = [ReferenceRun(script, args, 2, tmp_path / name).start() for name in ("a", "b")]
+    try:
+        first, second = (run.wait(timeout=600) for run in runs)
+    finally:
+        for run in runs:
+            run.stop()
+    assert sorted(first) == list(range(1, 12))
+    assert first == second

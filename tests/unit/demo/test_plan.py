@@ -1,0 +1,95 @@
+"""The demo's plan: configuration checks, the job manifest, failure targets, progress line."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemini.demo import plan
+from gemini.demo.plan import DemoConfig
+
+PLACEMENT = {
+    "groups": [[0, 2], [1, 3]],
+    "holders": {"0": [0, 2], "1": [1, 3], "2": [2, 0], "3": [3, 1]},
+    "nodes": {"0": "node-0", "1": "node-1", "2": "node-4", "3": "node-3"},
+}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"failures": ("trainer-crash", "meteor")}, "unknown failure kind(s) meteor"),
+        ({"replicas": 5}, "--replicas must be between 2 and --workers (4)"),
+        ({"workers": 1}, "--workers must be between 2 and 16"),
+        ({"model_size": "huge"}, "--model-size must be one of"),
+        ({"steps": 5}, "--steps 5 is too few for 3 failure(s)"),
+    ],
+)
+def test_a_bad_configuration_is_refused_with_what_to_change(
+    kwargs: dict[str, object], message: str,
+) -> None:
+    with pytest.raises(ValueError, match=r".*") as err:
+        DemoConfig(**kwargs)  # type: ignore[arg-type]
+    assert message in str(err.value)
+
+
+def test_the_default_step_count_leaves_room_for_every_failure_and_the_s3_wait() -> None:
+    crash_only = DemoConfig(failures=("trainer-crash",))
+    everything = DemoConfig()
+    assert crash_only.total_steps == plan.WARMUP_STEPS + 2 * plan.STEPS_BETWEEN
+    # The group loss waits for a checkpoint in S3 (persisted every 30 s at the earliest).
+    idle_steps = everything.total_steps - plan.WARMUP_STEPS - 4 * plan.STEPS_BETWEEN
+    assert idle_steps * everything.step_sleep >= plan.PERSIST_INTERVAL_SECONDS
+
+
+def test_spares_cover_every_node_the_failures_take_away() -> None:
+    assert plan.spare_nodes(DemoConfig(failures=("trainer-crash",))) == 2
+    assert plan.spare_nodes(DemoConfig()) == 1 + 2
+    assert plan.spare_nodes(DemoConfig(workers=6, replicas=3)) == 1 + 3
+
+
+def test_the_reference_gets_the_same_arguments_except_the_idling() -> None:
+    config = DemoConfig(step_sleep=0.5)
+    with_sleep = plan.trainer_args(config)
+    assert with_sleep[-2:] == ["--step-sleep", "0.5"]
+    assert plan.trainer_args(config, with_sleep=False) == with_sleep[:-2]
+    assert "--engine" in with_sleep and with_sleep[with_sleep.index("--engine") + 1] == "deepspeed"
+
+
+def test_the_job_checkpoints_every_iteration_and_persists_to_the_local_s3() -> None:
+    config = DemoConfig(workers=4, replicas=2)
+    job = plan.job_manifest(config, "/repo/examples/train_gpt_zero3.py", "http://127.0.0.1:7480",
+                            "gemini", "demo-1")
+    spec = job["spec"]
+    assert spec["numNodes"] == 4
+    assert spec["checkpoint"] == {"replicas": 2, "intervalIterations": 1}
+    assert spec["persistence"]["bucketURI"] == "s3://gemini/demo-1"
+    assert spec["persistence"]["endpoint"] == "http://127.0.0.1:7480"
+    assert spec["persistence"]["credentialsSecretRef"] == {"name": plan.S3_SECRET}
+    assert spec["template"]["command"] == ["python", "/repo/examples/train_gpt_zero3.py"]
+    assert spec["template"]["args"] == plan.trainer_args(config)
+    assert spec["failurePolicy"]["spareNodes"] == 3
+
+
+def test_failure_targets_come_from_the_placement() -> None:
+    assert plan.trainer_crash_target(4) == 1
+    assert plan.node_loss_target(PLACEMENT, 4) == "node-3"
+    assert plan.group_loss_nodes(PLACEMENT) == ["node-0", "node-4"]
+    # Without holders, the group containing rank 0 is used.
+    assert plan.group_loss_nodes({"groups": [[1, 3], [0, 2]], "nodes": PLACEMENT["nodes"]}) == [
+        "node-0", "node-4"]
+    with pytest.raises(ValueError, match="no holders"):
+        plan.group_loss_nodes({"nodes": {}})
+
+
+def test_the_progress_line_shows_step_loss_checkpoints_state_and_event() -> None:
+    status = {"state": "Recovering", "checkpoint": {"inMemoryStep": 12, "persistedStep": 9}}
+    line = plan.progress_line(42.25, 13, 3.5, status, "NodeLost: node-3")
+    assert line.split() == ["42.2s", "step", "13", "loss", "3.5000", "ckpt", "mem", "12", "s3",
+                            "9", "Recovering", "NodeLost:", "node-3"]
+    assert "step    -" in plan.progress_line(0.0, None, None, {}, "")
+
+
+@pytest.mark.parametrize(("raw", "name"), [("Local", "local"), ("Peers", "peer"), ("S3", "s3"),
+                                           (None, ""), ("weird", "")])
+def test_recovery_sources_are_named_as_the_report_spells_them(raw: str | None, name: str) -> None:
+    assert plan.source_name(raw) == name

@@ -1,0 +1,104 @@
+"""Software failures seen in the pod watch, the start protocol, and the recovery documents."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gemini.domain.placement import mixed_placement
+from gemini.domain.recovery import FailureKind, plan_recovery
+from gemini_operator.observed import ContainerExit, PodView, pod_view
+from gemini_operator.reconcile import Recover, StartTraining, trainer_exits
+from gemini_operator.recovery import (
+    _breakdown,
+    inventory_copies,
+    launch_document,
+    plan_document,
+    rendezvous,
+    source_word,
+)
+from gemini_operator.render import RenderConfig
+from tests.unit.operator.test_reconcile import CONFIG, Harness, _of
+
+PODS = {r: PodView(f"train-worker-{r}", r, 0, f"u{r}", "Running", node_name=f"n{r}",
+                   ready=True, ip=f"10.0.0.{r}") for r in range(4)}
+
+
+def test_a_trainer_restart_after_the_launch_is_a_software_failure_with_its_exit_code() -> None:
+    launch = launch_document(1, 0, PODS, RenderConfig())
+    assert trainer_exits(PODS, launch, 0) == {}
+    crashed = dict(PODS)
+    crashed[2] = replace(PODS[2], trainer_restarts=1, trainer_last_exit=ContainerExit(137, "Error"))
+    assert trainer_exits(crashed, launch, 0) == {2: 137}
+    assert trainer_exits(crashed, launch, 1) == {}  # another attempt's launch record
+    assert trainer_exits(crashed, None, 0) == {}  # training not started yet
+
+
+def test_a_replacement_pod_starts_from_a_zero_baseline() -> None:
+    launch = launch_document(1, 0, {**PODS, 1: replace(PODS[1], trainer_restarts=3)},
+                             RenderConfig())
+    fresh = {**PODS, 1: replace(PODS[1], uid="new")}
+    assert trainer_exits(fresh, launch, 0) == {}
+    fresh[1] = replace(fresh[1], trainer_restarts=1)
+    assert trainer_exits(fresh, launch, 0) == {1: 1}
+
+
+def test_training_starts_once_every_worker_runs_then_a_crash_restarts_in_place() -> None:
+    h = Harness()
+    h.step()
+    h.run_pods(phase="Pending", ready=False)
+    assert not _of(h.step(), StartTraining)
+    h.run_pods()
+    assert _of(h.step(), StartTraining)
+    h.job["status"]["launch"] = launch_document(1, 0, h.pods, CONFIG.render)
+    assert not _of(h.step(), StartTraining)
+    h.pods[3] = replace(h.pods[3], trainer_restarts=1,
+                        trainer_last_exit=ContainerExit(1, "Error"))
+    d = h.step()
+    (recover,) = _of(d, Recover)
+    assert recover.kind is FailureKind.SOFTWARE and [f.rank for f in recover.failures] == [3]
+    assert h.condition("Recovering")["status"] == "True"
+    assert h.status()["restarts"] == 1
+    assert all(type(a).__name__ not in ("CreatePods", "DeletePods") for a in d.actions)
+
+
+def test_the_pod_view_reads_trainer_restarts_and_last_exit() -> None:
+    pod = {"metadata": {"name": "p", "labels": {"gemini.io/rank": "0"}},
+           "status": {"phase": "Running", "containerStatuses": [{
+               "name": "trainer", "restartCount": 2,
+               "lastState": {"terminated": {"exitCode": 137, "reason": "Error"}},
+               "state": {"running": {}}}]}}
+    view = pod_view(pod)
+    assert view is not None
+    assert view.trainer_restarts == 2 and view.trainer_last_exit == ContainerExit(137, "Error")
+
+
+def test_each_epoch_meets_at_rank_zeros_ip_on_its_own_port() -> None:
+    config = RenderConfig()
+    one, two = rendezvous(PODS, 1, config), rendezvous(PODS, 2, config)
+    assert one["MASTER_ADDR"] == "10.0.0.0" and one["MASTER_PORT"] != two["MASTER_PORT"]
+    assert rendezvous(PODS, 1001, config)["MASTER_PORT"] == one["MASTER_PORT"]
+
+
+def test_inventories_become_a_plan_document() -> None:
+    placement = mixed_placement(4, 2)
+    inventories = {
+        r: {"local": [{"rank": r, "version": v, "complete": True, "checksum": 7 + r}
+                      for v in (10, 12)],
+            "replicas": [{"rank": p, "version": 12, "complete": True, "checksum": 7 + p}
+                         for p in placement.receives_from(r)]}
+        for r in (0, 2, 3)
+    }
+    copies = inventory_copies(inventories)
+    plan = plan_recovery(2, placement, [1], [1], copies, [])
+    doc = plan_document(plan, 12)
+    assert doc["version"] == 12 and doc["replaceRanks"] == [1]
+    assert doc["sources"]["1"]["kind"] == "peer" and doc["sources"]["0"]["kind"] == "local"
+    assert source_word(doc) == "Peers"
+    assert source_word({"mode": "s3"}) == "S3"
+    assert source_word({"mode": "memory", "sources": {"0": {"kind": "local"}}}) == "Local"
+
+
+def test_breakdown_turns_cumulative_marks_into_phase_seconds() -> None:
+    marks = {"planning": 0.5, "replacing": 4.0, "fetching": 5.0, "restarting": 5.5}
+    assert _breakdown(marks) == {"planning": 0.5, "replacing": 3.5, "fetching": 1.0,
+                                 "restarting": 0.5}
