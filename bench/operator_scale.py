@@ -473,7 +473,7 @@ def main() -> int:
     finally:
         processes.stop("operator", state_dir / "pids")
         kwok.stop_kwok_cluster(state_dir)
-        if args.keep or error:
+        if args.keep or error or any(r.errors for r in results):
             print(f"state and logs kept in {state_dir}", file=sys.stderr)
         else:
             shutil.rmtree(state_dir, ignore_errors=True)

@@ -22,6 +22,22 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def group_leaders_below(pid: int) -> list[int]:
+    """Descendants of `pid` that lead a process group of their own (the launcher starts
+    training that way), nearest first; robust to a wrapper between container and launcher."""
+    found, queue = [], children(pid)
+    while queue:
+        child = queue.pop(0)
+        try:
+            if os.getpgid(child) == child:
+                found.append(child)
+                continue
+        except ProcessLookupError:
+            continue
+        queue += children(child)
+    return found
+
+
 def kill_training_process(state_dir: Path, namespace: str, pod: str,
                           container: str = "trainer") -> int:
     """SIGKILL the process group of the command the container's launcher runs; its pid."""
@@ -31,7 +47,7 @@ def kill_training_process(state_dir: Path, namespace: str, pod: str,
             launcher = int(pid_file.read_text().split()[0])
         except (OSError, ValueError, IndexError):
             continue
-        for child in children(launcher):
+        for child in group_leaders_below(launcher):
             try:
                 os.killpg(child, signal.SIGKILL)
                 return child

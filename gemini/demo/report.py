@@ -88,6 +88,8 @@ def failure_row(
         "downtime_seconds": _round(downtime),
         "breakdown_seconds": {k: round(v, 2) for k, v in record.breakdown.items()},
         "steps_lost": lost,
+        "step_at_failure": record.last_step_before,
+        "resumed_at_step": record.resumed_from_step,
         "losses_match": match,
         "wasted_seconds": _round(measured),
         # A checkpoint completes within the next iteration, so t_ckpt is about one iteration.
@@ -157,7 +159,13 @@ def plot(
                  label="uninterrupted reference")
     ax_step.plot([s for _, s, _ in run], [float_of(v) for _, _, v in run], "o", ms=3,
                  label="run with failures (replayed steps included)")
-    ax_step.set(xlabel="step", ylabel="loss", title="Loss per step")
+    for row in failures:
+        if row.get("step_at_failure"):
+            ax_step.axvline(row["step_at_failure"] + 0.5, color="tab:red", ls="--", lw=1)
+            ax_step.annotate(row["kind"], (row["step_at_failure"] + 0.5, 0.98),
+                             xycoords=("data", "axes fraction"), fontsize=8, va="top",
+                             rotation=90)
+    ax_step.set(xlabel="step", ylabel="loss", title="Loss per step (failures dashed)")
     ax_step.legend()
     ax_time.plot([t for t, _, _ in run], [s for _, s, _ in run], ".", ms=3)
     for row in failures:

@@ -254,8 +254,14 @@ class Demo:
             raise DemoError(self.stuck("the job Failed"))
         if current is not None or pending:
             left = [current.kind] if current else []
+            why = "raise --steps"
+            if pending and pending[0] == "group-loss" and not (
+                    status.get("checkpoint") or {}).get("persistedStep"):
+                why = ("the group loss waits for a checkpoint in S3, and "
+                       "status.checkpoint.persistedStep stayed empty: check the sidecars' S3 "
+                       "settings, or raise --steps")
             raise DemoError(f"training finished before these failures were recovered or "
-                            f"injected: {', '.join(left + pending)}; raise --steps")
+                            f"injected: {', '.join(left + pending)}; {why}")
         self.log.poll()
         return done
 

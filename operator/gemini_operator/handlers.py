@@ -19,6 +19,7 @@ from gemini_operator.cache import ClusterCache, JobKey
 from gemini_operator.election import LeaderElector
 from gemini_operator.kube import KubeClient
 from gemini_operator.metrics import OperatorMetrics
+from gemini_operator.poller import POLL_SECONDS
 from gemini_operator.reconciler import Reconciler, WorkQueue
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,8 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
         _configure(settings)
         runtime.queue.start()
         runtime.tasks = [
-            asyncio.create_task(_elect(runtime)), asyncio.create_task(_resync(runtime))
+            asyncio.create_task(_elect(runtime)), asyncio.create_task(_resync(runtime)),
+            asyncio.create_task(_poll(runtime)),
         ]
 
     @kopf.on.cleanup(registry=registry)
@@ -118,6 +120,22 @@ async def _elect(runtime: Runtime) -> None:
             runtime.leading = False
         runtime.metrics.leader.set(1 if leads else 0)
         await asyncio.sleep(ELECTION_PERIOD_SECONDS)
+
+
+async def _poll(runtime: Runtime) -> None:
+    """Every few seconds, ask the running jobs' sidecars and launchers how far they are
+    (checkpoint status, hang detection, persistence); reconcile a job when that changed."""
+    poller = runtime.reconciler.poller
+    while True:
+        await asyncio.sleep(POLL_SECONDS)
+        if not runtime.leading:
+            continue
+        for key in runtime.cache.job_keys():
+            try:
+                if await asyncio.to_thread(poller.poll, key):
+                    runtime.queue.add(key)
+            except Exception as err:  # one job's trouble must not stop the others' polling
+                log.warning("polling %s/%s failed: %s", *key, err)
 
 
 async def _resync(runtime: Runtime) -> None:

@@ -36,7 +36,7 @@ from gemini_operator.spec import (
     parse_spec,
     validate_job_name,
 )
-from gemini_operator.status import JobStatus, WorkerCounts
+from gemini_operator.status import CheckpointStatus, JobStatus, WorkerCounts
 
 Manifest = dict[str, Any]
 
@@ -80,6 +80,7 @@ class Observed:
     foreign_ranks: frozenset[int] = frozenset()
     process_exits: Mapping[int, int] = field(default_factory=dict)  # from the launchers
     progress: Progress | None = None
+    checkpoint: CheckpointStatus | None = None  # from the sidecars (poller.py)
 
 
 @dataclass(frozen=True)
@@ -197,6 +198,8 @@ def reconcile(observed: Observed, config: ReconcileConfig) -> Decision:
         _refuse(plan, err)
         return plan.decision(old)
     plan.status = plan.status.with_changes(workers=_counts(observed, spec, old.restart_attempt))
+    if observed.checkpoint is not None:
+        plan.status = plan.status.with_changes(checkpoint=observed.checkpoint)
     steps: tuple[Step, ...] = (
         _finished, _suspended, _deadline, _children, _succeeded, _failures, _placement, _running,
     )

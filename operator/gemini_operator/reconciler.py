@@ -34,6 +34,7 @@ from gemini_operator.conditions import (
 )
 from gemini_operator.kube import KubeClient
 from gemini_operator.metrics import OperatorMetrics
+from gemini_operator.poller import CheckpointPoller
 from gemini_operator.reconcile import (
     CreatePods,
     CreateSecret,
@@ -82,6 +83,7 @@ class Reconciler:
             DeleteJob: self._delete_job,
         }
         self.recovery = RecoveryExecutor(kube, config, self._write_status, clock)
+        self.poller = CheckpointPoller(kube, cache, config)
         # Per reconcile: status fields the recovery steps set, and what they asked for.
         self._overrides: dict[str, Any] = {}
         self._outcomes: list[Outcome] = []
@@ -164,8 +166,11 @@ class Reconciler:
         # A deleted job's pods may linger (the garbage collector takes its time) while a new
         # job of the same name starts: only pods controlled by this very job are its own.
         own = {r: p for r, p in snap.pods.items() if p.owner_uid == job.uid}
+        found = self.poller.findings(key)
         return Observed(
             job=job, pods=own, nodes=snap.nodes,
+            checkpoint=found.checkpoint if found else None,
+            progress=found.progress if found else None,
             foreign_ranks=frozenset(snap.pods) - frozenset(own),
             has_service=self._exists(job, "Service", naming.service_name(job.name)),
             has_secret=self._exists(job, "Secret", naming.secret_name(job.name)),

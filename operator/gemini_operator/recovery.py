@@ -37,7 +37,7 @@ from gemini_operator.failures import describe
 from gemini_operator.kube import KubeClient
 from gemini_operator.observed import PodView, pod_view
 from gemini_operator.reconcile import JobView, ReconcileConfig, Recover
-from gemini_operator.sidecars import SidecarError, call_all
+from gemini_operator.sidecars import SidecarError, call_all, call_each
 from gemini_operator.spec import parse_spec
 from gemini_operator.status import JobStatus
 
@@ -131,7 +131,7 @@ class RecoveryExecutor:
         self.kube, self.config = kube, config
         self._write = write_status
         self._clock = clock
-        self._s3_steps = s3_steps or (lambda job: ())
+        self._s3_steps = s3_steps or self._committed_steps
 
     # --- the first start ------------------------------------------------------------------
 
@@ -215,7 +215,11 @@ class RecoveryExecutor:
         lost = set(int(r) for r in (rec.get("plan") or {}).get("lostRanks", ()))
         pods = self._current(snap, status)
         live = {r: p for r, p in pods.items() if r not in lost and p.ip and not p.deleting}
-        inventories = call_all(self._sidecars(live), "/inventory", self._token(job), {})
+        # A sidecar that does not answer holds nothing we can count on (its node may be cut
+        # off): plan without its copies rather than wait for it.
+        inventories, silent = call_each(self._sidecars(live), "/inventory", self._token(job), {})
+        if silent:
+            log.warning("planning without %d silent sidecars: %s", len(silent), silent[:3])
         copies = inventory_copies(inventories)
         s3_steps = list(self._s3_steps(job))
         newest = max((c.version for c in copies), default=None)
@@ -352,6 +356,33 @@ class RecoveryExecutor:
                        events=[("RecoveryFinished", message, False)])
 
     # --- helpers ----------------------------------------------------------------------------
+
+    def _committed_steps(self, job: JobView) -> list[int]:
+        """The steps committed to the job's S3 prefix (none without persistence; an S3 that
+        cannot be read leaves only memory to plan with, and says so in the log)."""
+        from gemini_sidecar.config import S3Settings
+        from gemini_sidecar.s3 import committed_steps, open_store
+
+        spec = parse_spec(job.spec, self.config.default_sidecar_image)
+        persistence = spec.persistence
+        if persistence is None:
+            return []
+        secret = persistence.credentials_secret
+
+        def key(name: str) -> str | None:
+            return self.kube.secret_value(job.namespace, secret, name) if secret else None
+
+        settings = S3Settings(
+            bucket=persistence.bucket, prefix=persistence.prefix or "gemini",
+            endpoint_url=persistence.endpoint, region=key(naming.S3_REGION_KEY) or "us-east-1",
+            access_key=key(naming.S3_ACCESS_KEY_KEY), secret_key=key(naming.S3_SECRET_KEY_KEY),
+        )
+        try:
+            return committed_steps(open_store(settings), job.name)
+        except Exception as err:  # boto3 raises many kinds; memory may still suffice
+            log.warning("cannot list the committed S3 steps of %s/%s: %s", job.namespace,
+                        job.name, err)
+            return []
 
     def _current(self, snap: Snapshot, status: JobStatus) -> dict[int, PodView]:
         return {r: p for r, p in snap.pods.items() if p.attempt == status.restart_attempt}

@@ -101,6 +101,18 @@ def call_all(
     bodies: Mapping[int, Mapping[str, Any] | None], timeout: float = TIMEOUT_SECONDS,
 ) -> dict[int, dict[str, Any]]:
     """`call` for every rank in parallel; raise one SidecarError naming every failure."""
+    results, errors = call_each(targets, path, token, bodies, timeout)
+    if errors:
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        raise SidecarError("; ".join(errors[:3]) + more)
+    return results
+
+
+def call_each(
+    targets: Mapping[int, tuple[str, int]], path: str, token: str,
+    bodies: Mapping[int, Mapping[str, Any] | None], timeout: float = TIMEOUT_SECONDS,
+) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """`call` for every rank in parallel: the answers, and the failures in words."""
     ranks = sorted(targets)
     results: dict[int, dict[str, Any]] = {}
     errors: list[str] = []
@@ -114,7 +126,4 @@ def call_all(
 
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(ranks)))) as pool:
         list(pool.map(one, ranks))
-    if errors:
-        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-        raise SidecarError("; ".join(sorted(errors)[:3]) + more)
-    return results
+    return results, sorted(errors)

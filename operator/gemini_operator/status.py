@@ -31,6 +31,8 @@ class CheckpointStatus:
     in_memory_step: int | None = None  # newest step complete in memory for every rank
     persisted_step: int | None = None  # newest step committed to S3
     persisted_time: str | None = None
+    persist_error: str | None = None  # the last upload or commit failure (retried)
+    persist_request: str | None = None  # the gemini.io/persist-requested value last honoured
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -40,6 +42,10 @@ class CheckpointStatus:
             out["persistedStep"] = self.persisted_step
         if self.persisted_time is not None:
             out["persistedTime"] = self.persisted_time
+        if self.persist_error is not None:
+            out["persistError"] = self.persist_error
+        if self.persist_request is not None:
+            out["persistRequest"] = self.persist_request
         return out
 
 
@@ -104,6 +110,8 @@ class JobStatus:
                 in_memory_step=checkpoint.get("inMemoryStep"),
                 persisted_step=checkpoint.get("persistedStep"),
                 persisted_time=checkpoint.get("persistedTime"),
+                persist_error=checkpoint.get("persistError"),
+                persist_request=checkpoint.get("persistRequest"),
             ),
             placement=raw.get("placement"),
             last_recovery=raw.get("lastRecovery"),

@@ -105,3 +105,104 @@ def test_a_killed_trainer_is_restarted_in_place_from_local_memory(
     reasons = {e.reason for e in jobs.events("soft")}
     assert {"TrainingStarted", "RecoveryNeeded", "RecoveryFinished"} <= reasons
     jobs.delete("soft")
+
+
+def _lose_rank_one_node(local_cluster: Any, jobs: Jobs, namespace: str, name: str
+                        ) -> tuple[str, str, float]:
+    """Train to step 4, add a spare, power off rank 1's node; (node, old uid, when)."""
+    state = local_cluster.state_dir
+    wait_for(lambda: (jobs.get(name) or {}).get("status", {}).get("launch"), 120,
+             "the operator to start training")
+    wait_for(lambda: newest_step(state, namespace, f"{name}-worker-0") >= 4, 240,
+             "training to reach step 4")
+    local_cluster.add_spare()
+    old = {p.metadata.name: p for p in jobs.pods(name)}[f"{name}-worker-1"]
+    faults.lose_node(state, old.spec.node_name)
+    return str(old.spec.node_name), str(old.metadata.uid), time.monotonic()
+
+
+def _assert_recovered_from_peers(jobs: Jobs, namespace: str, name: str, state: Path,
+                                 lost_node: str, old_uid: str, reference: dict[int, str]
+                                 ) -> dict[str, Any]:
+    last = wait_for(lambda: (jobs.get(name) or {})["status"].get("lastRecovery"), 240,
+                    "the recovery to finish")
+    assert last["cause"] == "hardware" and last["source"] == "Peers", last
+    new = {p.metadata.name: p for p in jobs.pods(name)}[f"{name}-worker-1"]
+    assert new.metadata.uid != old_uid and new.spec.node_name != lost_node
+    wait_for(lambda: jobs.state(name) in ("Succeeded", "Failed"), 300, "the job to finish")
+    job = jobs.get(name)
+    assert job["status"]["state"] == "Succeeded", job["status"]
+    got, conflicts = losses(state, namespace, f"{name}-worker-0")
+    assert not conflicts
+    assert got == reference
+    return dict(last)
+
+
+def test_a_lost_node_gets_one_replacement_pod_that_fetches_its_shard_from_peers(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str, reference: dict[int, str],
+) -> None:
+    jobs = Jobs(kube_api, job_namespace)
+    jobs.create(training_job("hard", 2))
+    lost, old_uid, when = _lose_rank_one_node(local_cluster, jobs, job_namespace, "hard")
+    rank0_uid = {p.metadata.name: p.metadata.uid for p in jobs.pods("hard")}["hard-worker-0"]
+    last = _assert_recovered_from_peers(jobs, job_namespace, "hard", local_cluster.state_dir,
+                                        lost, old_uid, reference)
+    print(f"node-loss recovery: {time.monotonic() - when:.1f} s after the loss, {last}")
+    assert {p.metadata.name: p.metadata.uid for p in jobs.pods("hard")}["hard-worker-0"] == (
+        rank0_uid)  # only the lost rank got a new pod
+    jobs.delete("hard")
+
+
+def test_an_operator_restarted_during_a_recovery_finishes_it(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str, reference: dict[int, str],
+) -> None:
+    jobs = Jobs(kube_api, job_namespace)
+    jobs.create(training_job("takeover", 2))
+    lost, old_uid, _ = _lose_rank_one_node(local_cluster, jobs, job_namespace, "takeover")
+    recovery = wait_for(lambda: (jobs.get("takeover") or {})["status"].get("recovery"), 120,
+                        "a recovery to be recorded")
+    gemini_operator.restart()  # mid-recovery: the new operator continues from status.recovery
+    last = _assert_recovered_from_peers(jobs, job_namespace, "takeover",
+                                        local_cluster.state_dir, lost, old_uid, reference)
+    assert last["epoch"] == recovery["epoch"]
+    jobs.delete("takeover")
+
+
+def test_losing_every_holder_of_a_shard_restores_the_committed_s3_step(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str, reference: dict[int, str], s3_server: Any, s3_prefix: str,
+) -> None:
+    jobs = Jobs(kube_api, job_namespace)
+    endpoint = s3_server.endpoint
+    secret: Any = {"metadata": {"name": "s3"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": endpoint.access_key, "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
+        "AWS_REGION": endpoint.region}}
+    jobs.core.create_namespaced_secret(job_namespace, secret)
+    job = training_job("durable", 2)
+    job["spec"]["template"]["command"] = ["python", str(EXAMPLE), *ARGS[:-1], "1.0"]
+    job["spec"]["persistence"] = {
+        "bucketURI": f"s3://{endpoint.bucket}/{s3_prefix.rstrip('/')}",
+        "endpoint": endpoint.url, "credentialsSecretRef": {"name": "s3"}, "intervalSeconds": 30}
+    jobs.create(job)
+    persisted = wait_for(
+        lambda: (jobs.get("durable") or {}).get("status", {}).get("checkpoint", {}).get(
+            "persistedStep"), 300, "a step persisted to S3")
+    pods = {p.metadata.name: p for p in jobs.pods("durable")}
+    local_cluster.add_spare()
+    local_cluster.add_spare()
+    for pod in pods.values():  # both ranks hold both shards: every copy is gone
+        faults.lose_node(local_cluster.state_dir, pod.spec.node_name)
+    last = wait_for(lambda: (jobs.get("durable") or {})["status"].get("lastRecovery"), 300,
+                    "the recovery to finish")
+    print(f"S3 recovery: persisted {persisted}, {last}")
+    assert last["source"] == "S3" and last["restoredStep"] >= persisted, last
+    assert {p.metadata.uid for p in jobs.pods("durable")}.isdisjoint(
+        p.metadata.uid for p in pods.values())
+    wait_for(lambda: jobs.state("durable") in ("Succeeded", "Failed"), 300, "the job to finish")
+    assert jobs.get("durable")["status"]["state"] == "Succeeded"
+    got, conflicts = losses(local_cluster.state_dir, job_namespace, "durable-worker-0")
+    assert not conflicts
+    assert got == reference
+    jobs.delete("durable")

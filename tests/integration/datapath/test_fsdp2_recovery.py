@@ -18,7 +18,7 @@ from gemini_trainer.shm import ShardSlots
 from tests.fixtures.trainers import TrainingRun
 from tests.integration.datapath.harness import Job, losses_match
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 WORLD = 2
 STEPS = 12

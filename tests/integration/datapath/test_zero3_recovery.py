@@ -31,10 +31,11 @@ from tests.integration.datapath.harness import (
     losses_match,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.s3]
+# five launches of four DeepSpeed ranks: well past the default per-test timeout on 2 cores
+pytestmark = [pytest.mark.integration, pytest.mark.s3, pytest.mark.timeout(2400)]
 
 WORLD = 4
-STEPS = 14
+STEPS = 12
 MODEL = ["--engine", "deepspeed", "--layers", "2", "--d-model", "32", "--heads", "4",
          "--seq", "16", "--batch", "4", "--steps", str(STEPS)]
 SLOW = ["--step-sleep", "0.3"]  # room to be killed mid-run; changes no computation

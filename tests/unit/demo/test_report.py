@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from gemini.demo.report import FailureRecord, failure_row, losses_match, parse_losses, plot
+from gemini.demo.report import (
+    FailureRecord,
+    failure_row,
+    losses_match,
+    parse_losses,
+    plot,
+    render_text,
+)
 
 REFERENCE = {1: (2.5).hex(), 2: (2.25).hex(), 3: (2.0).hex()}
 
@@ -52,5 +59,20 @@ def test_the_plot_is_written(tmp_path) -> None:
     out = tmp_path / "loss.png"
     plot(str(out), [(1.0, 1, REFERENCE[1]), (2.0, 2, REFERENCE[2])], REFERENCE,
          [{"kind": "trainer-crash", "injected_at_seconds": 1.5, "downtime_seconds": 0.4,
-           "source": "local"}])
+           "source": "local", "step_at_failure": 1}])
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_s3_timings_the_baseline_is_absent_and_the_text_says_so() -> None:
+    record = FailureRecord(kind="trainer-crash", target="gpt-demo-worker-1", injected_at=5.0,
+                           detected_at=None, resumed_at=None, source="", last_step_before=4,
+                           resumed_from_step=None)
+    row = failure_row(record, False, iteration_seconds=0.5, s3_checkpoint_seconds=None,
+                      s3_restore_seconds=None)
+    assert row["model_wasted_seconds_s3_only"] is None
+    assert row["downtime_seconds"] is None and row["steps_lost"] is None
+    text = render_text({"iteration_seconds": 0.5, "steps": 20, "losses_match": False,
+                        "failures": [row]})
+    assert "losses equal the reference: NO" in text
+    (line,) = [t for t in text.splitlines() if t.startswith("trainer-crash")]
+    assert line.split() == ["trainer-crash", "?", "-", "-", "-", "NO", "-", "-"]

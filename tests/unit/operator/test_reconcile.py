@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta
 from gemini.domain.recovery import FailureKind
 from gemini_operator import naming
 from gemini_operator.observed import ContainerExit, NodeView, PodView
-from gemini_operator.recovery import launch_document
 from gemini_operator.reconcile import (
     CreatePods,
     CreateSecret,
@@ -22,6 +21,7 @@ from gemini_operator.reconcile import (
     StartTraining,
     reconcile,
 )
+from gemini_operator.recovery import launch_document
 from gemini_operator.status import status_patch
 from tests.unit.operator.builders import make_job
 
@@ -49,6 +49,7 @@ class Harness:
             job=JobView.from_object(self.job), pods=dict(self.pods), nodes=self.nodes,
             has_service=self.has_children, has_secret=self.has_children, now=self.now,
             pending_creates=self.pending, process_exits=self.exits,
+            progress=getattr(self, "progress", None),
         )
         decision = reconcile(observed, CONFIG)
         self.previous_status = self.job.get("status")
@@ -115,7 +116,7 @@ def test_reconciling_an_unchanged_job_writes_nothing_and_says_nothing():
     h = Harness()
     h.step()
     h.run_pods()
-    (start,) = _of(h.step(), StartTraining)
+    assert _of(h.step(), StartTraining)
     h.job["status"]["launch"] = launch_document(1, 0, h.pods, CONFIG.render)
     h.now += timedelta(seconds=5)
     d = h.step()

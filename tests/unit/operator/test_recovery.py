@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 
 from gemini.domain.placement import mixed_placement
 from gemini.domain.recovery import FailureKind, plan_recovery
+from gemini_operator.failures import Progress
 from gemini_operator.observed import ContainerExit, PodView, pod_view
+from gemini_operator.poller import complete_in_memory, progress_of
 from gemini_operator.reconcile import Recover, StartTraining, trainer_exits
 from gemini_operator.recovery import (
     _breakdown,
@@ -17,6 +20,7 @@ from gemini_operator.recovery import (
     source_word,
 )
 from gemini_operator.render import RenderConfig
+from tests.unit.operator.builders import make_job
 from tests.unit.operator.test_reconcile import CONFIG, Harness, _of
 
 PODS = {r: PodView(f"train-worker-{r}", r, 0, f"u{r}", "Running", node_name=f"n{r}",
@@ -102,3 +106,40 @@ def test_breakdown_turns_cumulative_marks_into_phase_seconds() -> None:
     marks = {"planning": 0.5, "replacing": 4.0, "fetching": 5.0, "restarting": 5.5}
     assert _breakdown(marks) == {"planning": 0.5, "replacing": 3.5, "fetching": 1.0,
                                  "restarting": 0.5}
+
+
+def test_in_memory_step_is_the_newest_version_complete_on_every_rank() -> None:
+    def inv(*versions: tuple[int, bool]) -> dict[str, object]:
+        return {"local": [{"rank": 0, "version": v, "complete": c} for v, c in versions]}
+
+    inventories = {0: inv((4, True), (5, True)), 1: inv((4, True), (5, False))}
+    assert complete_in_memory(inventories, [0, 1]) == 4
+    assert complete_in_memory({0: inv((5, True)), 1: inv()}, [0, 1]) is None
+    assert complete_in_memory(inventories, [0, 1, 2]) is None  # rank 2 did not answer
+
+
+def test_progress_keeps_its_start_while_the_step_does_not_move() -> None:
+    now = datetime(2026, 11, 29, 18, 0, tzinfo=UTC)
+    statuses = {0: {"progress": {"step": 7, "age_s": 2.0}}, 1: {"progress": {"step": 6,
+                                                                            "age_s": 1.0}}}
+    first = progress_of(statuses, now, None)
+    assert first == Progress(7, now - timedelta(seconds=2))
+    assert progress_of(statuses, now + timedelta(seconds=60), first) == first
+    moved = progress_of({0: {"progress": {"step": 8, "age_s": 0.5}}}, now, first)
+    assert moved is not None and moved.step == 8
+    assert progress_of({0: {"progress": None}}, now, first) == first
+
+
+def test_no_progress_for_the_hang_timeout_restarts_every_rank_in_place() -> None:
+    h = Harness(make_job().set("failurePolicy.hangTimeoutSeconds", 60))
+    h.step()
+    h.run_pods()
+    h.step()
+    h.job["status"]["launch"] = launch_document(1, 0, h.pods, CONFIG.render)
+    since = h.now
+    h.progress = Progress(9, since)
+    h.now = since + timedelta(seconds=30)
+    assert not _of(h.step(), Recover)
+    h.now = since + timedelta(seconds=61)
+    (recover,) = _of(h.step(), Recover)
+    assert recover.kind is FailureKind.HANG and len(recover.failures) == 4
