@@ -137,6 +137,19 @@ def group_loss_nodes(placement: Mapping[str, Any]) -> list[str]:
     return sorted({str(placement["nodes"][str(r)]) for r in holders})
 
 
+def ready_to_inject(kind: str, newest_step: int | None, not_before_step: int,
+                    status: Mapping[str, Any]) -> bool:
+    """Inject the next failure once the job runs, has a placement, made progress past
+    `not_before_step`, and (for the group loss, which leaves a shard only in S3) has a
+    checkpoint in S3."""
+    if status.get("state") != "Running" or not status.get("placement"):
+        return False
+    if newest_step is None or newest_step < not_before_step:
+        return False
+    return kind != "group-loss" or (status.get("checkpoint") or {}).get(
+        "persistedStep") is not None
+
+
 def progress_line(elapsed: float, step: int | None, loss: float | None,
                   status: Mapping[str, Any], event: str) -> str:
     """One line of the live readout."""

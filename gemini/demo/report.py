@@ -172,8 +172,8 @@ def plot(
         start = row["injected_at_seconds"]
         down = row["downtime_seconds"] or 0.0
         ax_time.axvspan(start, start + down, color="tab:red", alpha=0.25)
-        ax_time.annotate(f"{row['kind']}\n{down:.1f}s ({row['source']})", (start, 0),
-                         fontsize=8, va="bottom")
+        ax_time.annotate(f"{row['kind']}\n{down:.1f}s ({row['source']})", (start, 0.02),
+                         xycoords=("data", "axes fraction"), fontsize=8, va="bottom")
     ax_time.set(xlabel="seconds since start", ylabel="step", title="Progress and downtime")
     fig.tight_layout()
     fig.savefig(path, dpi=100)

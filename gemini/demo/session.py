@@ -79,6 +79,7 @@ class Demo:
         self.prefix = ""
         self.s3: dict[str, Any] = {}
         self.events_seen: set[str] = set()
+        self.timeline: list[str] = []  # what say() said, for the error report
         self.log = StepLog(self.state_dir, plan.NAMESPACE, f"{plan.JOB_NAME}-worker-0",
                            started=self.t0)
 
@@ -86,7 +87,9 @@ class Demo:
         return time.monotonic() - self.t0
 
     def say(self, message: str) -> None:
-        print(f"[{self.now():6.1f}s] {message}", file=self.options.progress, flush=True)
+        line = f"[{self.now():6.1f}s] {message}"
+        self.timeline.append(line)
+        print(line, file=self.options.progress, flush=True)
 
     # --- the whole run ---------------------------------------------------------------------
 
@@ -241,8 +244,8 @@ class Demo:
             if newest is None and time.monotonic() > deadline:
                 raise DemoError(self.stuck(f"the job printed no training step within "
                                            f"{START_TIMEOUT_S:.0f}s"))
-            if (current is None and pending and newest is not None and state == "Running"
-                    and newest.step >= baseline_step and self.ready_for(pending[0], status)):
+            if current is None and pending and plan.ready_to_inject(
+                    pending[0], newest.step if newest else None, baseline_step, status):
                 current = self.inject(pending.pop(0), status)
             if time.monotonic() - last_print >= PRINT_EVERY_S or event:
                 last_print = time.monotonic()
@@ -264,13 +267,6 @@ class Demo:
                             f"injected: {', '.join(left + pending)}; {why}")
         self.log.poll()
         return done
-
-    def ready_for(self, kind: str, status: dict[str, Any]) -> bool:
-        if not status.get("placement"):
-            return False
-        # The group loss leaves one shard only in S3: wait until a checkpoint is there.
-        return kind != "group-loss" or (status.get("checkpoint") or {}).get(
-            "persistedStep") is not None
 
     def inject(self, kind: str, status: dict[str, Any]) -> Injected:
         placement = status["placement"]
@@ -355,10 +351,8 @@ class Demo:
     def record(self, item: Injected) -> FailureRecord:
         resumed = item.resumed
         recovery = item.recovery
-        breakdown = dict(recovery.get("breakdown") or {})
-        if not breakdown and resumed is not None and item.detected_at is not None:
-            breakdown = {"detection": item.detected_at - item.at,
-                         "recovery": resumed[0].seen_at - item.detected_at}
+        breakdown = downtime_breakdown(item.at, item.detected_at,
+                                       resumed[0].seen_at if resumed else None, recovery)
         return FailureRecord(
             kind=item.kind, target=item.target, injected_at=item.at,
             detected_at=item.detected_at, resumed_at=resumed[0].seen_at if resumed else None,
@@ -395,7 +389,8 @@ class Demo:
     # --- diagnostics and teardown ------------------------------------------------------------
 
     def stuck(self, what: str) -> str:
-        lines = [what, "", f"operator log ({self.work / 'operator.log'}), last lines:"]
+        lines = [what, "", "what happened:", *self.timeline[-12:], "",
+                 f"operator log ({self.work / 'operator.log'}), last lines:"]
         lines += tail(self.work / "operator.log", 25)
         try:
             status = self.job().get("status") or {}
@@ -431,6 +426,19 @@ class Demo:
                 self.operator.wait()
         stopped = cluster.down(self.state_dir)
         self.say(f"torn down ({len(stopped)} components)")
+
+
+def downtime_breakdown(injected: float, detected: float | None, resumed: float | None,
+                       recovery: dict[str, Any]) -> dict[str, float]:
+    """Where the downtime went: detection (as the demo saw the job turn Recovering), the
+    operator's phases (status.lastRecovery.breakdown), and the rest until the first step,
+    which is the training processes starting again (imports, process group, restore)."""
+    if detected is None or resumed is None:
+        return {}
+    phases = {str(k): float(v) for k, v in (recovery.get("breakdown") or {}).items()}
+    operator = float(recovery.get("durationSeconds") or sum(phases.values()))
+    return {"detection": detected - injected, **phases,
+            "trainer_restart": max(0.0, resumed - detected - operator)}
 
 
 def iteration_seconds(lines: list[StepLine]) -> float:

@@ -53,6 +53,15 @@ class OperatorMetrics:
             "gemini_operator_recovery_phase_seconds", "Seconds per recovery phase", ["phase"],
             registry=r, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
         )
+        self.downtime = Counter(
+            "gemini_operator_recovery_downtime_seconds",
+            "Seconds between detection and every launcher running the new epoch, summed",
+            registry=r,
+        )
+        self.persist_age = Gauge(
+            "gemini_operator_persisted_checkpoint_age_seconds",
+            "Seconds since the newest committed S3 checkpoint of a job", ["job"], registry=r,
+        )
         self.steps_lost = Counter(
             "gemini_operator_steps_lost", "Training steps redone after recoveries", registry=r
         )
@@ -64,6 +73,7 @@ class OperatorMetrics:
                                     source=str(last.get("source", ""))).inc()
         self.recovery_seconds.observe(float(last.get("durationSeconds", 0.0)))
         self.steps_lost.inc(int(last.get("stepsLost", 0)))
+        self.downtime.inc(float(last.get("durationSeconds", 0.0)))
         for phase, seconds in (last.get("breakdown") or {}).items():
             self.recovery_phase_seconds.labels(phase=str(phase)).observe(float(seconds))
 

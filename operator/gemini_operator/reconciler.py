@@ -26,9 +26,11 @@ from gemini_operator import naming, render
 from gemini_operator.cache import ClusterCache, JobKey, Snapshot
 from gemini_operator.conditions import (
     FAILURE_POLICY_FAIL_JOB,
+    JOB_FINISHED,
     MAX_RESTARTS_EXCEEDED,
     RECOVERY_FINISHED,
     RECOVERY_NEEDED,
+    UNRECOVERABLE,
     state_of,
     upsert,
 )
@@ -125,6 +127,11 @@ class Reconciler:
         for outcome in self._outcomes:
             self._send_events(job, [_Ev(r, m, w) for r, m, w in outcome.events])
         self.metrics.job_state(key, state_of(conditions))
+        persisted = decision.status.checkpoint.persisted_time
+        if persisted:
+            age = (self._clock() - datetime.strptime(persisted, "%Y-%m-%dT%H:%M:%SZ")
+                   .replace(tzinfo=UTC)).total_seconds()
+            self.metrics.persist_age.labels(job=f"{job.namespace}/{job.name}").set(age)
         self.metrics.reconcile_seconds.observe(time.monotonic() - started)
         waits = [o.requeue_after for o in self._outcomes if o.requeue_after is not None]
         if decision.requeue_after is not None:
@@ -143,6 +150,15 @@ class Reconciler:
                     cause=outcome.finished.get("message") or outcome.finished.get("cause"),
                     step=outcome.finished.get("restoredStep", "none (fresh start)")))
                 self.metrics.observe_recovery(outcome.finished)
+            if outcome.unrecoverable is not None:
+                cause, why = outcome.unrecoverable
+                now = _now_text(self._clock())
+                for reason, values in ((UNRECOVERABLE, {"cause": cause, "plan": why}),
+                                       (JOB_FINISHED, {})):
+                    conditions = upsert(conditions, reason.condition(now, job.generation,
+                                                                     **values))
+                new.setdefault("completionTime", now)
+                self._send_events(job, [_Ev(UNRECOVERABLE.reason, f"{cause}; {why}", True)])
         for name, value in self._overrides.items():
             if value is None:
                 new.pop(name, None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,6 +51,10 @@ class RecoveryWait(Exception):
     """A phase must wait for the cluster (a pod starting, a launcher restarting)."""
 
 
+class Unrecoverable(Exception):
+    """No consistent step is left anywhere (memory or S3); the message says what is missing."""
+
+
 @dataclass
 class Outcome:
     """What a step leaves for the reconciler: status fields to set (None removes one),
@@ -59,29 +64,36 @@ class Outcome:
     requeue_after: float | None = None
     events: list[tuple[str, str, bool]] = field(default_factory=list)
     finished: Mapping[str, Any] | None = None  # the lastRecovery document when one finished
+    unrecoverable: tuple[str, str] | None = None  # (cause, why): the job fails
 
 
 def rendezvous(
-    pods: Mapping[int, PodView], epoch: int, config: render.RenderConfig,
+    pods: Mapping[int, PodView], epoch: int, config: render.RenderConfig, job_uid: str = "",
 ) -> dict[str, str]:
     """This epoch's rendezvous: rank 0's pod IP and a port not used by the previous epochs."""
-    return {"MASTER_ADDR": pods[0].ip, "MASTER_PORT": str(rendezvous_port(epoch, config)),
-            "PET_MASTER_ADDR": pods[0].ip, "PET_MASTER_PORT": str(rendezvous_port(epoch, config))}
+    port = str(rendezvous_port(epoch, config, job_uid))
+    return {"MASTER_ADDR": pods[0].ip, "MASTER_PORT": port,
+            "PET_MASTER_ADDR": pods[0].ip, "PET_MASTER_PORT": port}
 
 
-def rendezvous_port(epoch: int, config: render.RenderConfig) -> int:
-    return config.rendezvous_port + epoch % PORT_WINDOW
+def rendezvous_port(epoch: int, config: render.RenderConfig, job_uid: str = "") -> int:
+    """base + (job offset + epoch) % 1000: a fresh port per epoch (a restarted rank 0 never
+    meets its own TIME_WAIT), and jobs that share a network namespace (pods run as host
+    processes, as on the local cluster) start at different offsets."""
+    offset = zlib.crc32(job_uid.encode()) if job_uid else 0
+    return config.rendezvous_port + (offset + epoch) % PORT_WINDOW
 
 
 def launch_document(
     epoch: int, attempt: int, pods: Mapping[int, PodView], config: render.RenderConfig,
+    job_uid: str = "",
 ) -> dict[str, Any]:
     """status.launch: the epoch and each rank's trainer restarts now (later ones are failures)."""
     return {
         "epoch": epoch,
         "restartAttempt": attempt,
         "masterAddr": pods[0].ip,
-        "masterPort": rendezvous_port(epoch, config),
+        "masterPort": rendezvous_port(epoch, config, job_uid),
         "trainerRestarts": {str(r): p.trainer_restarts for r, p in sorted(pods.items())},
         "podUIDs": {str(r): p.uid for r, p in sorted(pods.items())},
     }
@@ -140,7 +152,7 @@ class RecoveryExecutor:
         token = self._token(job)
         epoch = int((status.launch or {}).get("epoch", 0)) + 1
         body = {"epoch": epoch, "version": None, "source": "local",
-                "env": rendezvous(pods, epoch, self.config.render)}
+                "env": rendezvous(pods, epoch, self.config.render, job.uid)}
         try:
             call_all(self._launchers(pods), "/restart", token, dict.fromkeys(pods, body))
         except SidecarError as err:
@@ -149,10 +161,10 @@ class RecoveryExecutor:
         fresh = self._fresh_pods(job, status)
         return Outcome(
             status={"launch": launch_document(epoch, status.restart_attempt, fresh,
-                                              self.config.render)},
+                                              self.config.render, job.uid)},
             events=[("TrainingStarted", f"started training epoch {epoch} on {len(pods)} "
                      f"workers (rendezvous {pods[0].ip}:"
-                     f"{rendezvous_port(epoch, self.config.render)})", False)],
+                     f"{rendezvous_port(epoch, self.config.render, job.uid)})", False)],
         )
 
     # --- recovery ---------------------------------------------------------------------------
@@ -162,36 +174,52 @@ class RecoveryExecutor:
         launch = status.launch or {}
         if not rec or int(rec.get("epoch", 0)) <= int(launch.get("epoch", 0)):
             rec = self._begin(job, action, launch)
+        elif _newly_lost(action, rec):
+            # A node went NotReady after the recovery was planned (a peer's crash is often
+            # seen first): plan again with the lost ranks, keeping the epoch and start time.
+            rec = self._begin(job, action, launch, rec)
         try:
             if rec["phase"] == "Planning":
                 rec = self._step(job, rec, "Replacing", plan=self._plan(job, snap, status, rec))
             if rec["phase"] == "Replacing":
                 self._replace(job, snap, status, rec)
+                if not status.launch:  # never started: the start protocol takes it from here
+                    return self._finish(job, status, rec, self._fresh_pods(job, status))
                 rec = self._step(job, rec, "Fetching")
             if rec["phase"] == "Fetching":
                 self._fetch(job, snap, status, rec)
                 rec = self._step(job, rec, "Restarting")
             if rec["phase"] == "Restarting":
                 return self._restart(job, snap, status, rec)
+        except SidecarError as err:  # a sidecar restarting or cut off: try again shortly
+            log.info("recovery of %s/%s waits for a sidecar: %s", job.namespace, job.name, err)
+            return Outcome(requeue_after=WAIT_SECONDS)
         except RecoveryWait as wait:
             log.info("recovery of %s/%s waits: %s", job.namespace, job.name, wait)
             return Outcome(requeue_after=WAIT_SECONDS)
+        except Unrecoverable as err:
+            return Outcome(status={"recovery": None},
+                           unrecoverable=(str(rec.get("cause", "a failure")), str(err)))
         raise RuntimeError(f"unknown recovery phase {rec.get('phase')!r} in status.recovery")
 
-    def _begin(self, job: JobView, action: Recover, launch: Mapping[str, Any]) -> dict[str, Any]:
+    def _begin(self, job: JobView, action: Recover, launch: Mapping[str, Any],
+               previous: Mapping[str, Any] | None = None) -> dict[str, Any]:
         now = self._clock()
-        failed = sorted({f.rank for f in action.failures})
-        lost = sorted({f.rank for f in action.failures if f.kind is FailureKind.HARDWARE})
+        before = previous or {}
+        failed = sorted({f.rank for f in action.failures} | set(before.get("failedRanks", ())))
+        lost = sorted({f.rank for f in action.failures if f.kind is FailureKind.HARDWARE}
+                      | set((before.get("plan") or {}).get("lostRanks", ())))
+        kind = action.kind.value if not previous or lost else str(before.get("kind"))
         rec = {
-            "epoch": int(launch.get("epoch", 0)) + 1,
+            "epoch": int(before.get("epoch", int(launch.get("epoch", 0)) + 1)),
             "phase": "Planning",
-            "kind": action.kind.value,
-            "cause": describe(action.failures) or "a failure",
+            "kind": FailureKind.HARDWARE.value if lost else kind,
+            "cause": describe(action.failures) or str(before.get("cause", "a failure")),
             "failedRanks": failed,
-            "detectedAt": _ts(now),
-            "startedAt": _ts(now),
-            "startedUnix": time.time(),
-            "marks": {},
+            "detectedAt": before.get("detectedAt", _ts(now)),
+            "startedAt": before.get("startedAt", _ts(now)),
+            "startedUnix": float(before.get("startedUnix", time.time())),
+            "marks": dict(before.get("marks") or {}),
             "plan": {"lostRanks": lost},
         }
         self._write(job, {"recovery": rec})  # recorded before anything is done about it
@@ -209,10 +237,13 @@ class RecoveryExecutor:
 
     def _plan(self, job: JobView, snap: Snapshot, status: JobStatus,
               rec: Mapping[str, Any]) -> dict[str, Any]:
-        if status.placement is None:
-            raise RuntimeError("status.placement is missing: cannot plan a recovery")
-        placement = Placement.from_dict(status.placement)
         lost = set(int(r) for r in (rec.get("plan") or {}).get("lostRanks", ()))
+        if status.placement is None or not status.launch:
+            # Training never started: nothing to restore, only pods to replace.
+            return {"version": None, "mode": "fresh", "reason": "training had not started",
+                    "replaceRanks": sorted(lost), "sources": {}, "refetch": {},
+                    "newestSeen": None, "lostRanks": sorted(lost)}
+        placement = Placement.from_dict(status.placement)
         pods = self._current(snap, status)
         live = {r: p for r, p in pods.items() if r not in lost and p.ip and not p.deleting}
         # A sidecar that does not answer holds nothing we can count on (its node may be cut
@@ -231,7 +262,7 @@ class RecoveryExecutor:
         plan = plan_recovery(placement.replicas, placement, rec.get("failedRanks", ()), lost,
                              copies, s3_steps)
         if not plan.recoverable:
-            raise RuntimeError(f"no recovery possible: {plan.reason}")
+            raise Unrecoverable(plan.reason)
         return {**plan_document(plan, newest), "lostRanks": sorted(lost)}
 
     def _replace(self, job: JobView, snap: Snapshot, status: JobStatus,
@@ -303,7 +334,7 @@ class RecoveryExecutor:
         token = self._token(job)
         body = {"epoch": epoch, "version": plan.get("version"),
                 "source": "s3" if plan.get("mode") == MODE_S3 else "local",
-                "env": rendezvous(pods, epoch, self.config.render)}
+                "env": rendezvous(pods, epoch, self.config.render, job.uid)}
         try:
             call_all(self._launchers(pods), "/restart", token, dict.fromkeys(pods, body))
         except SidecarError as err:
@@ -341,12 +372,10 @@ class RecoveryExecutor:
         }
         if version is not None:
             last["restoredStep"] = int(version)
-        new_status: dict[str, Any] = {
-            "launch": launch_document(int(rec["epoch"]), status.restart_attempt, pods,
-                                      self.config.render),
-            "lastRecovery": last,
-            "recovery": None,
-        }
+        new_status: dict[str, Any] = {"lastRecovery": last, "recovery": None}
+        if status.launch:
+            new_status["launch"] = launch_document(int(rec["epoch"]), status.restart_attempt,
+                                                   pods, self.config.render, job.uid)
         if status.placement is not None and plan.get("replaceRanks"):
             new_status["placement"] = {**status.placement, "nodes": {
                 str(r): p.node_name for r, p in sorted(pods.items())}}
@@ -404,6 +433,13 @@ class RecoveryExecutor:
 
     def _sidecars(self, pods: Mapping[int, PodView]) -> dict[int, tuple[str, int]]:
         return {r: (p.ip, self.config.render.sidecar_api_port) for r, p in pods.items()}
+
+
+def _newly_lost(action: Recover, rec: Mapping[str, Any]) -> bool:
+    """Whether ranks are lost now that the recorded plan did not replace."""
+    lost = {f.rank for f in action.failures if f.kind is FailureKind.HARDWARE}
+    planned = set((rec.get("plan") or {}).get("lostRanks", ()))
+    return bool(lost - planned)
 
 
 def _breakdown(marks: Mapping[str, float]) -> dict[str, float]:

@@ -88,16 +88,17 @@ def test_a_killed_trainer_is_restarted_in_place_from_local_memory(
     wait_for(lambda: newest_step(state, job_namespace, "soft-worker-0") >= 4, 240,
              "training to reach step 4")
     uids = {p.metadata.name: p.metadata.uid for p in jobs.pods("soft")}
+    before = jobs.get("soft")["status"]
     faults.kill_container(state, job_namespace, "soft-worker-1", "trainer")
     killed_at = time.monotonic()
-    last = wait_for(lambda: (jobs.get("soft") or {})["status"].get("lastRecovery"), 120,
+    last = wait_for(lambda: _recovered_after(jobs, "soft", before), 120,
                     "the recovery to finish")
     print(f"in-place recovery: {time.monotonic() - killed_at:.1f} s, {last}")
     assert last["source"] == "Local" and last["cause"] == "software", last
     wait_for(lambda: jobs.state("soft") in ("Succeeded", "Failed"), 300, "the job to finish")
     job = jobs.get("soft")
     assert job["status"]["state"] == "Succeeded", job["status"]
-    assert job["status"]["restarts"] == 1
+    assert job["status"]["restarts"] > before["restarts"]
     assert {p.metadata.name: p.metadata.uid for p in jobs.pods("soft")} == uids
     got, conflicts = losses(state, job_namespace, "soft-worker-0")
     assert not conflicts
@@ -107,8 +108,14 @@ def test_a_killed_trainer_is_restarted_in_place_from_local_memory(
     jobs.delete("soft")
 
 
+def _recovered_after(jobs: Jobs, name: str, before: dict[str, Any]) -> Any:
+    """status.lastRecovery of a recovery newer than the launch epoch in `before`."""
+    last = ((jobs.get(name) or {}).get("status") or {}).get("lastRecovery")
+    return last if last and last["epoch"] > before["launch"]["epoch"] else None
+
+
 def _lose_rank_one_node(local_cluster: Any, jobs: Jobs, namespace: str, name: str
-                        ) -> tuple[str, str, float]:
+                        ) -> tuple[str, str, float, dict[str, Any]]:
     """Train to step 4, add a spare, power off rank 1's node; (node, old uid, when)."""
     state = local_cluster.state_dir
     wait_for(lambda: (jobs.get(name) or {}).get("status", {}).get("launch"), 120,
@@ -117,14 +124,15 @@ def _lose_rank_one_node(local_cluster: Any, jobs: Jobs, namespace: str, name: st
              "training to reach step 4")
     local_cluster.add_spare()
     old = {p.metadata.name: p for p in jobs.pods(name)}[f"{name}-worker-1"]
+    before = jobs.get(name)["status"]
     faults.lose_node(state, old.spec.node_name)
-    return str(old.spec.node_name), str(old.metadata.uid), time.monotonic()
+    return str(old.spec.node_name), str(old.metadata.uid), time.monotonic(), before
 
 
 def _assert_recovered_from_peers(jobs: Jobs, namespace: str, name: str, state: Path,
-                                 lost_node: str, old_uid: str, reference: dict[int, str]
-                                 ) -> dict[str, Any]:
-    last = wait_for(lambda: (jobs.get(name) or {})["status"].get("lastRecovery"), 240,
+                                 lost_node: str, old_uid: str, reference: dict[int, str],
+                                 before: dict[str, Any]) -> dict[str, Any]:
+    last = wait_for(lambda: _recovered_after(jobs, name, before), 240,
                     "the recovery to finish")
     assert last["cause"] == "hardware" and last["source"] == "Peers", last
     new = {p.metadata.name: p for p in jobs.pods(name)}[f"{name}-worker-1"]
@@ -144,10 +152,11 @@ def test_a_lost_node_gets_one_replacement_pod_that_fetches_its_shard_from_peers(
 ) -> None:
     jobs = Jobs(kube_api, job_namespace)
     jobs.create(training_job("hard", 2))
-    lost, old_uid, when = _lose_rank_one_node(local_cluster, jobs, job_namespace, "hard")
+    lost, old_uid, when, before = _lose_rank_one_node(local_cluster, jobs, job_namespace,
+                                                      "hard")
     rank0_uid = {p.metadata.name: p.metadata.uid for p in jobs.pods("hard")}["hard-worker-0"]
     last = _assert_recovered_from_peers(jobs, job_namespace, "hard", local_cluster.state_dir,
-                                        lost, old_uid, reference)
+                                        lost, old_uid, reference, before)
     print(f"node-loss recovery: {time.monotonic() - when:.1f} s after the loss, {last}")
     assert {p.metadata.name: p.metadata.uid for p in jobs.pods("hard")}["hard-worker-0"] == (
         rank0_uid)  # only the lost rank got a new pod
@@ -160,13 +169,15 @@ def test_an_operator_restarted_during_a_recovery_finishes_it(
 ) -> None:
     jobs = Jobs(kube_api, job_namespace)
     jobs.create(training_job("takeover", 2))
-    lost, old_uid, _ = _lose_rank_one_node(local_cluster, jobs, job_namespace, "takeover")
+    lost, old_uid, _, before = _lose_rank_one_node(local_cluster, jobs, job_namespace,
+                                                   "takeover")
     recovery = wait_for(lambda: (jobs.get("takeover") or {})["status"].get("recovery"), 120,
                         "a recovery to be recorded")
     gemini_operator.restart()  # mid-recovery: the new operator continues from status.recovery
     last = _assert_recovered_from_peers(jobs, job_namespace, "takeover",
-                                        local_cluster.state_dir, lost, old_uid, reference)
-    assert last["epoch"] == recovery["epoch"]
+                                        local_cluster.state_dir, lost, old_uid, reference,
+                                        before)
+    assert last["epoch"] >= recovery["epoch"]
     jobs.delete("takeover")
 
 
@@ -190,11 +201,12 @@ def test_losing_every_holder_of_a_shard_restores_the_committed_s3_step(
         lambda: (jobs.get("durable") or {}).get("status", {}).get("checkpoint", {}).get(
             "persistedStep"), 300, "a step persisted to S3")
     pods = {p.metadata.name: p for p in jobs.pods("durable")}
+    before = jobs.get("durable")["status"]
     local_cluster.add_spare()
     local_cluster.add_spare()
     for pod in pods.values():  # both ranks hold both shards: every copy is gone
         faults.lose_node(local_cluster.state_dir, pod.spec.node_name)
-    last = wait_for(lambda: (jobs.get("durable") or {})["status"].get("lastRecovery"), 300,
+    last = wait_for(lambda: _recovered_after(jobs, "durable", before), 300,
                     "the recovery to finish")
     print(f"S3 recovery: persisted {persisted}, {last}")
     assert last["source"] == "S3" and last["restoredStep"] >= persisted, last

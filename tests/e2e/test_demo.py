@@ -39,7 +39,10 @@ def test_the_demo_recovers_every_failure_with_the_reference_losses(demo_dir: Pat
          "--model-size", "tiny", "--failures", "trainer-crash,node-loss,group-loss",
          "--state-dir", str(demo_dir), "--plot", str(plot), "--output", "json"],
         cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
-    assert result.returncode == 0, f"stderr:\n{result.stderr[-6000:]}\nstdout:\n{result.stdout}"
+    # The error report (timeline, operator log, conditions) follows the progress lines.
+    start = result.stderr.rfind("error: the demo failed")
+    error = result.stderr[start:] if start >= 0 else result.stderr[-8000:]
+    assert result.returncode == 0, f"stderr:\n{error[:12000]}\nstdout:\n{result.stdout}"
     report = json.loads(result.stdout)
     print(result.stderr[-3000:])
     print(json.dumps(report, indent=2))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gemini.demo.logs import StepLine, StepLog, resumption
-from gemini.demo.session import iteration_seconds
+from gemini.demo.session import downtime_breakdown, iteration_seconds
 
 
 class Clock:
@@ -69,3 +69,12 @@ def test_iteration_time_is_the_median_gap_between_consecutive_steps_of_one_proce
              _line(32.5, 5, 2)]
     assert iteration_seconds(lines) == 1.0
     assert iteration_seconds([]) == 0.0
+
+
+def test_the_downtime_breaks_down_into_detection_operator_phases_and_trainer_restart() -> None:
+    recovery = {"durationSeconds": 1.0, "breakdown": {"planning": 0.25, "restarting": 0.75}}
+    parts = downtime_breakdown(10.0, 11.5, 20.0, recovery)
+    assert parts == {"detection": 1.5, "planning": 0.25, "restarting": 0.75,
+                     "trainer_restart": 7.5}
+    assert sum(parts.values()) == 20.0 - 10.0
+    assert downtime_breakdown(10.0, None, 20.0, recovery) == {}

@@ -93,3 +93,24 @@ def test_the_progress_line_shows_step_loss_checkpoints_state_and_event() -> None
                                            (None, ""), ("weird", "")])
 def test_recovery_sources_are_named_as_the_report_spells_them(raw: str | None, name: str) -> None:
     assert plan.source_name(raw) == name
+
+
+RUNNING = {"state": "Running", "placement": PLACEMENT, "checkpoint": {"inMemoryStep": 7}}
+
+
+@pytest.mark.parametrize(
+    ("kind", "step", "status", "expected"),
+    [
+        ("trainer-crash", 7, RUNNING, True),
+        ("trainer-crash", 6, RUNNING, False),  # not enough progress since the last recovery
+        ("trainer-crash", None, RUNNING, False),
+        ("node-loss", 9, {**RUNNING, "state": "Recovering"}, False),
+        ("node-loss", 9, {**RUNNING, "placement": None}, False),  # targets come from it
+        ("group-loss", 9, RUNNING, False),  # nothing in S3 yet
+        ("group-loss", 9, {**RUNNING, "checkpoint": {"persistedStep": 4}}, True),
+    ],
+)
+def test_a_failure_is_injected_only_once_training_runs_and_progressed(
+    kind: str, step: int | None, status: dict[str, object], expected: bool,
+) -> None:
+    assert plan.ready_to_inject(kind, step, 7, status) is expected

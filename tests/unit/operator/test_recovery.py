@@ -143,3 +143,15 @@ def test_no_progress_for_the_hang_timeout_restarts_every_rank_in_place() -> None
     h.now = since + timedelta(seconds=61)
     (recover,) = _of(h.step(), Recover)
     assert recover.kind is FailureKind.HANG and len(recover.failures) == 4
+
+
+def test_a_node_lost_after_planning_makes_the_recovery_plan_again() -> None:
+    from gemini_operator.failures import FailureReason, RankFailure
+    from gemini_operator.recovery import _newly_lost
+
+    crash = RankFailure(0, FailureKind.SOFTWARE, FailureReason.ERROR, 1, "exited")
+    lost = RankFailure(1, FailureKind.HARDWARE, FailureReason.NODE_LOST, None, "node gone")
+    planned_soft = {"plan": {"lostRanks": []}}
+    assert not _newly_lost(Recover(FailureKind.SOFTWARE, (crash,)), planned_soft)
+    assert _newly_lost(Recover(FailureKind.HARDWARE, (crash, lost)), planned_soft)
+    assert not _newly_lost(Recover(FailureKind.HARDWARE, (lost,)), {"plan": {"lostRanks": [1]}})
