@@ -158,9 +158,12 @@ class Watcher:
         threading.Thread(target=self._run, args=(list_fn, args, kwargs), daemon=True).start()
 
     def _run(self, list_fn: Any, args: Any, kwargs: Any) -> None:
-        for event in self._watch.stream(list_fn, *args, **kwargs):
-            with self._lock:
-                self.events.append((time.monotonic(), event["object"]))
+        try:
+            for event in self._watch.stream(list_fn, *args, **kwargs):
+                with self._lock:
+                    self.events.append((time.monotonic(), event["object"]))
+        except Exception:  # the stream breaks when stopped; a dead watcher just sees no more
+            return
 
     def first(self, test: Any, after: float) -> float | None:
         with self._lock:

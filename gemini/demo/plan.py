@@ -144,6 +144,9 @@ def ready_to_inject(kind: str, newest_step: int | None, not_before_step: int,
     checkpoint in S3."""
     if status.get("state") != "Running" or not status.get("placement"):
         return False
+    if any(c.get("type") == "Recovering" and c.get("status") == "True"
+           for c in status.get("conditions") or []):
+        return False  # the previous recovery is not finished in the operator's view
     if newest_step is None or newest_step < not_before_step:
         return False
     return kind != "group-loss" or (status.get("checkpoint") or {}).get(

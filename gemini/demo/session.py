@@ -15,6 +15,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,6 +62,85 @@ class Injected:
     resumed: tuple[StepLine, int] | None = None
     recovery: dict[str, Any] = field(default_factory=dict)  # status.lastRecovery after it
     earlier_recovery: dict[str, Any] = field(default_factory=dict)  # the one before it
+    wall: float | None = None  # Unix time of the injection
+
+
+class RecoveringWatch:
+    """Times when the operator declared a recovery, from watches on the job (turning
+    Recovering) and on its events (RecoveryNeeded arriving): a recovery that takes the
+    operator under a second may never show in a polled status, and the API's timestamps have
+    whole seconds only."""
+
+    def __init__(self, custom: Any, core: Any, clock: Callable[[], float]) -> None:
+        self.custom, self.core, self.clock = custom, core, clock
+        self.turned: list[float] = []
+        self.recovering = False
+        self.seen: set[str] = set()
+        self.started_unix: set[float] = set()
+        self.stopped = threading.Event()
+        self.threads = [threading.Thread(target=self._loop, args=(fn,), daemon=True)
+                        for fn in (self._job, self._events)]
+
+    def start(self) -> RecoveringWatch:
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def _loop(self, watch_once: Callable[[], None]) -> None:
+        while not self.stopped.is_set():
+            try:
+                watch_once()
+            except Exception:  # the API restarting or going away: watch again
+                time.sleep(0.5)
+
+    def _job(self) -> None:
+        from kubernetes import watch
+
+        for event in watch.Watch().stream(
+                self.custom.list_namespaced_custom_object, "gemini.io", "v1alpha1",
+                plan.NAMESPACE, "geminijobs", field_selector=f"metadata.name={plan.JOB_NAME}",
+                timeout_seconds=30):
+            status = event["object"].get("status") or {}
+            started = (status.get("recovery") or {}).get("startedUnix")
+            if started is not None:  # the operator's own clock when it declared the recovery
+                self.started_unix.add(float(started))
+            now = recovering_now(status)
+            if now and not self.recovering:
+                self.turned.append(self.clock())
+            self.recovering = now
+            if self.stopped.is_set():
+                return
+
+    def _events(self) -> None:
+        from kubernetes import watch
+
+        for event in watch.Watch().stream(self.core.list_namespaced_event, plan.NAMESPACE,
+                                          timeout_seconds=30):
+            item = event["object"]
+            # A new watch lists the old events again: each counts once.
+            if item.reason == "RecoveryNeeded" and item.metadata.uid not in self.seen:
+                self.seen.add(item.metadata.uid)
+                self.turned.append(self.clock())
+            if self.stopped.is_set():
+                return
+
+    def first_after(self, at: float, wall: float | None = None) -> float | None:
+        """When the first recovery after `at` (demo clock; `wall`: the same instant in Unix
+        time) was declared, in the demo's clock."""
+        if wall is not None:
+            started = min((t for t in list(self.started_unix) if t >= wall), default=None)
+            if started is not None:
+                return at + started - wall
+        return min((t for t in list(self.turned) if t >= at), default=None)
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def recovering_now(status: dict[str, Any]) -> bool:
+    return status.get("state") == "Recovering" or any(
+        c.get("type") == "Recovering" and c.get("status") == "True"
+        for c in status.get("conditions") or [])
 
 
 class Demo:
@@ -80,6 +160,7 @@ class Demo:
         self.s3: dict[str, Any] = {}
         self.events_seen: set[str] = set()
         self.timeline: list[str] = []  # what say() said, for the error report
+        self.watch: RecoveringWatch | None = None
         self.log = StepLog(self.state_dir, plan.NAMESPACE, f"{plan.JOB_NAME}-worker-0",
                            started=self.t0)
 
@@ -117,8 +198,12 @@ class Demo:
         except ReferenceError as err:
             raise DemoError(str(err)) from err
         self.say(f"reference done: {len(reference)} steps")
+        self.watch = RecoveringWatch(self.custom, self.core, self.now).start()
         self.submit()
-        injected = self.train_and_inject()
+        try:
+            injected = self.train_and_inject()
+        finally:
+            self.watch.stop()
         return self.report(reference, injected)
 
     # --- set-up ------------------------------------------------------------------------------
@@ -271,6 +356,7 @@ class Demo:
     def inject(self, kind: str, status: dict[str, Any]) -> Injected:
         placement = status["placement"]
         generation = self.log.generation
+        at, wall = self.now(), time.time()  # the failure happens with the first signal
         if kind == "trainer-crash":
             rank = plan.trainer_crash_target(self.config.workers)
             pod = f"{plan.JOB_NAME}-worker-{rank}"
@@ -285,14 +371,14 @@ class Demo:
                 faults.lose_node(self.state_dir, node)
             target = ",".join(lost)
         self.say(f"INJECT {kind}: {target}")
-        return Injected(kind, target, self.now(), generation,
-                        earlier_recovery=dict(status.get("lastRecovery") or {}))
+        return Injected(kind, target, at, generation,
+                        earlier_recovery=dict(status.get("lastRecovery") or {}), wall=wall)
 
     def follow(self, current: Injected, status: dict[str, Any]) -> None:
-        recovering = status.get("state") == "Recovering" or any(
-            c.get("type") == "Recovering" and c.get("status") == "True"
-            for c in status.get("conditions") or [])
-        if current.detected_at is None and recovering:
+        seen = self.watch.first_after(current.at, current.wall) if self.watch else None
+        if seen is not None:
+            current.detected_at = seen
+        elif current.detected_at is None and recovering_now(status):
             current.detected_at = self.now()
         current.resumed = resumption(self.log.lines, current.at, current.generation)
         self.note_recovery(current, status)
@@ -351,6 +437,9 @@ class Demo:
     def record(self, item: Injected) -> FailureRecord:
         resumed = item.resumed
         recovery = item.recovery
+        seen = self.watch.first_after(item.at, item.wall) if self.watch else None
+        if seen is not None and (resumed is None or seen <= resumed[0].seen_at):
+            item.detected_at = seen
         breakdown = downtime_breakdown(item.at, item.detected_at,
                                        resumed[0].seen_at if resumed else None, recovery)
         return FailureRecord(

@@ -73,7 +73,6 @@ class Reconciler:
         self._clock = clock
         self._expected: dict[JobKey, dict[int, float]] = {}  # rank -> monotonic deadline
         self._children: set[tuple[str, str]] = set()  # (job uid, kind) known to exist
-        self._said_unrecoverable: set[tuple[str, int]] = set()  # (job uid, restarts) logged
         self._handlers: dict[type, Handler] = {
             CreateSecret: self._create_secret,
             CreateService: self._create_service,

@@ -219,7 +219,7 @@ class RecoveryExecutor:
             "detectedAt": before.get("detectedAt", _ts(now)),
             "startedAt": before.get("startedAt", _ts(now)),
             "startedUnix": float(before.get("startedUnix", time.time())),
-            "marks": dict(before.get("marks") or {}),
+            "marks": {},  # cumulative seconds at the end of each phase (a re-plan restarts them)
             "plan": {"lostRanks": lost},
         }
         self._write(job, {"recovery": rec})  # recorded before anything is done about it
@@ -254,7 +254,7 @@ class RecoveryExecutor:
         copies = inventory_copies(inventories)
         s3_steps = list(self._s3_steps(job))
         newest = max((c.version for c in copies), default=None)
-        if not copies and not s3_steps:
+        if not copies and not s3_steps and status.checkpoint.in_memory_step is None:
             # Nothing was ever checkpointed: training starts over (deterministic, same steps).
             return {"version": None, "mode": "fresh", "reason": "no checkpoint was taken yet",
                     "replaceRanks": sorted(lost), "sources": {}, "refetch": {},
@@ -274,15 +274,21 @@ class RecoveryExecutor:
         old_uids = set((status.launch or {}).get("podUIDs", {}).get(str(r)) for r in replace)
         waiting = []
         spec = parse_spec(job.spec, self.config.default_sidecar_image)
+        down = sorted(n for n, node in snap.nodes.items() if not node.ready)
         for rank in replace:
             pod = pods.get(rank)
-            if pod is not None and pod.uid in old_uids:
+            if pod is not None and pod.uid not in old_uids and pod.node_name in down:
+                # The scheduler placed the replacement before the node was marked lost.
+                self.kube.delete_pod(job.namespace, pod.name, grace_seconds=0)
+                waiting.append(f"rank {rank}: replacement landed on lost node {pod.node_name}")
+            elif pod is not None and pod.uid in old_uids:
                 # The lost pod: gone for good (its node may never answer), free the name now.
                 self.kube.delete_pod(job.namespace, pod.name, grace_seconds=0)
                 waiting.append(f"rank {rank}: the lost pod is being removed")
             elif pod is None:
-                self.kube.create(render.worker_pod(job.ref, spec, rank, status.restart_attempt,
-                                                   self.config.render))
+                manifest = render.worker_pod(job.ref, spec, rank, status.restart_attempt,
+                                             self.config.render)
+                self.kube.create(_avoid_nodes(manifest, down))
                 waiting.append(f"rank {rank}: replacement created")
             elif pod.phase != "Running" or not pod.ip:
                 waiting.append(f"rank {rank}: replacement is {pod.phase}")
@@ -433,6 +439,18 @@ class RecoveryExecutor:
 
     def _sidecars(self, pods: Mapping[int, PodView]) -> dict[int, tuple[str, int]]:
         return {r: (p.ip, self.config.render.sidecar_api_port) for r, p in pods.items()}
+
+
+def _avoid_nodes(manifest: dict[str, Any], nodes: Sequence[str]) -> dict[str, Any]:
+    """The pod kept off `nodes` (lost ones the scheduler may not know about yet)."""
+    if not nodes:
+        return manifest
+    term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn",
+                             "values": list(nodes)}]}
+    affinity = manifest["spec"].setdefault("affinity", {})
+    affinity["nodeAffinity"] = {
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    return manifest
 
 
 def _newly_lost(action: Recover, rec: Mapping[str, Any]) -> bool:

@@ -18,7 +18,7 @@ import hmac
 import os
 import socket
 import struct
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from gemini_sidecar.checksum import checksum, combine, finish, word_sum
@@ -111,6 +111,10 @@ SUM_PIECE_BYTES = 1 << 20  # received bytes are summed in pieces of about L2 siz
 # Bulk transfers block their thread until the peer keeps up; a pool of their own keeps them
 # from starving (or deadlocking, with several sidecars in one process) the default executor.
 _BULK_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="gemini-bulk")
+# Checksums run beside the transfer on threads of their own (numpy's sum releases the GIL):
+# summed in line, they lengthened every chunk's send and receive by the time of the sum,
+# about a third of the cost of loopback TCP itself (bench/replication_throughput.py).
+_SUM_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gemini-sum")
 
 
 class Channel:
@@ -177,9 +181,9 @@ class Channel:
     async def send_chunk(self, frame: Frame, payload: memoryview) -> int:
         """Send `frame` with `payload` and a SUM trailer; returns the payload's word sum.
 
-        The payload goes out in pieces of about L2 size, each summed right before its send,
-        so the kernel's copy finds it in cache and summing never stalls the stream (the
-        checksum then has to follow the payload, in an authenticated trailer frame).
+        The payload is summed on a checksum thread while it goes out, so summing never
+        stalls the stream (the checksum then has to follow the payload, in an authenticated
+        trailer frame).
         """
         seq = self._send_seq
         self._send_seq += 2
@@ -189,13 +193,12 @@ class Channel:
 
     def _send_with_trailer(self, frame: Frame, seq: int, payload: memoryview) -> int:
         head = replace(frame, flags=frame.flags | FLAG_TRAILER, checksum=0)
-        self._bulk.sendall(self._sealed(head, seq))
-        words = 0
-        for start in range(0, len(payload), SUM_PIECE_BYTES):
-            piece = payload[start : start + SUM_PIECE_BYTES]
-            words += word_sum(piece)
-            self._bulk.sendall(piece)
-        words = combine([words])
+        summing = _SUM_POOL.submit(word_sum, payload)  # beside the send, not before it
+        try:
+            self._bulk.sendall(self._sealed(head, seq))
+            self._bulk.sendall(payload)
+        finally:
+            words = summing.result()  # the payload view must outlive the sum
         trailer = Frame(FrameType.SUM, frame.rank, frame.version, frame.offset, 0,
                         finish(words, len(payload)))
         self._bulk.sendall(self._sealed(trailer, seq + 1))
@@ -213,18 +216,23 @@ class Channel:
         return words, bytes(raw)
 
     def _recv_bulk(self, view: memoryview) -> int:
-        """Receive into `view`, summing each piece as it lands (still in cache)."""
-        got = summed = words = 0
-        while got < len(view):
-            n = self._bulk.recv_into(view[got:])
-            if n == 0:
-                raise ConnectionError("peer closed the connection mid-frame")
-            got += n
-            upto = got if got == len(view) else got - got % 8
-            if upto - summed >= SUM_PIECE_BYTES or upto == len(view):
-                words += word_sum(view[summed:upto])
-                summed = upto
-        return combine([words])
+        """Receive into `view`; each piece that landed is summed on a checksum thread while
+        the next one is received (the piece is still in the shared cache)."""
+        got = summed = 0
+        sums: list[Future[int]] = []
+        try:
+            while got < len(view):
+                n = self._bulk.recv_into(view[got:])
+                if n == 0:
+                    raise ConnectionError("peer closed the connection mid-frame")
+                got += n
+                upto = got if got == len(view) else got - got % 8
+                if upto - summed >= SUM_PIECE_BYTES or upto == len(view):
+                    sums.append(_SUM_POOL.submit(word_sum, view[summed:upto]))
+                    summed = upto
+        finally:
+            words = [f.result() for f in sums]  # wait for them, also when receiving failed
+        return combine(words)
 
     async def recv(self) -> Frame:
         """Read and authenticate the next header; the caller then reads `frame.length` bytes."""

@@ -78,3 +78,16 @@ def test_the_downtime_breaks_down_into_detection_operator_phases_and_trainer_res
                      "trainer_restart": 7.5}
     assert sum(parts.values()) == 20.0 - 10.0
     assert downtime_breakdown(10.0, None, 20.0, recovery) == {}
+
+
+def test_detection_prefers_the_operators_own_clock_over_what_the_watch_saw() -> None:
+    from gemini.demo.session import RecoveringWatch
+
+    watch = RecoveringWatch(custom=None, core=None, clock=lambda: 0.0)
+    watch.turned = [3.0, 12.0]  # demo clock: when the watches saw a recovery declared
+    assert watch.first_after(10.0) == 12.0
+    assert watch.first_after(13.0) is None
+    # The operator declared one 0.4 s after an injection at Unix 1000.0 (demo clock 10.0).
+    watch.started_unix = {990.0, 1000.4}
+    first = watch.first_after(10.0, wall=1000.0)
+    assert first is not None and abs(first - 10.4) < 1e-9

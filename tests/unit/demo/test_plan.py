@@ -106,6 +106,10 @@ RUNNING = {"state": "Running", "placement": PLACEMENT, "checkpoint": {"inMemoryS
         ("trainer-crash", None, RUNNING, False),
         ("node-loss", 9, {**RUNNING, "state": "Recovering"}, False),
         ("node-loss", 9, {**RUNNING, "placement": None}, False),  # targets come from it
+        ("node-loss", 9, {**RUNNING, "conditions": [{"type": "Recovering", "status": "True"}]},
+         False),
+        ("node-loss", 9, {**RUNNING, "conditions": [{"type": "Recovering", "status": "False"}]},
+         True),
         ("group-loss", 9, RUNNING, False),  # nothing in S3 yet
         ("group-loss", 9, {**RUNNING, "checkpoint": {"persistedStep": 4}}, True),
     ],
