@@ -270,7 +270,10 @@ class RecoveryExecutor:
         replace = [int(r) for r in (rec.get("plan") or {}).get("replaceRanks", ())]
         if not replace:
             return
-        pods = {r: p for r, p in snap.pods.items() if p.owner_uid == job.uid}
+        # Read from the API, not the watch cache: a missed DELETED event must not leave the
+        # recovery waiting for a pod that is long gone.
+        views = (pod_view(o) for o in self.kube.list_worker_pods(job.namespace, job.name))
+        pods = {v.rank: v for v in views if v is not None and v.owner_uid == job.uid}
         old_uids = set((status.launch or {}).get("podUIDs", {}).get(str(r)) for r in replace)
         waiting = []
         spec = parse_spec(job.spec, self.config.default_sidecar_image)
