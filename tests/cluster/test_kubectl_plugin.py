@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -65,7 +66,7 @@ class Setup:
 @pytest.fixture
 def setup(local_cluster: LocalCluster, gemini_crd: dict[str, Any], job_namespace: str,
           kube_api: client.ApiClient) -> Iterator[Setup]:
-    _skip_if_an_operator_runs(kube_api)
+    _wait_until_no_operator_runs(kube_api)
     custom, core = client.CustomObjectsApi(kube_api), client.CoreV1Api(kube_api)
     body = (make_job(JOB, job_namespace).with_nodes(4).with_replicas(2)
             .set("persistence", {"bucketURI": "s3://checkpoints/train"}).obj())
@@ -253,13 +254,19 @@ def _event(job: dict[str, Any], namespace: str) -> dict[str, Any]:
     }
 
 
-def _skip_if_an_operator_runs(api: client.ApiClient) -> None:
-    """An operator started by other tests of this session (clusterwide) would reconcile the
-    hand-made job and overwrite its status; this test plays the operator itself."""
-    leases: list[Any] = client.CoordinationV1Api(api).list_lease_for_all_namespaces().items
-    fresh = datetime.now(UTC) - timedelta(seconds=30)
-    for lease in leases:
-        renewed = lease.spec.renew_time
-        if lease.metadata.name.startswith("gemini-operator") and renewed and renewed > fresh:
-            pytest.skip(f"an operator holds lease {lease.metadata.name} and would reconcile "
-                        "the hand-made job; run this module on its own")
+def _wait_until_no_operator_runs(api: client.ApiClient, timeout: float = 90.0) -> None:
+    """An operator started earlier in this session (e.g. the Helm chart's, now uninstalled)
+    would reconcile the hand-made job and overwrite its status; this test plays the operator
+    itself, so it waits until every operator lease has gone stale, and fails if one stays live."""
+    deadline = time.monotonic() + timeout
+    while True:
+        leases: list[Any] = client.CoordinationV1Api(api).list_lease_for_all_namespaces().items
+        fresh = datetime.now(UTC) - timedelta(seconds=30)
+        live = [lease.metadata.name for lease in leases
+                if lease.metadata.name.startswith("gemini-operator")
+                and lease.spec.renew_time and lease.spec.renew_time > fresh]
+        if not live:
+            return
+        if time.monotonic() > deadline:
+            pytest.fail(f"an operator still renews lease(s) {live}; stop it before this test")
+        time.sleep(2)
