@@ -161,6 +161,7 @@ class Demo:
         self.events_seen: set[str] = set()
         self.timeline: list[str] = []  # what say() said, for the error report
         self.watch: RecoveringWatch | None = None
+        self.cluster_started = False
         self.log = StepLog(self.state_dir, plan.NAMESPACE, f"{plan.JOB_NAME}-worker-0",
                            started=self.t0)
 
@@ -180,9 +181,9 @@ class Demo:
         finally:
             if self.reference is not None:
                 self.reference.stop()
-            if self.options.keep:
+            if self.options.keep and self.cluster_started:
                 self.say("left running (--keep); explore with:\n" + self.explore_hint())
-            else:
+            elif self.cluster_started:
                 self.teardown()
 
     def _run(self) -> dict[str, Any]:
@@ -216,6 +217,7 @@ class Demo:
                  "zones, S3")
         info = cluster.up(self.state_dir, cluster.Topology(nodes=nodes, zones=2, racks=2),
                           with_s3=True, timeout=120)
+        self.cluster_started = True  # from here on, teardown owns it (up cleans up itself)
         self.s3 = info["s3"]
         self.kubeconfig = Path(info["kubeconfig"])
         self.api = config.new_client_from_config(str(self.kubeconfig))
@@ -305,6 +307,9 @@ class Demo:
         last_print = 0.0
         deadline = time.monotonic() + START_TIMEOUT_S
         while True:
+            if self.operator is not None and self.operator.poll() is not None:
+                raise DemoError(self.stuck(f"the operator exited with code "
+                                           f"{self.operator.returncode}"))
             self.log.poll()
             status = self.job().get("status") or {}
             state = status.get("state")

@@ -448,8 +448,9 @@ def _avoid_nodes(manifest: dict[str, Any], nodes: Sequence[str]) -> dict[str, An
     """The pod kept off `nodes` (lost ones the scheduler may not know about yet)."""
     if not nodes:
         return manifest
-    term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn",
-                             "values": list(nodes)}]}
+    # One value per field requirement (the API's rule); requirements of a term are ANDed.
+    term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [node]}
+                            for node in nodes]}
     affinity = manifest["spec"].setdefault("affinity", {})
     affinity["nodeAffinity"] = {
         "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}

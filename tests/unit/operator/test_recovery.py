@@ -155,3 +155,16 @@ def test_a_node_lost_after_planning_makes_the_recovery_plan_again() -> None:
     assert not _newly_lost(Recover(FailureKind.SOFTWARE, (crash,)), planned_soft)
     assert _newly_lost(Recover(FailureKind.HARDWARE, (crash, lost)), planned_soft)
     assert not _newly_lost(Recover(FailureKind.HARDWARE, (lost,)), {"plan": {"lostRanks": [1]}})
+
+
+def test_a_replacement_is_kept_off_lost_nodes_with_one_value_per_requirement() -> None:
+    from gemini_operator.recovery import _avoid_nodes
+
+    pod = _avoid_nodes({"spec": {"affinity": {"podAntiAffinity": {}}}}, ["n1", "n3"])
+    (term,) = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchFields"] == [
+        {"key": "metadata.name", "operator": "NotIn", "values": ["n1"]},
+        {"key": "metadata.name", "operator": "NotIn", "values": ["n3"]}]
+    assert "podAntiAffinity" in pod["spec"]["affinity"]
+    assert _avoid_nodes({"spec": {}}, []) == {"spec": {}}
