@@ -163,24 +163,6 @@ def test_a_lost_node_gets_one_replacement_pod_that_fetches_its_shard_from_peers(
     jobs.delete("hard")
 
 
-def test_an_operator_restarted_during_a_recovery_finishes_it(
-    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
-    job_namespace: str, reference: dict[int, str],
-) -> None:
-    jobs = Jobs(kube_api, job_namespace)
-    jobs.create(training_job("takeover", 2))
-    lost, old_uid, _, before = _lose_rank_one_node(local_cluster, jobs, job_namespace,
-                                                   "takeover")
-    recovery = wait_for(lambda: (jobs.get("takeover") or {})["status"].get("recovery"), 120,
-                        "a recovery to be recorded")
-    gemini_operator.restart()  # mid-recovery: the new operator continues from status.recovery
-    last = _assert_recovered_from_peers(jobs, job_namespace, "takeover",
-                                        local_cluster.state_dir, lost, old_uid, reference,
-                                        before)
-    assert last["epoch"] >= recovery["epoch"]
-    jobs.delete("takeover")
-
-
 def test_losing_every_holder_of_a_shard_restores_the_committed_s3_step(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, reference: dict[int, str], s3_server: Any, s3_prefix: str,
