@@ -46,7 +46,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _sidecar_procs import JOB, ROOT, TOKEN, SidecarProc, free_port, wait_until
+from support.sidecar_procs import JOB, ROOT, TOKEN, SidecarProc, free_port, wait_until
 
 MODEL = ["--engine", "deepspeed", "--layers", "6", "--d-model", "512", "--heads", "8",
          "--vocab", "256", "--seq", "64", "--batch", "4", "--dropout", "0.0"]

@@ -27,7 +27,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _sidecar_procs import JOB, ROOT, SidecarProc, commit_version, free_port, pattern, wait_until
+from support.sidecar_procs import (
+    JOB,
+    ROOT,
+    SidecarProc,
+    commit_version,
+    free_port,
+    pattern,
+    wait_until,
+)
 
 SIZE = int(os.environ.get("BENCH_BYTES", str(1 << 30)))
 RUNS = int(os.environ.get("BENCH_RUNS", "7"))

@@ -27,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _sidecar_procs import SidecarProc, commit_version, free_port, pattern, wait_until
 from replication_throughput import raw_run
+from support.sidecar_procs import SidecarProc, commit_version, free_port, pattern, wait_until
 
 from gemini_trainer.shm import ShardSlots
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 for extra in (ROOT, ROOT / "trainer_sidecar"):
     sys.path.insert(0, str(extra))
 
