@@ -71,15 +71,12 @@ def shard_key(s3: S3Store, job: str, version: int, rank: int) -> str:
     return f"{step_prefix(s3, job, version)}rank-{rank}.bin"
 
 
-class _ViewReader(io.RawIOBase):
-    """A seekable file over a memoryview, so uploads read the shard without copying it first."""
+class _ViewFile(io.RawIOBase):
+    """A seekable file over a memoryview, so transfers need no copy of the shard first."""
 
     def __init__(self, view: memoryview) -> None:
         self._view = view.cast("B")
         self._pos = 0
-
-    def readable(self) -> bool:
-        return True
 
     def seekable(self) -> bool:
         return True
@@ -92,6 +89,13 @@ class _ViewReader(io.RawIOBase):
         self._pos = max(0, base + offset)
         return self._pos
 
+
+class _ViewReader(_ViewFile):
+    """Uploads read the shard straight from its memory."""
+
+    def readable(self) -> bool:
+        return True
+
     def readinto(self, buffer: Any) -> int:
         out = memoryview(buffer).cast("B")
         n = max(0, min(len(out), len(self._view) - self._pos))
@@ -100,26 +104,11 @@ class _ViewReader(io.RawIOBase):
         return n
 
 
-class _ViewWriter(io.RawIOBase):
-    """A seekable writable file over preallocated memory (concurrent downloads seek+write)."""
-
-    def __init__(self, view: memoryview) -> None:
-        self._view = view.cast("B")
-        self._pos = 0
+class _ViewWriter(_ViewFile):
+    """Downloads write into preallocated memory (concurrent parts seek, then write)."""
 
     def writable(self) -> bool:
         return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
-        self._pos = base + offset
-        return self._pos
 
     def write(self, data: Any) -> int:
         src = memoryview(data).cast("B")
