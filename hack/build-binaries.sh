@@ -6,7 +6,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 K8S_VERSION=v1.35.4
 ETCD_VERSION=v3.6.16
-cache=${GEMINI_CACHE:-$HOME/.cache/gemini-operator}
+source "$here/lib.sh"
 bin="$cache/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
 k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 
@@ -14,25 +14,12 @@ have_all() {
   for b in etcd "${k8s_cmds[@]}"; do [[ -x "$bin/$b" ]] || return 1; done
 }
 
-if have_all; then echo "$bin"; exit 0; fi
-mkdir -p "$cache/bin"
-# One build at a time: a second caller waits for the first and then finds the binaries.
-exec 9>"$cache/bin/.build.lock"
-if ! flock -n 9; then
-  echo "another build of the control plane is running; waiting for it" >&2
-  flock 9
-  if have_all; then echo "$bin"; exit 0; fi
-fi
-command -v go >/dev/null || { echo "error: Go is not installed (need Go >= 1.25 to build the control plane; apt-get install golang or see README)" >&2; exit 2; }
-
-export GOFLAGS=-mod=mod CGO_ENABLED=0
+exit_if_built "the control plane" 1.25 have_all "$bin"
 mkdir -p "$bin.tmp"
 # Keep what an earlier (partial or older) build already produced.
 for b in etcd "${k8s_cmds[@]}"; do
   [[ -x "$bin/$b" && ! -x "$bin.tmp/$b" ]] && cp "$bin/$b" "$bin.tmp/$b"
 done
-start=$(date +%s)
-step() { echo "[build $(( $(date +%s) - start ))s] $*" >&2; }
 
 if [[ ! -x "$bin/etcd" && ! -x "$bin.tmp/etcd" ]]; then
   step "etcd $ETCD_VERSION: downloading modules"

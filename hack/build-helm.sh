@@ -6,28 +6,12 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 # Keep in step with the `helm.sh/helm/v3` line of hack/helm/go.mod.
 HELM_VERSION=v3.21.4
-cache=${GEMINI_CACHE:-$HOME/.cache/gemini-operator}
+source "$here/lib.sh"
 bin="$cache/bin/helm-$HELM_VERSION"
+built() { [[ -x "$bin/helm" ]]; }
 
-if [[ -x "$bin/helm" ]]; then echo "$bin/helm"; exit 0; fi
-mkdir -p "$cache/bin"
-# One build at a time: a second caller waits for the first and then finds the binary.
-exec 9>"$cache/bin/.build-helm.lock"
-if ! flock -n 9; then
-  echo "another build of helm is running; waiting for it" >&2
-  flock 9
-  if [[ -x "$bin/helm" ]]; then echo "$bin/helm"; exit 0; fi
-fi
-command -v go >/dev/null || { echo "error: Go is not installed (need Go >= 1.26 to build helm $HELM_VERSION; apt-get install golang or see README)" >&2; exit 2; }
-pinned=$(cd "$here/helm" && go list -m -f '{{.Version}}' helm.sh/helm/v3)
-if [[ $pinned != "$HELM_VERSION" ]]; then
-  echo "error: hack/helm/go.mod pins helm $pinned but hack/build-helm.sh says $HELM_VERSION; make them agree" >&2
-  exit 2
-fi
-
-export GOFLAGS=-mod=mod CGO_ENABLED=0
-start=$(date +%s)
-step() { echo "[build $(( $(date +%s) - start ))s] $*" >&2; }
+exit_if_built helm 1.26 built "$bin/helm"
+require_pinned "$here/helm" helm.sh/helm/v3 "$HELM_VERSION"
 
 # The same version stamps as helm's own Makefile: its version, and the Kubernetes version its
 # client libraries speak (used for .Capabilities.KubeVersion and by `helm lint`).

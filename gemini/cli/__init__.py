@@ -36,7 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return run(build_parser().parse_args(argv))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run a parsed command; user errors, ^C and a closed pipe become exit codes."""
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
-from gemini.cli import CliError
+from gemini.cli import CliError, run
 from gemini.cli.kubectl_views import (
     FINISHED_STATES,
     PERSIST_ANNOTATION,
@@ -103,17 +103,7 @@ def _add_cluster_flags(parser: argparse.ArgumentParser, default: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        return 130
-    except BrokenPipeError:
-        sys.stderr.close()
-        return 0
-    except CliError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return err.exit_code
+    return run(build_parser().parse_args(argv))
 
 
 # --- subcommands -------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def running_pid(name: str, pid_dir: Path) -> int | None:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except (OSError, ValueError):
         return None
-    if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+    if _state(stat) == "Z":
         return None
     # An empty command line is a process caught in the middle of exec: still ours.
     return pid if cmdline[0].decode() in (exe, "") else None
@@ -56,7 +56,7 @@ def stop(name: str, pid_dir: Path, grace_seconds: float = 5.0) -> bool:
         return False
     _signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_seconds
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and is_alive(pid):
         time.sleep(0.05)
     _signal_group(pid, signal.SIGKILL)
     return True
@@ -67,12 +67,17 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie (an exited child nobody reaped yet)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return _state(Path(f"/proc/{pid}/stat").read_text()) != "Z"
     except OSError:
         return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _state(stat: str) -> str:
+    """The state letter of a /proc/<pid>/stat line (after the parenthesised command name)."""
+    return stat.rsplit(")", 1)[-1].split()[0]
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -14,6 +14,8 @@ import signal
 import time
 from pathlib import Path
 
+from gemini.local.processes import is_alive
+
 
 def record_group(node_dir: Path, pgid: int) -> None:
     folder = node_dir / "pgids"
@@ -65,7 +67,7 @@ def kill_node(node_dir: Path, gid: int | None, agent_pid: int | None, timeout: f
     deadline = time.monotonic() + timeout
     while True:
         targets = set(pids_with_gid(gid)) if gid is not None else set()
-        if agent_pid is not None and _alive(agent_pid):
+        if agent_pid is not None and is_alive(agent_pid):
             targets.add(agent_pid)
         groups = recorded_groups(node_dir)
         for pid in targets:
@@ -86,10 +88,3 @@ def _kill(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGKILL)
 
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
