@@ -8,4 +8,5 @@ pytest_plugins: list[str] = [
     "tests.fixtures.trainers",
     "tests.fixtures.helm",
     "tests.fixtures.kwok",
+    "tests.fixtures.isolated_nodes",
 ]

@@ -32,6 +32,16 @@ def register(subparsers: Any) -> None:
                             "or 'default')")
     run_parser.add_argument("--metrics-port", type=int, default=None,
                             help="serve Prometheus metrics on this port")
+    run_parser.add_argument("--worker-priority-class", default="gemini-worker",
+                            help="PriorityClass of worker pods; '' for none (default: "
+                            "%(default)s)")
+    run_parser.add_argument("--spare-priority-class", default="gemini-spare",
+                            help="PriorityClass of spare placeholder pods, below the workers' "
+                            "(default: %(default)s)")
+    run_parser.add_argument("--create-priority-classes", action=argparse.BooleanOptionalAction,
+                            default=True,
+                            help="create the two PriorityClasses when missing (default: yes; "
+                            "the Helm chart creates them and passes --no-create-priority-classes)")
     run_parser.add_argument("--log-level", default="INFO",
                             choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     run_parser.set_defaults(func=run)
@@ -41,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from gemini.cli import CliError
     from gemini_operator.main import OperatorOptions
     from gemini_operator.main import run as run_operator
+    from gemini_operator.render import RenderConfig
 
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -52,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
         sidecar_image=args.sidecar_image,
         lease_namespace=args.lease_namespace or args.namespace or "default",
         metrics_port=args.metrics_port,
+        render=RenderConfig(worker_priority_class=args.worker_priority_class,
+                            spare_priority_class=args.spare_priority_class),
+        create_priority_classes=args.create_priority_classes,
     )
     try:
         run_operator(options)

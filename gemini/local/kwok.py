@@ -47,8 +47,11 @@ POD_CIDR = "127.64.0.0/16"
 # than that before it calls a node Unknown. Its usual 8 s (controlplane.py) is too short here:
 # renewing a thousand leases that often costs the API server 200+ writes/s, and on a busy
 # machine the backlog made KCM evict pods from healthy fake nodes (seen).
+# Still too short with other work loading the machine (load 12-16 on 2 cores): leases fell
+# 40 s behind and KCM's taint eviction deleted pods of healthy fake nodes (seen). Nothing
+# waits on KCM's grace (`kwok_lose_node` writes a loss itself), so it is generous.
 LEASE_SECONDS = 40
-NODE_MONITOR_GRACE_SECONDS = 40
+NODE_MONITOR_GRACE_SECONDS = 120
 # Node addresses: unique, loopback like the pods' (nothing listens there).
 _NODE_NET = ipaddress.IPv4Address("127.65.0.0")
 _NAME = "kwok"

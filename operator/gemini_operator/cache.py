@@ -1,4 +1,5 @@
-"""What the watches have shown: GeminiJobs, their worker pods, and nodes, indexed for reconcile.
+"""What the watches have shown: GeminiJobs, their worker pods (and spare placeholder pods,
+spares.py), and nodes, indexed for reconcile.
 
 Updated from kopf's watch events on the event loop, read by reconciles in worker threads, so
 every access holds one lock. Each update returns the jobs it concerns, which the caller
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gemini_operator import naming
 from gemini_operator.observed import NodeView, PodView, node_view, pod_view
+from gemini_operator.spares import SpareView, spare_view
 
 JobKey = tuple[str, str]  # (namespace, name)
 
@@ -24,6 +26,7 @@ class Snapshot:
     job: Mapping[str, Any]
     pods: Mapping[int, PodView]
     nodes: Mapping[str, NodeView]
+    spares: Mapping[int, SpareView] = field(default_factory=dict)  # placeholder pods by index
 
 
 class ClusterCache:
@@ -32,6 +35,7 @@ class ClusterCache:
         self._jobs: dict[JobKey, dict[str, Any]] = {}
         self._pods: dict[JobKey, dict[int, PodView]] = {}
         self._nodes: dict[str, NodeView] = {}
+        self._spares: dict[JobKey, dict[int, SpareView]] = {}
 
     def update_job(self, obj: Mapping[str, Any], deleted: bool) -> list[JobKey]:
         key = _key(obj)
@@ -46,6 +50,8 @@ class ClusterCache:
         meta = obj.get("metadata") or {}
         job = (meta.get("labels") or {}).get(naming.LABEL_JOB)
         view = pod_view(obj)
+        if job and view is None:
+            return self._update_spare(obj, str(job), deleted)
         if not job or view is None:
             return []
         key = (str(meta.get("namespace", "")), str(job))
@@ -56,6 +62,19 @@ class ClusterCache:
                     pods.pop(view.rank, None)
             else:
                 pods[view.rank] = view
+        return [key]
+
+    def _update_spare(self, obj: Mapping[str, Any], job: str, deleted: bool) -> list[JobKey]:
+        spare = spare_view(obj)
+        if spare is None:
+            return []
+        key = (str((obj.get("metadata") or {}).get("namespace", "")), job)
+        with self._lock:
+            held = self._spares.setdefault(key, {})
+            if not deleted:
+                held[spare.index] = spare
+            elif held.get(spare.index, spare).uid == spare.uid:
+                held.pop(spare.index, None)
         return [key]
 
     def update_node(self, obj: Mapping[str, Any], deleted: bool) -> list[JobKey]:
@@ -70,8 +89,11 @@ class ClusterCache:
                 view.ready, view.labels
             ):
                 return []
-            return [key for key, pods in self._pods.items()
-                    if any(p.node_name == view.name for p in pods.values())]
+            keys = {key for key, pods in self._pods.items()
+                    if any(p.node_name == view.name for p in pods.values())}
+            keys |= {key for key, held in self._spares.items()
+                     if any(s.node_name == view.name for s in held.values())}
+            return sorted(keys)
 
     def replace_pods(self, key: JobKey, objs: list[dict[str, Any]]) -> None:
         """The job's pods as just listed from the API (a watch may have missed a deletion,
@@ -85,12 +107,14 @@ class ClusterCache:
             job = self._jobs.get(key)
             if job is None:
                 return None
-            return Snapshot(job, dict(self._pods.get(key, {})), dict(self._nodes))
+            return Snapshot(job, dict(self._pods.get(key, {})), dict(self._nodes),
+                            dict(self._spares.get(key, {})))
 
     def forget(self, key: JobKey) -> None:
         with self._lock:
             self._jobs.pop(key, None)
             self._pods.pop(key, None)
+            self._spares.pop(key, None)
 
     def job_keys(self) -> list[JobKey]:
         with self._lock:

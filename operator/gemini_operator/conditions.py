@@ -21,6 +21,8 @@ class ConditionType(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
+    # Whether every sidecar has the current status.placement (published before delivery).
+    PLACEMENT_DELIVERED = "PlacementDelivered"
 
 
 class State(StrEnum):
@@ -107,6 +109,10 @@ RECOVERY_NEEDED = Reason(T.RECOVERING, True, "RecoveryNeeded", "{cause}; {plan}"
 RECOVERY_FINISHED = Reason(
     T.RECOVERING, False, "RecoveryFinished", "recovered from {cause}; restored step {step}"
 )
+RECOVERY_SUSPENDED = Reason(
+    T.RECOVERING, False, "RecoverySuspended",
+    "the job was suspended during a recovery; resume restores the newest committed step",
+)
 ALL_WORKERS_SUCCEEDED = Reason(
     T.SUCCEEDED, True, "AllWorkersSucceeded", "all {total} workers finished successfully"
 )
@@ -126,6 +132,18 @@ FAILURE_POLICY_FAIL_JOB = Reason(
     "{cause}; failure policy rule {rule} fails the job", warning=True,
 )
 UNRECOVERABLE = Reason(T.FAILED, True, "Unrecoverable", "{cause}; {plan}", warning=True)
+PLACEMENT_PENDING = Reason(
+    T.PLACEMENT_DELIVERED, False, "PlacementPending",
+    "the placement of {ranks} ranks is published; it goes to the sidecars once every worker runs",
+)
+PLACEMENT_DELIVERED = Reason(
+    T.PLACEMENT_DELIVERED, True, "PlacementDelivered",
+    "all {ranks} sidecars have their peers and the shards they hold",
+)
+SIDECARS_UNREACHABLE = Reason(
+    T.PLACEMENT_DELIVERED, False, "SidecarsUnreachable",
+    "{failed} of {ranks} sidecars did not take the placement (retrying): {detail}", warning=True,
+)
 
 # Terminal condition types: once True, the job is finished.
 FINISHED_TYPES = (ConditionType.SUCCEEDED, ConditionType.FAILED)

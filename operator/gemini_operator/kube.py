@@ -47,6 +47,7 @@ class KubeClient:
         self._core = client.CoreV1Api(api)
         self._custom = client.CustomObjectsApi(api)
         self._coordination = client.CoordinationV1Api(api)
+        self._scheduling = client.SchedulingV1Api(api)
 
     @staticmethod
     def connect(kubeconfig: str | None = None) -> KubeClient:
@@ -137,6 +138,13 @@ class KubeClient:
         body = client.V1DeleteOptions(grace_period_seconds=grace_seconds)
         return self._ignore(404, f"delete Pod {namespace}/{name}", lambda: (
             self._core.delete_namespaced_pod(name, namespace, body=body))) is not None
+
+    def create_priority_class(self, manifest: Mapping[str, Any]) -> bool:
+        """Create a (cluster-scoped) PriorityClass; False when one of that name exists."""
+        what = f"create PriorityClass {manifest['metadata']['name']}"
+        body: Any = dict(manifest)
+        return self._ignore(409, what, lambda: self._scheduling.create_priority_class(
+            body)) is not None
 
     # --- events -------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import uuid
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 import kopf
 from prometheus_client import start_http_server
 
-from gemini_operator import handlers
+from gemini_operator import handlers, spares
 from gemini_operator.cache import ClusterCache
 from gemini_operator.election import LeaderElector
 from gemini_operator.kube import KubeClient
@@ -19,6 +20,8 @@ from gemini_operator.metrics import OperatorMetrics
 from gemini_operator.reconcile import ReconcileConfig
 from gemini_operator.reconciler import Reconciler, WorkQueue
 from gemini_operator.render import RenderConfig
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,9 @@ class OperatorOptions:
     metrics_port: int | None = None
     workers: int = 4
     render: RenderConfig = field(default_factory=RenderConfig)
+    # Create the worker and spare PriorityClasses the pods name when missing (needs the right
+    # to create PriorityClasses; the Helm chart creates its own and turns this off).
+    create_priority_classes: bool = True
 
 
 def default_identity() -> str:
@@ -59,6 +65,11 @@ async def run_operator(
     """Run until `stop_flag` is set (or the process is signalled); `runtime` is built from
     the options unless given (tests look into it)."""
     runtime = runtime or build_runtime(options)
+    if options.create_priority_classes:
+        created = await asyncio.to_thread(spares.ensure_priority_classes,
+                                          runtime.kube.create_priority_class, options.render)
+        if created:
+            log.info("created PriorityClasses %s", ", ".join(created))
     if options.metrics_port is not None:
         start_http_server(options.metrics_port, registry=runtime.metrics.registry)
     registry = kopf.OperatorRegistry()

@@ -5,6 +5,7 @@ A registry of its own, so several operators in one process (tests) do not collid
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,6 +13,9 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gemini_operator.conditions import State
+from gemini_operator.status import ReplicaCoverage
+
+JobKey = tuple[str, str]
 
 
 @dataclass
@@ -65,6 +69,23 @@ class OperatorMetrics:
         self.steps_lost = Counter(
             "gemini_operator_steps_lost", "Training steps redone after recoveries", registry=r
         )
+        self.detection_seconds = Histogram(
+            "gemini_operator_failure_detection_seconds",
+            "From a failure becoming visible in the API (trainer finishedAt, node Ready "
+            "transition, pod disruption or deletion request; second precision) to the "
+            "operator deciding the recovery, by failure reason", ["cause"], registry=r,
+            buckets=(0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120),
+        )
+        self.replicas_complete = Gauge(
+            "gemini_operator_replica_coverage_complete_shards",
+            "Shards with all m in-memory copies complete (status.checkpoint.replicaCoverage)",
+            ["namespace", "job"], registry=r,
+        )
+        self.replica_shards = Gauge(
+            "gemini_operator_replica_coverage_shards",
+            "Shards of the job whose replicas are counted (one per rank)",
+            ["namespace", "job"], registry=r,
+        )
         self._states: dict[tuple[str, str], str] = {}
 
     def observe_recovery(self, last: Mapping[str, Any]) -> None:
@@ -76,6 +97,17 @@ class OperatorMetrics:
         self.downtime.inc(float(last.get("durationSeconds", 0.0)))
         for phase, seconds in (last.get("breakdown") or {}).items():
             self.recovery_phase_seconds.labels(phase=str(phase)).observe(float(seconds))
+
+    def replica_coverage(self, key: JobKey, coverage: ReplicaCoverage | None) -> None:
+        """Export a job's replica coverage; None (the job is gone, or nothing is known yet)
+        removes its series."""
+        if coverage is None:
+            for gauge in (self.replicas_complete, self.replica_shards):
+                with contextlib.suppress(KeyError):  # never exported
+                    gauge.remove(*key)
+            return
+        self.replicas_complete.labels(namespace=key[0], job=key[1]).set(coverage.complete)
+        self.replica_shards.labels(namespace=key[0], job=key[1]).set(coverage.total)
 
     def job_state(self, key: tuple[str, str], state: State | None) -> None:
         """Record a job's state (None: the job is gone) and refresh the per-state gauge."""

@@ -17,6 +17,8 @@ LABEL_RANK = "gemini.io/rank"
 LABEL_RESTART_ATTEMPT = "gemini.io/restart-attempt"
 LABEL_ROLE = "gemini.io/role"
 ROLE_WORKER = "worker"
+ROLE_SPARE = "spare"  # a placeholder pod holding a spare node (spares.py)
+LABEL_SPARE_INDEX = "gemini.io/spare-index"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "gemini-operator"
 
@@ -33,6 +35,10 @@ S3_REGION_KEY = "AWS_REGION"
 
 def worker_pod_name(job: str, rank: int) -> str:
     return f"{job}-worker-{rank}"
+
+
+def spare_pod_name(job: str, index: int) -> str:
+    return f"{job}-spare-{index}"
 
 
 def service_name(job: str) -> str:

@@ -1,13 +1,15 @@
 """What the operator observes, as frozen views parsed from API objects (camelCase dicts).
 
 Only the facts reconciliation needs: a worker pod's rank, attempt, phase, node, readiness,
-how its trainer ended and why it is going away; a node's readiness and failure domains.
+how its trainer ended and why it is going away; a node's readiness and failure domains; and
+when each of those failures became visible in the API (for the detection-latency metric).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gemini_operator import naming
@@ -41,6 +43,10 @@ class PodView:
     # restarts it) and how it last ended: a software failure, seen in the pod watch.
     trainer_restarts: int = 0
     trainer_last_exit: ContainerExit | None = None
+    # When the API showed each way of failing (second precision, as the API stores them).
+    trainer_finished_at: datetime | None = None  # the trainer's latest termination
+    disrupted_at: datetime | None = None  # the DisruptionTarget condition turned true
+    delete_requested_at: datetime | None = None  # deletionTimestamp less the grace period
 
     @property
     def terminal(self) -> bool:
@@ -54,6 +60,7 @@ class NodeView:
     zone: str = ""
     rack: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
+    ready_changed_at: datetime | None = None  # the Ready condition's lastTransitionTime
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView | None:
@@ -82,6 +89,9 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         owner_uid=_controller_uid(meta),
         trainer_restarts=_trainer_restarts(status),
         trainer_last_exit=_trainer_exit(status, "lastState"),
+        trainer_finished_at=_trainer_finished_at(status),
+        disrupted_at=_condition_time(status, "DisruptionTarget", true_only=True),
+        delete_requested_at=_delete_requested_at(meta),
     )
 
 
@@ -94,7 +104,78 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
         zone=labels.get(ZONE_LABEL, ""),
         rack=labels.get(RACK_LABEL, ""),
         labels=labels,
+        ready_changed_at=_condition_time(node.get("status") or {}, "Ready"),
     )
+
+
+def failure_visible_at(cause: str, pod: PodView | None, node: NodeView | None
+                       ) -> datetime | None:
+    """When the API first showed a failure of `cause` (a failurePolicy reason: NodeLost,
+    PodDeleted, Evicted, Preempted, Error, OOMKilled): the node's Ready transition, the pod's
+    disruption or deletion request, or the trainer's finishedAt. None when the API holds no
+    such time (a pod already gone, a hang)."""
+    if pod is None:
+        return None
+    if cause == "NodeLost":
+        if node is not None and not node.ready and node.ready_changed_at is not None:
+            return node.ready_changed_at
+        return pod.disrupted_at or pod.delete_requested_at
+    if cause in ("Evicted", "Preempted", "PodDeleted"):
+        return pod.disrupted_at or pod.delete_requested_at or pod.trainer_finished_at
+    if cause in ("Error", "OOMKilled"):
+        return pod.trainer_finished_at
+    return None
+
+
+def detection_lags(failures: Iterable[tuple[int, str]], pods: Mapping[int, PodView],
+                   nodes: Mapping[str, NodeView], acted: datetime) -> dict[str, float]:
+    """Seconds from the earliest API-visible failure of each cause among `failures` ((rank,
+    cause) pairs) to `acted`; causes without a time in the API are left out. Never negative
+    (the API's times are whole seconds)."""
+    first: dict[str, datetime] = {}
+    for rank, cause in failures:
+        pod = pods.get(rank)
+        seen = failure_visible_at(cause, pod, nodes.get(pod.node_name) if pod else None)
+        if seen is not None and (cause not in first or seen < first[cause]):
+            first[cause] = seen
+    return {cause: max(0.0, (acted - seen).total_seconds()) for cause, seen in first.items()}
+
+
+def _time(text: object) -> datetime | None:
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+def _condition_time(status: Mapping[str, Any], kind: str, true_only: bool = False
+                    ) -> datetime | None:
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == kind and (cond.get("status") == "True" or not true_only):
+            return _time(cond.get("lastTransitionTime"))
+    return None
+
+
+def _delete_requested_at(meta: Mapping[str, Any]) -> datetime | None:
+    """deletionTimestamp is the end of the grace period; the request came that much earlier."""
+    when = _time(meta.get("deletionTimestamp"))
+    if when is None:
+        return None
+    return when - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
+
+
+def _trainer_finished_at(status: Mapping[str, Any]) -> datetime | None:
+    for container in status.get("containerStatuses") or ():
+        if container.get("name") != naming.TRAINER_CONTAINER:
+            continue
+        for key in ("state", "lastState"):
+            finished = _time(((container.get(key) or {}).get("terminated") or {}).get(
+                "finishedAt"))
+            if finished is not None:
+                return finished
+    return None
 
 
 def _controller_uid(meta: Mapping[str, Any]) -> str:

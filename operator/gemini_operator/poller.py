@@ -1,7 +1,8 @@
 """What the operator learns from the sidecars and launchers of running jobs, every few seconds.
 
 `CheckpointPoller.poll(key)` reads every sidecar's inventory (the newest step complete in
-memory for every rank) and every launcher's progress (hang detection), and, when a job
+memory for every rank, and how many shards have all their replicas complete) and every
+launcher's progress (hang detection), and, when a job
 persists to S3, has every sidecar upload that step and rank 0's sidecar commit it every
 `persistence.intervalSeconds` or when the annotation `gemini.io/persist-requested` gets a new
 value. It runs off the reconcile path (a lost node's sidecar may take seconds to time out);
@@ -25,9 +26,17 @@ from gemini_operator.failures import Progress
 from gemini_operator.kube import KubeClient
 from gemini_operator.observed import PodView
 from gemini_operator.reconcile import JobView, ReconcileConfig
-from gemini_operator.sidecars import SidecarError, call, call_all
+from gemini_operator.sidecars import (
+    DELIVERY_TIMEOUT_SECONDS,
+    SidecarAddress,
+    SidecarError,
+    call,
+    call_all,
+    call_each,
+    placement_bodies,
+)
 from gemini_operator.spec import JobSpec, Persistence, SpecError, parse_spec
-from gemini_operator.status import CheckpointStatus, JobStatus
+from gemini_operator.status import CheckpointStatus, JobStatus, ReplicaCoverage
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 2.0
@@ -43,6 +52,7 @@ class Findings:
 
     checkpoint: CheckpointStatus
     progress: Progress | None = None
+    epoch: int | None = None  # the launch epoch `progress` was seen in
 
 
 def complete_in_memory(inventories: Mapping[int, Mapping[str, Any]], ranks: Sequence[int]
@@ -54,6 +64,51 @@ def complete_in_memory(inventories: Mapping[int, Mapping[str, Any]], ranks: Sequ
         versions = {int(e["version"]) for e in doc.get("local") or () if e.get("complete")}
         common = versions if common is None else common & versions
     return max(common) if common else None
+
+
+def replica_coverage(inventories: Mapping[int, Mapping[str, Any]],
+                     holders: Mapping[int, Sequence[int]]) -> ReplicaCoverage:
+    """How many of the shards have every copy the placement asks for (`holders`: rank -> the
+    ranks holding its shard, itself first) complete in memory, at the step where the most do
+    (the newest on a tie). A holder missing from `inventories` (it did not answer) counts as
+    missing its copies."""
+    held: dict[tuple[int, int], set[int]] = {}  # (shard rank, step) -> holders complete
+    for holder, doc in inventories.items():
+        for entry in [*(doc.get("local") or ()), *(doc.get("replicas") or ())]:
+            if entry.get("complete"):
+                key = (int(entry["rank"]), int(entry["version"]))
+                held.setdefault(key, set()).add(holder)
+    best = ReplicaCoverage(0, len(holders))
+    for step in sorted({v for _, v in held}):
+        complete = sum(1 for rank, hs in holders.items()
+                       if set(hs) <= held.get((rank, step), set()))
+        if complete and complete >= best.complete:
+            best = ReplicaCoverage(complete, len(holders), step)
+    return best
+
+
+def placement_holders(placement: Mapping[str, Any] | None) -> dict[int, list[int]] | None:
+    """rank -> holders, from a status.placement document (None without one)."""
+    if not placement or not isinstance(placement.get("holders"), Mapping):
+        return None
+    return {int(r): [int(h) for h in hs] for r, hs in placement["holders"].items()}
+
+
+def stale_placements(inventories: Mapping[int, Mapping[str, Any]],
+                     bodies: Mapping[int, Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
+    """The /peers bodies of the sidecars whose placement is not the delivered one. A sidecar
+    that restarted (its container crashed) starts without one: it would neither send its own
+    shard to its holders nor accept its peers' replicas, so their coverage would stay lost."""
+    stale: dict[int, Mapping[str, Any]] = {}
+    for rank, doc in inventories.items():
+        want = bodies.get(rank)
+        have = doc.get("placement") or {}
+        if want is None:
+            continue
+        if ({int(r) for r in have.get("hold_ranks") or ()} != set(want["hold_ranks"])
+                or {int(r) for r in have.get("send_to") or ()} != set(want["send_to"])):
+            stale[rank] = want
+    return stale
 
 
 def progress_of(statuses: Mapping[int, Mapping[str, Any]], now: datetime,
@@ -78,7 +133,15 @@ class CheckpointPoller:
         self._persist_tried: dict[JobKey, float] = {}
 
     def findings(self, key: JobKey) -> Findings | None:
-        return self._found.get(key)
+        found = self._found.get(key)
+        if found is None or found.progress is None:
+            return found
+        snap = self.cache.snapshot(key)
+        epoch = _launch_epoch(JobStatus.from_dict(JobView.from_object(snap.job).status)) if (
+            snap is not None) else None
+        # Progress seen before a restart says nothing about the new epoch: its launchers
+        # start over from a checkpoint, and the hang clock with them (from their first step).
+        return found if found.epoch == epoch else replace(found, progress=None)
 
     def forget(self, key: JobKey) -> None:
         self._found.pop(key, None)
@@ -120,23 +183,50 @@ class CheckpointPoller:
                  token: str, before: Findings | None) -> Findings:
         old = before.checkpoint if before is not None else status.checkpoint
         ports = self.config.render
-        try:
-            inventories = call_all({r: (p.ip, ports.sidecar_api_port) for r, p in pods.items()},
-                                   "/inventory", token, {}, POLL_TIMEOUT_SECONDS)
-            step = complete_in_memory(inventories, sorted(pods))
-        except SidecarError as err:
-            log.debug("inventory of %s/%s: %s", job.namespace, job.name, err)
+        inventories, silent = call_each(
+            {r: (p.ip, ports.sidecar_api_port) for r, p in pods.items()}, "/inventory", token,
+            {}, POLL_TIMEOUT_SECONDS)
+        if silent:
+            log.debug("inventory of %s/%s: %s", job.namespace, job.name, silent[:3])
             step = old.in_memory_step
+        else:
+            step = complete_in_memory(inventories, sorted(pods))
+        self._redeliver(job, status, pods, inventories, token)
+        epoch = _launch_epoch(status)
+        previous = before.progress if before is not None and before.epoch == epoch else None
+        holders = placement_holders(status.placement)
+        coverage = (replica_coverage(inventories, holders) if holders is not None
+                    else old.replica_coverage)
         try:
             statuses = call_all({r: (p.ip, ports.launcher_port) for r, p in pods.items()},
                                 "/status", token, {}, POLL_TIMEOUT_SECONDS)
-            progress = progress_of(statuses, datetime.now(UTC),
-                                   before.progress if before else None)
+            progress = progress_of(statuses, datetime.now(UTC), previous)
         except SidecarError:
-            progress = before.progress if before else None
+            progress = previous
         checkpoint = replace(old, in_memory_step=step if step is not None else
-                             old.in_memory_step)
-        return Findings(checkpoint, progress)
+                             old.in_memory_step, replica_coverage=coverage)
+        return Findings(checkpoint, progress, epoch)
+
+    def _redeliver(self, job: JobView, status: JobStatus, pods: Mapping[int, PodView],
+                   inventories: Mapping[int, Mapping[str, Any]], token: str) -> None:
+        """Give restarted sidecars their part of the current placement again."""
+        placement = status.placement
+        if not placement or placement.get("nodes") != {
+                str(r): p.node_name for r, p in sorted(pods.items())}:
+            return  # ranks moved: the reconcile delivers the new placement to everyone
+        ports = self.config.render
+        addresses = {r: SidecarAddress(r, p.ip, ports.sidecar_api_port, ports.sidecar_port)
+                     for r, p in pods.items()}
+        stale = stale_placements(inventories, placement_bodies(placement, addresses))
+        if not stale:
+            return
+        log.info("re-delivering the placement of %s/%s to the restarted sidecars of ranks %s",
+                 job.namespace, job.name, sorted(stale))
+        _, errors = call_each({r: (pods[r].ip, ports.sidecar_api_port) for r in stale},
+                              "/peers", token, stale, DELIVERY_TIMEOUT_SECONDS)
+        if errors:
+            log.warning("re-delivering the placement of %s/%s: %s", job.namespace, job.name,
+                        errors[:3])
 
     def _persist(self, key: JobKey, obj: Mapping[str, Any], spec: JobSpec,
                  pods: Mapping[int, PodView], token: str, found: Findings) -> Findings:
@@ -172,6 +262,10 @@ class CheckpointPoller:
         return replace(found, checkpoint=replace(
             ckpt, persisted_step=version, persisted_time=stamp, persist_error=None,
             persist_request=request or ckpt.persist_request))
+
+
+def _launch_epoch(status: JobStatus) -> int | None:
+    return int(status.launch["epoch"]) if status.launch and "epoch" in status.launch else None
 
 
 def _unix(text: str | None) -> float | None:

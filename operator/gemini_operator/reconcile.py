@@ -17,7 +17,7 @@ from typing import Any
 from gemini.domain.placement import Machine, Placement, domain_aware_placement, mixed_placement
 from gemini.domain.recovery import FailureKind, worst_failure
 from gemini_operator import conditions as cond
-from gemini_operator import render
+from gemini_operator import render, spares
 from gemini_operator.conditions import ConditionType, Reason
 from gemini_operator.failures import (
     Progress,
@@ -28,6 +28,7 @@ from gemini_operator.failures import (
     detect_hang,
 )
 from gemini_operator.observed import NodeView, PodView
+from gemini_operator.spares import HoldSpares, SpareView
 from gemini_operator.spec import (
     JobSpec,
     PlacementStrategy,
@@ -81,6 +82,7 @@ class Observed:
     process_exits: Mapping[int, int] = field(default_factory=dict)  # from the launchers
     progress: Progress | None = None
     checkpoint: CheckpointStatus | None = None  # from the sidecars (poller.py)
+    spares: Mapping[int, SpareView] = field(default_factory=dict)  # by spare index
 
 
 @dataclass(frozen=True)
@@ -128,6 +130,12 @@ class Recover:
 
 
 @dataclass(frozen=True)
+class SaveBeforeSuspend:
+    """Persist and commit the newest step complete in memory before the pods are deleted
+    (bounded; the executor says in events what was kept)."""
+
+
+@dataclass(frozen=True)
 class StartTraining:
     """Every worker runs and has its placement: tell every launcher to start epoch 1."""
 
@@ -139,7 +147,7 @@ class DeleteJob:
 
 Action = (
     CreateSecret | CreateService | CreatePods | DeletePods | DeliverPlacement | Recover
-    | StartTraining | DeleteJob
+    | StartTraining | DeleteJob | HoldSpares | SaveBeforeSuspend
 )
 
 
@@ -196,9 +204,11 @@ def reconcile(observed: Observed, config: ReconcileConfig) -> Decision:
         spec = parse_spec(observed.job.spec, config.default_sidecar_image)
     except SpecError as err:
         _refuse(plan, err)
+        _hold_spares(observed, None, config, plan)
         return plan.decision(old)
     plan.status = plan.status.with_changes(workers=_counts(observed, spec, old.restart_attempt))
     if observed.checkpoint is not None:
+        plan.events.extend(persist_events(plan.status.checkpoint, observed.checkpoint))
         plan.status = plan.status.with_changes(checkpoint=observed.checkpoint)
     steps: tuple[Step, ...] = (
         _finished, _suspended, _deadline, _children, _succeeded, _failures, _placement, _running,
@@ -206,7 +216,31 @@ def reconcile(observed: Observed, config: ReconcileConfig) -> Decision:
     for step in steps:
         if step(observed, spec, config, plan):
             break
+    _hold_spares(observed, spec, config, plan)
     return plan.decision(old)
+
+
+def _hold_spares(
+    observed: Observed, spec: JobSpec | None, config: ReconcileConfig, plan: _Plan,
+) -> None:
+    """Spare placeholders (spares.py) while the job runs, whatever the steps decided; none
+    for a finished, suspended or invalid job."""
+    if spec is None:
+        names = tuple(sorted(s.name for s in observed.spares.values() if not s.deleting))
+        if names:
+            plan.actions.append(HoldSpares(delete=names))
+        return
+    active = not plan.is_true(ConditionType.SUSPENDED) and not any(
+        plan.is_true(t) for t in cond.FINISHED_TYPES)
+    current = _current_pods(observed, plan.status.restart_attempt)
+    placed = len(current) == spec.num_nodes and all(p.node_name for p in current.values())
+    held = spares.plan_spares(observed.job.ref, spec, config.render, observed.spares,
+                              observed.nodes, active=active, workers_placed=placed,
+                              old=plan.status.spares)
+    if held.action is not None:
+        plan.actions.append(held.action)
+    plan.status = plan.status.with_changes(spares=held.status)
+    plan.events.extend(Event(reason, message, warning) for reason, message, warning in held.events)
 
 
 def _refuse(plan: _Plan, err: SpecError) -> None:
@@ -239,9 +273,11 @@ def _suspended(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan:
             # Pods that ran before get successors of a new attempt; the deadline clock
             # restarts, as for a Job.
             had_pods = cond.find(plan.status.conditions, ConditionType.CREATED) is not None
+            # The new pods get a placement of their own (delivered to their sidecars), and
+            # training resumes from S3 (recovery.py) since the old pods took their memory.
             plan.status = plan.status.with_changes(
                 restart_attempt=plan.status.restart_attempt + (1 if had_pods else 0),
-                start_time=None,
+                start_time=None, placement=None,
             )
         return False
     if not plan.is_true(ConditionType.SUSPENDED):
@@ -249,7 +285,13 @@ def _suspended(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan:
     if plan.is_true(ConditionType.CREATED):
         plan.set(cond.WORKERS_DELETED)
     plan.set(cond.RUNNING_SUSPENDED)
-    plan.status = plan.status.with_changes(start_time=None)
+    if plan.is_true(ConditionType.RECOVERING):
+        plan.set(cond.RECOVERY_SUSPENDED)  # its pods go: resume restores instead
+    plan.status = plan.status.with_changes(start_time=None, recovery=None)
+    current = _current_pods(observed, plan.status.restart_attempt)
+    if training_started(plan.status) and any(
+            p.ip and not p.deleting and not p.terminal for p in current.values()):
+        plan.actions.append(SaveBeforeSuspend())  # before the memory goes with the pods
     plan.actions.extend(_delete_all(observed, "the job is suspended"))
     return True
 
@@ -325,6 +367,12 @@ def _failures(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: 
         plan.actions.append(Recover(_kind(failures), failures))
         return True
     if not failures:
+        if observed.progress is not None:
+            # A hung job changes nothing that would call for a reconcile: come back when the
+            # hang timeout runs out.
+            since = (observed.now - observed.progress.since).total_seconds()
+            left = spec.failure_policy.hang_timeout_seconds - since
+            plan.requeue.append(max(1.0, left + 1.0))
         return False
     _decide_recovery(spec, plan, failures)
     return True
@@ -352,21 +400,24 @@ def _decide_recovery(spec: JobSpec, plan: _Plan, failures: tuple[RankFailure, ..
 
 
 def _placement(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
-    """Once every worker runs, place replicas by its node's failure domains and deliver the
-    placement to the sidecars (again whenever a rank moved to another node)."""
+    """Once every worker is scheduled, place replicas by its node's failure domains and publish
+    the placement in status (again whenever a rank moved to another node). Delivery to the
+    sidecars follows once every worker runs, independently: until all of them took it, the
+    executor retries and records how it went in the PlacementDelivered condition."""
     current = _current_pods(observed, plan.status.restart_attempt)
-    if len(current) < spec.num_nodes or any(
-        p.phase != "Running" or not p.ip or not p.node_name for p in current.values()
-    ):
+    if len(current) < spec.num_nodes or any(not p.node_name for p in current.values()):
         return False
     nodes = {str(r): p.node_name for r, p in sorted(current.items())}
     old = plan.status.placement
-    if old is not None and old.get("nodes") == nodes:
-        return False
-    doc = placement_document(spec, current, observed.nodes, plan.status.restart_attempt)
-    plan.status = plan.status.with_changes(placement=doc)
-    plan.events.append(Event("PlacementComputed", str(doc["reason"])))
-    plan.actions.append(DeliverPlacement(doc))
+    if old is None or old.get("nodes") != nodes:
+        doc = placement_document(spec, current, observed.nodes, plan.status.restart_attempt)
+        plan.status = plan.status.with_changes(placement=doc)
+        plan.events.append(Event("PlacementComputed", str(doc["reason"])))
+        plan.set(cond.PLACEMENT_PENDING, ranks=spec.num_nodes)
+    placement = plan.status.placement
+    if (placement is not None and not plan.is_true(ConditionType.PLACEMENT_DELIVERED)
+            and all(p.phase == "Running" and p.ip for p in current.values())):
+        plan.actions.append(DeliverPlacement(placement))
     return False
 
 
@@ -396,6 +447,7 @@ def training_started(status: JobStatus) -> bool:
 def _running(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
     current = _current_pods(observed, plan.status.restart_attempt)
     if (not training_started(plan.status) and plan.status.placement is not None
+            and plan.is_true(ConditionType.PLACEMENT_DELIVERED)
             and len(current) == spec.num_nodes
             and all(p.phase == "Running" and p.ip for p in current.values())):
         plan.actions.append(StartTraining())
@@ -491,6 +543,18 @@ def _intent(kind: FailureKind) -> str:
     if kind is FailureKind.HARDWARE:
         return "replacing the lost ranks; the others restore from their own memory"
     return "restarting every training process in place from local memory"
+
+
+def persist_events(old: CheckpointStatus, new: CheckpointStatus) -> list[Event]:
+    """A warning when persisting to S3 starts failing, and a note when it works again (once
+    per outage: the retries in between change only the message in status)."""
+    if new.persist_error and not old.persist_error:
+        return [Event("PersistFailed", f"persisting to S3 failed (training goes on, retrying): "
+                      f"{new.persist_error}", warning=True)]
+    if old.persist_error and not new.persist_error and new.persisted_step is not None:
+        return [Event("PersistRecovered", f"persisted step {new.persisted_step} to S3 after "
+                      f"earlier failures")]
+    return []
 
 
 def _transition_events(old: JobStatus, new: JobStatus) -> list[Event]:

@@ -28,14 +28,20 @@ from gemini_operator.conditions import (
     FAILURE_POLICY_FAIL_JOB,
     JOB_FINISHED,
     MAX_RESTARTS_EXCEEDED,
+    PLACEMENT_DELIVERED,
     RECOVERY_FINISHED,
     RECOVERY_NEEDED,
+    SIDECARS_UNREACHABLE,
     UNRECOVERABLE,
+    Condition,
+    ConditionType,
+    find,
     state_of,
     upsert,
 )
 from gemini_operator.kube import KubeClient
 from gemini_operator.metrics import OperatorMetrics
+from gemini_operator.observed import detection_lags
 from gemini_operator.poller import CheckpointPoller
 from gemini_operator.reconcile import (
     CreatePods,
@@ -49,16 +55,25 @@ from gemini_operator.reconcile import (
     Observed,
     ReconcileConfig,
     Recover,
+    SaveBeforeSuspend,
     StartTraining,
     reconcile,
 )
-from gemini_operator.recovery import Outcome, RecoveryExecutor
-from gemini_operator.sidecars import SidecarAddress, deliver_placement
+from gemini_operator.recovery import Outcome, RecoveryExecutor, newly_lost
+from gemini_operator.sidecars import (
+    DELIVERY_TIMEOUT_SECONDS,
+    DeliveryError,
+    SidecarAddress,
+    deliver_placement,
+)
+from gemini_operator.spares import HoldSpares
 from gemini_operator.status import JobStatus, status_patch
 
 log = logging.getLogger(__name__)
 EXPECTATION_SECONDS = 60.0  # how long a created pod may take to show up in the watch
 PARALLEL_WRITES = 16
+# Placement delivery to sidecars that did not take it is retried after 0.5, 1, 2, ... 30 s.
+DELIVERY_RETRY_SECONDS, DELIVERY_RETRY_MAX_SECONDS = 0.5, 30.0
 Handler = Callable[[JobView, Snapshot, Any], None]
 
 
@@ -73,6 +88,7 @@ class Reconciler:
         self._clock = clock
         self._expected: dict[JobKey, dict[int, float]] = {}  # rank -> monotonic deadline
         self._children: set[tuple[str, str]] = set()  # (job uid, kind) known to exist
+        self._delivery: dict[JobKey, tuple[int, float]] = {}  # failures, monotonic next try
         self._handlers: dict[type, Handler] = {
             CreateSecret: self._create_secret,
             CreateService: self._create_service,
@@ -81,6 +97,8 @@ class Reconciler:
             DeliverPlacement: self._deliver_placement,
             Recover: self._recover,
             StartTraining: self._start_training,
+            SaveBeforeSuspend: self._save_before_suspend,
+            HoldSpares: self._hold_spares,
             DeleteJob: self._delete_job,
         }
         self.recovery = RecoveryExecutor(kube, config, self._write_status, clock)
@@ -89,24 +107,28 @@ class Reconciler:
         self._overrides: dict[str, Any] = {}
         self._outcomes: list[Outcome] = []
         self._decided = JobStatus()
+        self._conditions: list[Condition] = []  # set by action handlers (placement delivery)
 
     def reconcile(self, key: JobKey) -> float | None:
         """One reconcile of job `key`; returns seconds until a time-based re-check, if any."""
         snap = self.cache.snapshot(key)
         if snap is None or (snap.job.get("metadata") or {}).get("deletionTimestamp"):
             self._expected.pop(key, None)
+            self._delivery.pop(key, None)
             self.metrics.job_state(key, None)
+            self.metrics.replica_coverage(key, None)
             return None
         started = time.monotonic()
         self.metrics.reconciles.inc()
         job = JobView.from_object(snap.job)
         decision = reconcile(self._observe(key, job, snap), self.config)
-        if _new_failure(decision):
+        if _new_failure(decision) or _replans(decision):
             # Confirm with the API before acting: right after start-up the watches may not
             # have listed every pod and node yet, and a missing pod must not count as lost.
             snap = self._refresh(key, snap)
             decision = reconcile(self._observe(key, job, snap), self.config)
         self._overrides, self._outcomes, self._decided = {}, [], decision.status
+        self._conditions = []
         for action in decision.actions:
             if isinstance(action, Recover) and any(
                 e.reason == RECOVERY_NEEDED.reason for e in decision.events
@@ -126,6 +148,7 @@ class Reconciler:
         for outcome in self._outcomes:
             self._send_events(job, [_Ev(r, m, w) for r, m, w in outcome.events])
         self.metrics.job_state(key, state_of(conditions))
+        self.metrics.replica_coverage(key, decision.status.checkpoint.replica_coverage)
         persisted = decision.status.checkpoint.persisted_time
         if persisted:
             age = (self._clock() - datetime.strptime(persisted, "%Y-%m-%dT%H:%M:%SZ")
@@ -141,6 +164,8 @@ class Reconciler:
         """The decided status with what the recovery steps wrote or finished on top."""
         new = decision.status.to_dict()
         conditions = decision.status.conditions
+        for extra in self._conditions:
+            conditions = upsert(conditions, extra)
         for outcome in self._outcomes:
             self._overrides.update(outcome.status)
             if outcome.finished is not None:
@@ -176,6 +201,11 @@ class Reconciler:
 
     def _record_detection(self, job: JobView, snap: Snapshot, decision: Decision) -> None:
         self.metrics.detections.inc()
+        own = {r: p for r, p in snap.pods.items() if p.owner_uid == job.uid}
+        failures = [(f.rank, f.reason.value) for a in decision.actions if isinstance(a, Recover)
+                    for f in a.failures]
+        for cause, lag in detection_lags(failures, own, snap.nodes, self._clock()).items():
+            self.metrics.detection_seconds.labels(cause=cause).observe(lag)
 
     def _observe(self, key: JobKey, job: JobView, snap: Snapshot) -> Observed:
         # A deleted job's pods may linger (the garbage collector takes its time) while a new
@@ -190,6 +220,7 @@ class Reconciler:
             has_service=self._exists(job, "Service", naming.service_name(job.name)),
             has_secret=self._exists(job, "Secret", naming.secret_name(job.name)),
             now=self._clock(), pending_creates=self._pending(key, snap),
+            spares={i: s for i, s in snap.spares.items() if s.owner_uid == job.uid},
         )
 
     def _refresh(self, key: JobKey, snap: Snapshot) -> Snapshot:
@@ -246,6 +277,14 @@ class Reconciler:
         _parallel(lambda name: self.kube.delete_pod(job.namespace, name), action.names)
 
     def _deliver_placement(self, job: JobView, snap: Snapshot, action: DeliverPlacement) -> None:
+        """POST the published placement to every sidecar; the outcome goes to the
+        PlacementDelivered condition. Sidecars that do not answer (not started yet, a cut-off
+        node, fake nodes) leave the status written and are retried with backoff."""
+        key = (job.namespace, job.name)
+        failures, due = self._delivery.get(key, (0, 0.0))
+        if due > time.monotonic():
+            self._outcomes.append(Outcome(requeue_after=due - time.monotonic()))
+            return
         token = self.kube.secret_value(job.namespace, naming.secret_name(job.name),
                                        naming.SECRET_TOKEN_KEY)
         if token is None:
@@ -255,13 +294,50 @@ class Reconciler:
             rank: SidecarAddress(rank, pod.ip, ports.sidecar_api_port, ports.sidecar_port)
             for rank, pod in snap.pods.items()
         }
-        deliver_placement(action.placement, addresses, token)
+        now = _now_text(self._clock())
+        try:
+            deliver_placement(action.placement, addresses, token, DELIVERY_TIMEOUT_SECONDS)
+        except DeliveryError as err:
+            delay = min(DELIVERY_RETRY_SECONDS * 2 ** failures, DELIVERY_RETRY_MAX_SECONDS)
+            self._delivery[key] = (failures + 1, time.monotonic() + delay)
+            new = SIDECARS_UNREACHABLE.condition(now, job.generation, failed=err.failed,
+                                                 ranks=err.total, detail=str(err)[:2000])
+            self._outcomes.append(Outcome(requeue_after=delay,
+                                          events=self._changed(new, warning=True)))
+            self._conditions.append(new)
+            return
+        self._delivery.pop(key, None)
+        new = PLACEMENT_DELIVERED.condition(now, job.generation, ranks=len(addresses))
+        self._outcomes.append(Outcome(events=self._changed(new, warning=False)))
+        self._conditions.append(new)
+
+    def _changed(self, new: Condition, warning: bool) -> list[tuple[str, str, bool]]:
+        """An event for a condition an action handler sets, when its reason changes."""
+        old = find(self._decided.conditions, ConditionType(new.type))
+        if old is not None and (old.status, old.reason) == (new.status, new.reason):
+            return []
+        return [(new.reason, new.message, warning)]
 
     def _recover(self, job: JobView, snap: Snapshot, action: Recover) -> None:
         self._outcomes.append(self.recovery.recover(job, snap, action, self._decided))
 
     def _start_training(self, job: JobView, snap: Snapshot, action: StartTraining) -> None:
         self._outcomes.append(self.recovery.start_training(job, snap, self._decided))
+
+    def _save_before_suspend(self, job: JobView, snap: Snapshot,
+                             action: SaveBeforeSuspend) -> None:
+        self._outcomes.append(self.recovery.save_before_suspend(job, snap, self._decided))
+        # The poller's findings predate this commit: drop them, or the next reconcile would
+        # put the older persistedStep back (it starts again from the status on resume).
+        self.poller.forget((job.namespace, job.name))
+
+    def _hold_spares(self, job: JobView, snap: Snapshot, action: HoldSpares) -> None:
+        """Placeholders: made again by name when gone (a create of an existing one is a no-op),
+        those on lost nodes removed at once (grace 0), unwanted ones gracefully."""
+        _parallel(self.kube.create, action.create)
+        _parallel(lambda name: self.kube.delete_pod(job.namespace, name, grace_seconds=0),
+                  action.force_delete)
+        _parallel(lambda name: self.kube.delete_pod(job.namespace, name), action.delete)
 
     def _delete_job(self, job: JobView, snap: Snapshot, action: DeleteJob) -> None:
         self.kube.delete_job(job.namespace, job.name)
@@ -285,6 +361,16 @@ class _Ev:
 
 def _now_text(now: datetime) -> str:
     return now.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _replans(decision: Decision) -> bool:
+    """Whether this decision makes the recovery under way plan again because ranks look lost
+    that its plan did not replace; an operator that just started may not have listed every
+    pod and node yet, and a present pod must not count as lost (nor a healthy rank be planned
+    without)."""
+    rec = decision.status.recovery
+    return bool(rec) and any(isinstance(a, Recover) and newly_lost(a, rec or {})
+                             for a in decision.actions)
 
 
 def _new_failure(decision: Decision) -> bool:

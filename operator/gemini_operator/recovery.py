@@ -37,14 +37,24 @@ from gemini_operator.cache import Snapshot
 from gemini_operator.failures import describe
 from gemini_operator.kube import KubeClient
 from gemini_operator.observed import PodView, pod_view
+from gemini_operator.poller import complete_in_memory
 from gemini_operator.reconcile import JobView, ReconcileConfig, Recover
-from gemini_operator.sidecars import SidecarError, call_all, call_each
-from gemini_operator.spec import parse_spec
+from gemini_operator.sidecars import (
+    INVENTORY_TIMEOUT_SECONDS,
+    SidecarError,
+    call,
+    call_all,
+    call_each,
+)
+from gemini_operator.spares import prefer_nodes, spare_nodes
+from gemini_operator.spec import Persistence, parse_spec
 from gemini_operator.status import JobStatus
 
 log = logging.getLogger(__name__)
 PORT_WINDOW = 1000  # the rendezvous port of epoch e is base + e % PORT_WINDOW
 WAIT_SECONDS = 0.25
+RESUME = "resume"  # status.recovery.kind and lastRecovery.cause of a resume after suspend
+SUSPEND_PERSIST_SECONDS = 120.0  # how long a suspend waits for the upload before deleting
 
 
 class RecoveryWait(Exception):
@@ -125,6 +135,14 @@ def plan_document(plan: RecoveryPlan, newest_seen: int | None) -> dict[str, Any]
     }
 
 
+def resuming(status: JobStatus) -> bool:
+    """Whether training ran in an earlier attempt (before a suspend) and not yet in this one,
+    or a resume is under way."""
+    launch = status.launch or {}
+    return (status.recovery or {}).get("kind") == RESUME or (
+        bool(launch) and int(launch.get("restartAttempt", -1)) != status.restart_attempt)
+
+
 def source_word(plan: Mapping[str, Any]) -> str:
     """lastRecovery.source: S3, Peers (some rank loaded from a peer) or Local."""
     if plan.get("mode") == MODE_S3:
@@ -148,6 +166,12 @@ class RecoveryExecutor:
     # --- the first start ------------------------------------------------------------------
 
     def start_training(self, job: JobView, snap: Snapshot, status: JobStatus) -> Outcome:
+        if resuming(status):
+            return self._resume(job, snap, status)
+        return self._start(job, snap, status)
+
+    def _start(self, job: JobView, snap: Snapshot, status: JobStatus,
+               note: tuple[str, str, bool] | None = None) -> Outcome:
         pods = self._current(snap, status)
         token = self._token(job)
         epoch = int((status.launch or {}).get("epoch", 0)) + 1
@@ -164,8 +188,98 @@ class RecoveryExecutor:
                                               self.config.render, job.uid)},
             events=[("TrainingStarted", f"started training epoch {epoch} on {len(pods)} "
                      f"workers (rendezvous {pods[0].ip}:"
-                     f"{rendezvous_port(epoch, self.config.render, job.uid)})", False)],
+                     f"{rendezvous_port(epoch, self.config.render, job.uid)})", False),
+                    *([note] if note else [])],
         )
+
+    # --- resume after suspend and the checkpoint taken before suspending -------------------
+
+    def _resume(self, job: JobView, snap: Snapshot, status: JobStatus) -> Outcome:
+        """Training ran before the job was suspended, and the pods took their memory with
+        them: every sidecar restores the newest step committed to S3, then the launchers
+        start from it. Recorded in status.recovery (kind resume) like a recovery, so a
+        restarted operator goes on; with nothing committed, training starts over (and an
+        event says why)."""
+        rec = dict(status.recovery or {})
+        launch = status.launch or {}
+        if rec.get("kind") != RESUME or int(rec.get("epoch", 0)) <= int(launch.get("epoch", 0)):
+            steps = list(self._s3_steps(job))
+            if not steps:
+                why = ("persistence is not configured" if self._persistence(job) is None
+                       else "S3 lists no committed step")
+                return self._start(job, snap, status, (
+                    "ResumedWithoutCheckpoint", f"resumed after the suspend from step 0: {why}",
+                    True))
+            rec = self._begin_resume(job, status, max(steps))
+        try:
+            if rec["phase"] == "Fetching":
+                self._fetch(job, snap, status, rec)
+                rec = self._step(job, rec, "Restarting")
+            return self._restart(job, snap, status, rec)
+        except SidecarError as err:
+            log.info("resume of %s/%s waits for a sidecar: %s", job.namespace, job.name, err)
+        except RecoveryWait as wait:
+            log.info("resume of %s/%s waits: %s", job.namespace, job.name, wait)
+        return Outcome(requeue_after=WAIT_SECONDS)
+
+    def _begin_resume(self, job: JobView, status: JobStatus, version: int) -> dict[str, Any]:
+        now = self._clock()
+        pods = range(parse_spec(job.spec, self.config.default_sidecar_image).num_nodes)
+        plan = {
+            "version": version, "mode": MODE_S3,
+            "reason": f"the job was resumed: step {version} is the newest committed to S3",
+            "replaceRanks": [], "sources": {str(r): {"kind": "s3", "holder": None} for r in pods},
+            "refetch": {}, "newestSeen": status.checkpoint.in_memory_step, "lostRanks": [],
+        }
+        rec = {
+            "epoch": int((status.launch or {}).get("epoch", 0)) + 1,
+            "phase": "Fetching", "kind": RESUME,
+            "cause": "the job was suspended (its pods and their memory were deleted)",
+            "failedRanks": [], "detectedAt": _ts(now), "startedAt": _ts(now),
+            "startedUnix": time.time(), "marks": {"planning": 0.0, "replacing": 0.0},
+            "plan": plan,
+        }
+        self._write(job, {"recovery": rec})  # recorded before anything is restored
+        return rec
+
+    def save_before_suspend(self, job: JobView, snap: Snapshot, status: JobStatus) -> Outcome:
+        """Before the pods of a suspended job are deleted: persist and commit the newest step
+        every rank holds complete in memory, so that resume loses nothing. Bounded (the pods
+        are deleted afterwards whatever happened); events say what was kept and what lost."""
+        pods = {r: p for r, p in self._current(snap, status).items()
+                if p.ip and not p.deleting and not p.terminal}
+        in_memory = status.checkpoint.in_memory_step
+        persisted = status.checkpoint.persisted_step
+        if self._persistence(job) is None:
+            return Outcome(events=[("SuspendedWithoutCheckpoint", (
+                f"persistence is not configured: the checkpoint in memory (step {in_memory}) "
+                "goes with the pods and resume starts from step 0 (set spec.persistence to "
+                "keep it)"), True)])
+        kept = f"resume restores step {persisted}" if persisted is not None else (
+            "resume starts from step 0")
+        try:
+            token = self._token(job)
+            inventories = call_all(self._sidecars(pods), "/inventory", token, {},
+                                   INVENTORY_TIMEOUT_SECONDS)
+            version = complete_in_memory(inventories, sorted(pods))
+            if version is None or (persisted is not None and version <= persisted):
+                return Outcome(events=[("SuspendCheckpointSaved", (
+                    f"nothing newer than the committed step in memory: {kept}"), False)])
+            call_all(self._sidecars(pods), "/persist", token,
+                     {r: {"version": version} for r in pods}, SUSPEND_PERSIST_SECONDS)
+            zero = pods[min(pods)]
+            call(zero.ip, self.config.render.sidecar_api_port, "/commit", token,
+                 {"version": version}, SUSPEND_PERSIST_SECONDS)
+        except (SidecarError, RuntimeError) as err:
+            return Outcome(events=[("SuspendCheckpointFailed", (
+                f"could not persist the checkpoint in memory (step {in_memory}) before "
+                f"deleting the pods: {err}; {kept}")[:1024], True)])
+        checkpoint = {**status.checkpoint.to_dict(), "persistedStep": version,
+                      "persistedTime": _ts(self._clock())}
+        checkpoint.pop("persistError", None)
+        return Outcome(status={"checkpoint": checkpoint}, events=[(
+            "SuspendCheckpointSaved", f"persisted and committed step {version} before deleting "
+            "the pods: resume restores it", False)])
 
     # --- recovery ---------------------------------------------------------------------------
 
@@ -174,7 +288,7 @@ class RecoveryExecutor:
         launch = status.launch or {}
         if not rec or int(rec.get("epoch", 0)) <= int(launch.get("epoch", 0)):
             rec = self._begin(job, action, launch)
-        elif _newly_lost(action, rec):
+        elif newly_lost(action, rec):
             # A node went NotReady after the recovery was planned (a peer's crash is often
             # seen first): plan again with the lost ranks, keeping the epoch and start time.
             rec = self._begin(job, action, launch, rec)
@@ -248,7 +362,8 @@ class RecoveryExecutor:
         live = {r: p for r, p in pods.items() if r not in lost and p.ip and not p.deleting}
         # A sidecar that does not answer holds nothing we can count on (its node may be cut
         # off): plan without its copies rather than wait for it.
-        inventories, silent = call_each(self._sidecars(live), "/inventory", self._token(job), {})
+        inventories, silent = call_each(self._sidecars(live), "/inventory", self._token(job), {},
+                                        INVENTORY_TIMEOUT_SECONDS)
         if silent:
             log.warning("planning without %d silent sidecars: %s", len(silent), silent[:3])
         copies = inventory_copies(inventories)
@@ -291,7 +406,10 @@ class RecoveryExecutor:
             elif pod is None:
                 manifest = render.worker_pod(job.ref, spec, rank, status.restart_attempt,
                                              self.config.render)
-                self.kube.create(_avoid_nodes(manifest, down))
+                # Spares first: off lost nodes, towards a node a placeholder holds (when none
+                # is free, the scheduler preempts a placeholder: it has the lowest priority).
+                self.kube.create(prefer_nodes(_avoid_nodes(manifest, down),
+                                              spare_nodes(snap.spares, snap.nodes)))
                 waiting.append(f"rank {rank}: replacement created")
             elif pod.phase != "Running" or not pod.ip:
                 waiting.append(f"rank {rank}: replacement is {pod.phase}")
@@ -390,8 +508,13 @@ class RecoveryExecutor:
                 str(r): p.node_name for r, p in sorted(pods.items())}}
         message = (f"recovered from {rec.get('cause')}: restored step {version} from "
                    f"{source.lower()} in {duration:.1f} s (epoch {rec['epoch']})")
-        return Outcome(status=new_status, finished=last,
-                       events=[("RecoveryFinished", message, False)])
+        reason = "RecoveryFinished"
+        if rec.get("kind") == RESUME:
+            reason, message = "ResumedFromCheckpoint", (
+                f"resumed after the suspend from step {version} committed to S3 "
+                f"({lost_steps} newer steps were in memory only) in {duration:.1f} s "
+                f"(epoch {rec['epoch']})")
+        return Outcome(status=new_status, finished=last, events=[(reason, message, False)])
 
     # --- helpers ----------------------------------------------------------------------------
 
@@ -401,8 +524,7 @@ class RecoveryExecutor:
         from gemini_sidecar.config import S3Settings
         from gemini_sidecar.s3 import committed_steps, open_store
 
-        spec = parse_spec(job.spec, self.config.default_sidecar_image)
-        persistence = spec.persistence
+        persistence = self._persistence(job)
         if persistence is None:
             return []
         secret = persistence.credentials_secret
@@ -421,6 +543,9 @@ class RecoveryExecutor:
             log.warning("cannot list the committed S3 steps of %s/%s: %s", job.namespace,
                         job.name, err)
             return []
+
+    def _persistence(self, job: JobView) -> Persistence | None:
+        return parse_spec(job.spec, self.config.default_sidecar_image).persistence
 
     def _current(self, snap: Snapshot, status: JobStatus) -> dict[int, PodView]:
         return {r: p for r, p in snap.pods.items() if p.attempt == status.restart_attempt}
@@ -457,7 +582,7 @@ def _avoid_nodes(manifest: dict[str, Any], nodes: Sequence[str]) -> dict[str, An
     return manifest
 
 
-def _newly_lost(action: Recover, rec: Mapping[str, Any]) -> bool:
+def newly_lost(action: Recover, rec: Mapping[str, Any]) -> bool:
     """Whether ranks are lost now that the recorded plan did not replace."""
     lost = {f.rank for f in action.failures if f.kind is FailureKind.HARDWARE}
     planned = set((rec.get("plan") or {}).get("lostRanks", ()))

@@ -3,7 +3,8 @@
 One worker pod per rank: the trainer container runs the user's command under `gemini launch`
 (which can restart it in place), the checkpoint sidecar is a native sidecar (an init container
 with `restartPolicy: Always`, started first and stopped last), and both share a memory-backed
-emptyDir. Required anti-affinity keeps one worker per node, so a node loss costs one rank.
+emptyDir. Required anti-affinity keeps one worker (or spare placeholder, spares.py) per node,
+so a node loss costs one rank.
 A headless Service gives the pods stable DNS names; a per-job Secret authenticates peer traffic.
 """
 
@@ -40,6 +41,11 @@ class RenderConfig:
     cluster_domain: str = "cluster.local"
     launcher_command: tuple[str, ...] = ("gemini", "launch", "--exit-on-failure", "--")
     sidecar_command: tuple[str, ...] = ("gemini", "sidecar")
+    # Workers outrank the spare placeholders, so a replacement preempts one (spares.py);
+    # "" leaves the field out (the cluster's default priority).
+    worker_priority_class: str = "gemini-worker"
+    spare_priority_class: str = "gemini-spare"
+    spare_command: tuple[str, ...] = ("sleep", "infinity")
 
     @property
     def sidecar_api_port(self) -> int:
@@ -91,7 +97,9 @@ def worker_pod(
             "hostname": name,
             "subdomain": naming.service_name(job.name),
             "enableServiceLinks": False,
-            "affinity": _one_worker_per_node(job.name),
+            "affinity": one_pod_per_node(job.name),
+            **({"priorityClassName": config.worker_priority_class}
+               if config.worker_priority_class else {}),
             "initContainers": [_sidecar(job, spec, rank, config, assignment)],
             "containers": [_trainer(job, spec, rank, config)],
             "volumes": [_shm_volume(spec)],
@@ -153,11 +161,16 @@ def worker_host(job: JobRef, rank: int, config: RenderConfig) -> str:
     )
 
 
-def _one_worker_per_node(job: str) -> dict[str, Any]:
+def one_pod_per_node(job: str) -> dict[str, Any]:
+    """At most one worker or spare placeholder of `job` per node (both carry this)."""
     return {
         "podAntiAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": [{
-                "labelSelector": {"matchLabels": naming.worker_selector(job)},
+                "labelSelector": {
+                    "matchLabels": {naming.LABEL_JOB: job},
+                    "matchExpressions": [{"key": naming.LABEL_ROLE, "operator": "In",
+                                          "values": [naming.ROLE_WORKER, naming.ROLE_SPARE]}],
+                },
                 "topologyKey": "kubernetes.io/hostname",
             }]
         }

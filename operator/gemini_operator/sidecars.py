@@ -1,7 +1,8 @@
 """The operator's client of the sidecars' control API (HTTP, job token as a Bearer token).
 
-Only what the operator asks of a sidecar: its new placement (POST /peers). Addresses are
-pod IPs, which work with or without cluster DNS.
+What the operator asks of sidecars and launchers: a sidecar's placement (POST /peers), and
+any JSON call to one rank or to all of them in parallel. Addresses are pod IPs, which work
+with or without cluster DNS.
 """
 
 from __future__ import annotations
@@ -15,10 +16,25 @@ from dataclasses import dataclass
 from typing import Any
 
 TIMEOUT_SECONDS = 5.0
+# POST /peers is answered at once by a live sidecar; a silent one (a cut-off node) must not
+# hold up the reconcile that delivers to the others for long. Delivery is retried.
+DELIVERY_TIMEOUT_SECONDS = 3.0
+# Recovery plans with the inventories that answer within this; a silent sidecar's copies are
+# left out rather than waited for (its node may be cut off).
+INVENTORY_TIMEOUT_SECONDS = 2.0
 
 
 class SidecarError(RuntimeError):
     """A sidecar did not take the request; the message names the rank and the reason."""
+
+
+class DeliveryError(SidecarError):
+    """Some sidecars did not take their placement: how many of how many, and why."""
+
+    def __init__(self, errors: list[str], total: int) -> None:
+        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+        super().__init__("; ".join(errors[:3]) + more)
+        self.failed, self.total = len(errors), total
 
 
 @dataclass(frozen=True)
@@ -49,25 +65,28 @@ def placement_bodies(
 
 def deliver_placement(
     placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress], token: str,
+    timeout: float = TIMEOUT_SECONDS,
 ) -> None:
-    """POST every rank's part of `placement` to its sidecar, in parallel; raise on any refusal."""
+    """POST every rank's part of `placement` to its sidecar, in parallel; raise DeliveryError
+    on any refusal (after trying every rank)."""
     bodies = placement_bodies(placement, addresses)
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(bodies)))) as pool:
         errors = [e for e in pool.map(
-            lambda r: _post(addresses[r], "/peers", bodies[r], token), sorted(bodies)) if e]
+            lambda r: _post(addresses[r], "/peers", bodies[r], token, timeout),
+            sorted(bodies)) if e]
     if errors:
-        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-        raise SidecarError("; ".join(errors[:3]) + more)
+        raise DeliveryError(errors, len(bodies))
 
 
-def _post(address: SidecarAddress, path: str, body: Mapping[str, Any], token: str) -> str | None:
+def _post(address: SidecarAddress, path: str, body: Mapping[str, Any], token: str,
+          timeout: float = TIMEOUT_SECONDS) -> str | None:
     request = urllib.request.Request(
         f"http://{address.ip}:{address.api_port}{path}", data=json.dumps(body).encode(),
         method="POST",
         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
     )
     try:
-        with urllib.request.urlopen(request, timeout=TIMEOUT_SECONDS):
+        with urllib.request.urlopen(request, timeout=timeout):
             return None
     except urllib.error.HTTPError as err:
         return f"rank {address.rank}: {path} answered {err.code} {err.read()[:200]!r}"

@@ -27,12 +27,36 @@ class WorkerCounts:
 
 
 @dataclass(frozen=True)
+class ReplicaCoverage:
+    """Of `total` shards, `complete` have all m in-memory copies complete, at step `step`."""
+
+    complete: int = 0
+    total: int = 0
+    step: int | None = None
+
+    def to_dict(self) -> dict[str, int]:
+        out = {"complete": self.complete, "total": self.total}
+        if self.step is not None:
+            out["step"] = self.step
+        return out
+
+    @staticmethod
+    def from_dict(raw: Mapping[str, Any] | None) -> ReplicaCoverage | None:
+        if not isinstance(raw, Mapping):
+            return None
+        step = raw.get("step")
+        return ReplicaCoverage(int(raw.get("complete", 0)), int(raw.get("total", 0)),
+                               None if step is None else int(step))
+
+
+@dataclass(frozen=True)
 class CheckpointStatus:
     in_memory_step: int | None = None  # newest step complete in memory for every rank
     persisted_step: int | None = None  # newest step committed to S3
     persisted_time: str | None = None
     persist_error: str | None = None  # the last upload or commit failure (retried)
     persist_request: str | None = None  # the gemini.io/persist-requested value last honoured
+    replica_coverage: ReplicaCoverage | None = None  # from the sidecars' inventories
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -46,6 +70,8 @@ class CheckpointStatus:
             out["persistError"] = self.persist_error
         if self.persist_request is not None:
             out["persistRequest"] = self.persist_request
+        if self.replica_coverage is not None:
+            out["replicaCoverage"] = self.replica_coverage.to_dict()
         return out
 
 
@@ -66,6 +92,7 @@ class JobStatus:
     # the recovery under way (each step written before it is acted on): see recovery.py.
     launch: Mapping[str, Any] | None = None
     recovery: Mapping[str, Any] | None = None
+    spares: Mapping[str, Any] | None = None  # placeholder pods holding spare nodes (spares.py)
 
     def with_changes(self, **changes: Any) -> JobStatus:
         return replace(self, **changes)
@@ -87,6 +114,7 @@ class JobStatus:
             ("lastRecovery", self.last_recovery),
             ("launch", self.launch),
             ("recovery", self.recovery),
+            ("spares", self.spares),
         ):
             if value is not None:
                 out[key] = dict(value) if isinstance(value, Mapping) else value
@@ -112,11 +140,13 @@ class JobStatus:
                 persisted_time=checkpoint.get("persistedTime"),
                 persist_error=checkpoint.get("persistError"),
                 persist_request=checkpoint.get("persistRequest"),
+                replica_coverage=ReplicaCoverage.from_dict(checkpoint.get("replicaCoverage")),
             ),
             placement=raw.get("placement"),
             last_recovery=raw.get("lastRecovery"),
             launch=raw.get("launch"),
             recovery=raw.get("recovery"),
+            spares=raw.get("spares"),
         )
 
 

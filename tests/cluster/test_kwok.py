@@ -1,4 +1,5 @@
-"""kwok's fake nodes at scale: 1000 pods one per node go Running with IPs; a lost node is lost."""
+"""kwok's fake nodes at scale: 1000 pods one per node go Running with IPs; a lost node is lost;
+the operator runs a GeminiJob there although no sidecar or launcher ever answers."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from gemini.local import kwok
 from gemini.local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
 from tests.fixtures.kwok import KWOK_RACKS, KWOK_ZONES, KwokCluster
+from tests.fixtures.operator import OperatorThread
 
 pytestmark = pytest.mark.cluster
 
@@ -169,3 +171,84 @@ def _ready(node: dict[str, Any]) -> str:
 
 def _taints(node: dict[str, Any]) -> set[tuple[str, str]]:
     return {(t["key"], t["effect"]) for t in node["spec"].get("taints") or []}
+
+
+JOB_RANKS, JOB_LOST = 40, 3
+GROUP, VERSION, PLURAL = "gemini.io", "v1alpha1", "geminijobs"
+
+
+def _job(name: str, ranks: int) -> dict[str, Any]:
+    # Nothing runs on fake nodes: image and command only have to be valid.
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "GeminiJob", "metadata": {"name": name},
+        "spec": {
+            "numNodes": ranks,
+            "template": {"image": "gemini:test", "command": ["python", "-m", "train"],
+                         "resourcesPerNode": {"requests": {"cpu": "4", GPU_RESOURCE: "8"},
+                                              "limits": {GPU_RESOURCE: "8"}}},
+            "checkpoint": {"replicas": 2},
+            "failurePolicy": {"maxRestarts": 10},
+        },
+    }
+
+
+def test_placement_is_published_and_lost_ranks_replaced_without_any_sidecar(
+    kwok_cluster: KwokCluster, kwok_operator: OperatorThread, core: Any, kwok_namespace: str,
+) -> None:
+    from kubernetes import client, config
+
+    custom = client.CustomObjectsApi(config.new_client_from_config(str(kwok_cluster.kubeconfig)))
+    custom.create_namespaced_custom_object(GROUP, VERSION, kwok_namespace, PLURAL,
+                                           _job("fake", JOB_RANKS))
+
+    def status() -> dict[str, Any]:
+        raw: Any = custom.get_namespaced_custom_object(
+            GROUP, VERSION, kwok_namespace, PLURAL, "fake", _preload_content=False)
+        return dict(json.loads(raw.data).get("status") or {})
+
+    def condition(kind: str) -> dict[str, Any]:
+        return next((c for c in status().get("conditions") or [] if c["type"] == kind), {})
+
+    took = _wait("placement published and every worker ready", lambda: (
+        len((status().get("placement") or {}).get("nodes") or {}) == JOB_RANKS
+        and (status().get("workers") or {}).get("ready") == JOB_RANKS), 120)
+    # Published although no sidecar took it: delivery has a condition of its own, retried.
+    _wait("delivery failure recorded", lambda: condition("PlacementDelivered").get(
+        "reason") == "SidecarsUnreachable", 30)
+    assert f"{JOB_RANKS} of {JOB_RANKS} sidecars" in condition("PlacementDelivered")["message"]
+    assert "launch" not in status(), "training must not start before the sidecars have peers"
+    print(f"\n{JOB_RANKS}-rank job on fake nodes: placement and status in {took:.1f}s")
+
+    pods = {p["metadata"]["labels"]["gemini.io/rank"]: p for p in _pods(core, kwok_namespace)
+            if "gemini.io/rank" in p["metadata"]["labels"]}
+    victims = [pods[str(r)] for r in range(0, JOB_RANKS, JOB_RANKS // JOB_LOST)][:JOB_LOST]
+    lost_nodes = {p["spec"]["nodeName"] for p in victims}
+    lost_ranks = {p["metadata"]["labels"]["gemini.io/rank"] for p in victims}
+    old_uids = {p["metadata"]["uid"] for p in pods.values()}
+    try:
+        start = time.monotonic()
+        for node in lost_nodes:
+            kwok.kwok_lose_node(kwok_cluster.kubeconfig, node)
+
+        def replacements() -> list[dict[str, Any]]:
+            return [p for p in _pods(core, kwok_namespace)
+                    if p["metadata"]["uid"] not in old_uids
+                    and not p["metadata"].get("deletionTimestamp")]
+
+        _wait("replacement pods for the lost ranks", lambda: {
+            p["metadata"]["labels"]["gemini.io/rank"] for p in replacements()} == lost_ranks, 60)
+        replaced = time.monotonic() - start
+        _wait("the recovery recorded", lambda: set(map(str, (status().get("lastRecovery") or {})
+                                                     .get("failedRanks") or [])) >= lost_ranks, 60)
+        print(f"{JOB_LOST} lost ranks: replacement pods created {replaced:.1f}s after the loss")
+        fresh = replacements()
+        assert {p["metadata"]["labels"]["gemini.io/rank"] for p in fresh} == lost_ranks, \
+            "only the lost ranks get new pods"
+        assert not {p["spec"].get("nodeName") for p in fresh} & lost_nodes
+        metric = kwok_operator.runtime.metrics.registry.get_sample_value
+        assert metric("gemini_operator_failure_detection_seconds_count", {"cause": "NodeLost"})
+        assert metric("gemini_operator_failure_detection_seconds_sum", {"cause": "NodeLost"}) < 60
+    finally:
+        for node in lost_nodes:
+            kwok.kwok_restore_node(kwok_cluster.kubeconfig, node)
+        custom.delete_namespaced_custom_object(GROUP, VERSION, kwok_namespace, PLURAL, "fake")

@@ -41,16 +41,34 @@ def test_a_trivial_job_runs_to_succeeded(
     assert {"ChildrenCreated", "AllWorkersSucceeded"} <= reasons
 
 
+# A few in-memory snapshots of a tiny model, then idle: the sidecars replicate them.
+SNAPSHOTS = """
+import time, torch
+from gemini_trainer import Checkpointer
+model = torch.nn.Linear(4, 4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+ckpt = Checkpointer(model, optimizer, torch.optim.lr_scheduler.StepLR(optimizer, 10))
+for step in range(3):
+    ckpt.snapshot(step + 1)
+    time.sleep(1)
+time.sleep(120)
+"""
+
+
 def test_a_running_job_gets_a_domain_aware_placement_delivered_to_its_sidecars(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str,
 ) -> None:
     jobs = Jobs(kube_api, job_namespace)
-    command = ["python", "-c", "import time; time.sleep(60)"]
+    command = ["python", "-c", SNAPSHOTS]
     jobs.create(make_job("placed").with_nodes(4).set("template.command", command).obj())
     wait_for(lambda: jobs.state("placed") == "Running", 60, "the job to run")
     placement = wait_for(lambda: (jobs.get("placed") or {})["status"].get("placement"), 10,
                          "the placement in status")
+    # Published when scheduled; delivered once every sidecar took it.
+    wait_for(lambda: any(c["type"] == "PlacementDelivered" and c["status"] == "True"
+                         for c in (jobs.get("placed") or {})["status"].get("conditions", [])),
+             30, "the placement delivered to every sidecar")
     zones = {n.metadata.name: (n.metadata.labels or {}).get("topology.kubernetes.io/zone")
              for n in local_cluster.core.list_node().items}
     for group in placement["groups"]:  # nodes 0,1 are in zone-0 and 2,3 in zone-1
@@ -63,7 +81,16 @@ def test_a_running_job_gets_a_domain_aware_placement_delivered_to_its_sidecars(
         holders = placement["holders"][rank]
         assert inventory["placement"]["send_to"] == holders[1:]
         assert set(inventory["placement"]["peers"]) >= {str(r) for r in holders[1:]}
+    # Every shard's m = 2 copies (its own and its peer's) complete: the poller counts them.
+    coverage = wait_for(lambda: _full((jobs.get("placed") or {})["status"]), 120,
+                        "every shard fully replicated in status.checkpoint.replicaCoverage")
+    assert coverage["total"] == 4 and 1 <= coverage["step"] <= 3, coverage
     jobs.delete("placed")
+
+
+def _full(status: dict[str, Any]) -> dict[str, Any] | None:
+    coverage = (status.get("checkpoint") or {}).get("replicaCoverage") or {}
+    return coverage if coverage.get("total") and coverage["complete"] == coverage["total"] else None
 
 
 def _get(url: str, token: str) -> Any:

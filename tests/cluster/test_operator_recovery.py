@@ -9,6 +9,7 @@ node agents' files (one per container restart), so every epoch's lines are seen.
 from __future__ import annotations
 
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -163,6 +164,54 @@ def test_a_lost_node_gets_one_replacement_pod_that_fetches_its_shard_from_peers(
     jobs.delete("hard")
 
 
+class PhaseTrap:
+    """Freezes an operator right after it recorded `phase` in status.recovery, as if it
+    crashed there: the phase is in the cluster, nothing after it was done or recorded."""
+
+    def __init__(self, operator: OperatorThread, phase: str) -> None:
+        self.phase = phase
+        self.reached = threading.Event()
+        self._release = threading.Event()
+        recovery = operator.runtime.reconciler.recovery
+        self._write = recovery._write
+        recovery._write = self._trapped
+
+    def _trapped(self, job: Any, patch: Any) -> None:
+        if self.reached.is_set():
+            raise RuntimeError("this operator is stopped by the test")
+        self._write(job, patch)
+        if (patch.get("recovery") or {}).get("phase") == self.phase:
+            self.reached.set()
+            self._release.wait(300)
+            raise RuntimeError("this operator is stopped by the test")
+
+    def release(self) -> None:
+        self._release.set()
+
+
+@pytest.mark.parametrize("phase", ["Planning", "Replacing", "Fetching"])
+def test_an_operator_restarted_during_a_recovery_finishes_it(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str, reference: dict[int, str], phase: str,
+) -> None:
+    jobs = Jobs(kube_api, job_namespace)
+    name = f"takeover-{phase.lower()}"
+    jobs.create(training_job(name, 2))
+    trap = PhaseTrap(gemini_operator, phase)
+    try:
+        lost, old_uid, _, before = _lose_rank_one_node(local_cluster, jobs, job_namespace, name)
+        assert trap.reached.wait(180), f"the recovery never reached {phase}"
+        recovery = jobs.get(name)["status"]["recovery"]
+        assert recovery["phase"] == phase, recovery
+    finally:
+        trap.release()
+    gemini_operator.restart()  # a fresh operator continues from status.recovery
+    last = _assert_recovered_from_peers(jobs, job_namespace, name, local_cluster.state_dir,
+                                        lost, old_uid, reference, before)
+    assert last["epoch"] >= recovery["epoch"]
+    jobs.delete(name)
+
+
 def test_losing_every_holder_of_a_shard_restores_the_committed_s3_step(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, reference: dict[int, str], s3_server: Any, s3_prefix: str,
@@ -200,3 +249,53 @@ def test_losing_every_holder_of_a_shard_restores_the_committed_s3_step(
     assert not conflicts
     assert got == reference
     jobs.delete("durable")
+
+
+def test_suspend_saves_the_newest_step_to_s3_and_resume_restores_it(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str, reference: dict[int, str], s3_server: Any, s3_prefix: str,
+) -> None:
+    jobs = Jobs(kube_api, job_namespace)
+    endpoint = s3_server.endpoint
+    secret: Any = {"metadata": {"name": "s3"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": endpoint.access_key, "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
+        "AWS_REGION": endpoint.region}}
+    jobs.core.create_namespaced_secret(job_namespace, secret)
+    job = training_job("pause", 2)
+    job["spec"]["template"]["command"] = ["python", str(EXAMPLE), *ARGS[:-1], "2.0"]
+    # One periodic upload (the first step) and then none: whatever is newer at the suspend
+    # is only in memory, and only the save before suspending can keep it.
+    job["spec"]["persistence"] = {
+        "bucketURI": f"s3://{endpoint.bucket}/{s3_prefix.rstrip('/')}",
+        "endpoint": endpoint.url, "credentialsSecretRef": {"name": "s3"},
+        "intervalSeconds": 3600}
+    jobs.create(job)
+    state = local_cluster.state_dir
+    wait_for(lambda: (jobs.get("pause") or {}).get("status", {}).get("checkpoint", {}).get(
+        "persistedStep"), 300, "the first step persisted to S3")
+    first = jobs.get("pause")["status"]["checkpoint"]["persistedStep"]
+    wait_for(lambda: (jobs.get("pause") or {}).get("status", {}).get("checkpoint", {}).get(
+        "inMemoryStep", 0) >= first + 2, 240, "two newer steps complete in memory")
+    in_memory = jobs.get("pause")["status"]["checkpoint"]["inMemoryStep"]
+    jobs.patch("pause", {"suspend": True})
+    wait_for(lambda: jobs.state("pause") == "Suspended" and not jobs.pods("pause"), 240,
+             "the pods to be gone")
+    status = jobs.get("pause")["status"]
+    saved = status["checkpoint"]["persistedStep"]
+    assert saved >= in_memory > first, status["checkpoint"]
+    assert newest_step(state, job_namespace, "pause-worker-0") < STEPS  # stopped mid-way
+    reasons = {e.reason for e in jobs.events("pause")}
+    assert "SuspendCheckpointSaved" in reasons, reasons
+    jobs.patch("pause", {"suspend": False})
+    last = wait_for(lambda: ((jobs.get("pause") or {}).get("status") or {}).get(
+        "lastRecovery"), 300, "the resume to restore")
+    print(f"resume: saved at suspend {saved}, {last}")
+    assert last["cause"] == "resume" and last["source"] == "S3", last
+    assert last["restoredStep"] >= saved
+    wait_for(lambda: jobs.state("pause") in ("Succeeded", "Failed"), 300, "the job to finish")
+    assert jobs.get("pause")["status"]["state"] == "Succeeded"
+    got, conflicts = losses(state, job_namespace, "pause-worker-0")
+    assert not conflicts
+    assert got == reference
+    assert "ResumedFromCheckpoint" in {e.reason for e in jobs.events("pause")}
+    jobs.delete("pause")

@@ -15,6 +15,8 @@ from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
+from boto3.exceptions import Boto3Error
+from botocore.exceptions import BotoCoreError, ClientError
 
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import ConfigError, make_placement, parse_peers
@@ -59,6 +61,8 @@ async def _auth_and_errors(request: web.Request, handler: Handler) -> web.Stream
         return _error(502, str(err))
     except S3Error as err:
         return _error(502, f"S3: {err}")
+    except (BotoCoreError, ClientError, Boto3Error) as err:  # S3 unreachable or refusing
+        return _error(502, f"S3 request failed (training goes on; retry later): {err}")
     except SlotBusy as err:
         return _error(409, str(err))
 

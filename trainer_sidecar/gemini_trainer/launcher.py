@@ -33,6 +33,12 @@ Hold mode (GEMINI_LAUNCHER_HOLD=1): the command is not started until the first P
 so the operator can hand every rank the rendezvous address of this epoch (rank 0's pod IP
 changes when rank 0 is replaced; there is no cluster DNS to hide that). The child dies with
 the launcher (parent-death signal): a killed trainer container leaves no orphaned training.
+
+Warm standby (gemini_trainer.standby; on unless GEMINI_LAUNCHER_STANDBY=0): for a ``python ...``
+command the launcher keeps one pre-started interpreter that has imported torch/DeepSpeed
+(GEMINI_LAUNCHER_PREIMPORT) and starts the next run in it, skipping the imports; one extra
+interpreter per rank in memory. It falls back to a normal spawn when no standby is usable.
+``status.warm`` tells whether the current process started from one.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from gemini_trainer import standby as warm
+from gemini_trainer.standby import PythonCommand, Standby
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +140,8 @@ class LauncherConfig:
     grace_s: float = 10.0
     exit_on_failure: bool = False
     hold: bool = False  # wait for the first POST /restart before starting the command
+    standby: bool = True  # keep a warm standby interpreter for python commands
+    preimport: tuple[str, ...] = warm.DEFAULT_PREIMPORT  # what the standby imports
 
     @classmethod
     def from_env(
@@ -148,6 +159,8 @@ class LauncherConfig:
             "heartbeat_file": Path(heartbeat) if heartbeat else None,
             "grace_s": float(env.get("GEMINI_LAUNCHER_GRACE_S", "10")),
             "hold": env.get("GEMINI_LAUNCHER_HOLD", "") in ("1", "true", "yes"),
+            "standby": warm.enabled(env),
+            "preimport": warm.preimport_list(env),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -180,6 +193,11 @@ class Launcher:
         self._tmp = tempfile.TemporaryDirectory(prefix="gemini-launch-")
         self.heartbeat_file = config.heartbeat_file or Path(self._tmp.name) / "heartbeat"
         self._spawner = _Spawner()
+        self._python = PythonCommand.parse(config.command) if config.standby else None
+        self._standby: Standby | None = None
+        self._warm = False
+        # next to the heartbeat: on the pod's memory volume, it outlives a container restart
+        self._modules_file = self.heartbeat_file.parent / warm.MODULES_FILE
         self._server = ThreadingHTTPServer((config.host, config.port), _handler_for(self))
         self._server.daemon_threads = True
 
@@ -204,11 +222,14 @@ class Launcher:
                 self._state = "held"
                 log.info("holding %s until the first /restart", self.config.command[0])
                 self._publish()
+                self._arm_standby(self._child_env({}), busy=False)
             else:
                 self._start_child({})
         self._done.wait()
         self._server.shutdown()
         self._server.server_close()
+        with self._lock:
+            self._discard_standby()
         self._tmp.cleanup()
         with self._lock:
             return self._final_code()
@@ -218,19 +239,62 @@ class Launcher:
             return 0
         return self._exit_code if self._exit_code is not None else 0
 
-    def _start_child(self, extra_env: Mapping[str, str]) -> None:
+    def _child_env(self, extra_env: Mapping[str, str]) -> dict[str, str]:
         env = {**self._base_env, **extra_env}
         env["GEMINI_RESTART_EPOCH"] = str(self._epoch)
         env["GEMINI_HEARTBEAT_FILE"] = str(self.heartbeat_file)
+        return env
+
+    def _start_child(self, extra_env: Mapping[str, str]) -> None:
+        env = self._child_env(extra_env)
         self.heartbeat_file.unlink(missing_ok=True)
-        proc = self._spawner.spawn(list(self.config.command), env)
+        proc = self._from_standby(env)
+        self._warm = proc is not None
+        if proc is None:
+            proc = self._spawner.spawn(list(self.config.command), env)
         self._proc = proc
         self._state = "running"
         self._exit_code, self._exited_at = None, None
         self._started_at = time.time()
-        log.info("started %s (pid %d, epoch %d)", self.config.command[0], proc.pid, self._epoch)
+        log.info("started %s (pid %d, epoch %d, %s)", self.config.command[0], proc.pid,
+                 self._epoch, "warm standby" if self._warm else "spawned")
         self._publish()
         threading.Thread(target=self._watch, args=(proc,), daemon=True).start()
+        self._arm_standby(env, busy=True)
+
+    # -- warm standby ------------------------------------------------------------------------
+
+    def _arm_standby(self, env: Mapping[str, str], busy: bool) -> None:
+        """Pre-start the interpreter for the next run (``busy``: training runs alongside, so
+        it imports at a low priority)."""
+        if self._python is None or self._standby is not None:
+            return
+        try:
+            self._standby = Standby(self._python, env, self._spawner.spawn,
+                                    self.config.preimport, self._modules_file,
+                                    warm.BUSY_NICE if busy else 0)
+        except OSError as err:
+            log.warning("no warm standby (%s): restarts spawn a fresh process", err)
+
+    def _from_standby(self, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
+        standby, self._standby = self._standby, None
+        if standby is None:
+            return None
+        # A low-priority standby still importing would finish at that priority: spawn
+        # instead. One started while nothing ran is a head start; take it.
+        if standby.ready() or (standby.nice == 0 and standby.proc.poll() is None):
+            proc = standby.activate(env, os.getcwd())
+            if proc is not None:
+                return proc
+            log.info("the warm standby was not usable (%s); spawning",
+                     ", ".join(warm.startup_changes(standby.env, env)) or "it ended")
+        standby.discard()
+        return None
+
+    def _discard_standby(self) -> None:
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            standby.discard()
 
     def _watch(self, proc: subprocess.Popen[bytes]) -> None:
         code = proc.wait()
@@ -292,6 +356,7 @@ class Launcher:
             self._terminate(proc)
         with self._lock:
             self._state = "stopped"
+            self._discard_standby()
             self._publish()
         return self.status()
 
@@ -321,6 +386,7 @@ class Launcher:
                 "exit_code": self._exit_code,
                 "exited_at": self._exited_at,
                 "started_at": self._started_at,
+                "warm": self._warm,
                 "restore": dict(self._restore),
                 "progress": self.progress(),
                 "port": self.port,
@@ -355,14 +421,17 @@ class _Spawner:
     *thread* that forked the child ends, and request threads end right after answering."""
 
     def __init__(self) -> None:
-        self._requests: queue.Queue[tuple[list[str], dict[str, str], queue.Queue[Any]]] = (
+        self._requests: queue.Queue[tuple[list[str], dict[str, Any], queue.Queue[Any]]] = (
             queue.Queue()
         )
         threading.Thread(target=self._serve, name="launcher-spawner", daemon=True).start()
 
-    def spawn(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    def spawn(self, command: list[str], env: Mapping[str, str], **popen: Any
+              ) -> subprocess.Popen[bytes]:
+        """A child in a session of its own, or as ``popen`` overrides say."""
         answer: queue.Queue[Any] = queue.Queue(maxsize=1)
-        self._requests.put((command, env, answer))
+        self._requests.put((command, {"env": dict(env), "start_new_session": True, **popen},
+                            answer))
         result = answer.get()
         if isinstance(result, BaseException):
             raise result
@@ -370,10 +439,9 @@ class _Spawner:
 
     def _serve(self) -> None:
         while True:
-            command, env, answer = self._requests.get()
+            command, popen, answer = self._requests.get()
             try:
-                answer.put(subprocess.Popen(command, env=env, start_new_session=True,
-                                            preexec_fn=_die_with_parent))
+                answer.put(subprocess.Popen(command, preexec_fn=_die_with_parent, **popen))
             except BaseException as err:  # handed to the caller, who raises it
                 answer.put(err)
 

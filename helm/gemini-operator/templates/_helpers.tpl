@@ -100,3 +100,13 @@ Arguments: (list $ "ServiceMonitor" "serviceMonitor")
 {{- fail (printf "%s.enabled is true, but this cluster does not serve monitoring.coreos.com/v1 %s: install the Prometheus Operator (or kube-prometheus-stack) CRDs first, or set %s.enabled=false and scrape the metrics Service yourself. With `helm template`, pass --api-versions monitoring.coreos.com/v1/%s." $key $kind $key $kind) }}
 {{- end }}
 {{- end }}
+
+{{/* The PriorityClass of worker pods: priorityClasses.worker.name or "<fullname>-worker". */}}
+{{- define "gemini-operator.workerPriorityClass" -}}
+{{- default (include "gemini-operator.suffixedName" (list $ "worker")) .Values.priorityClasses.worker.name }}
+{{- end }}
+
+{{/* The PriorityClass of spare placeholder pods: priorityClasses.spare.name or "<fullname>-spare". */}}
+{{- define "gemini-operator.sparePriorityClass" -}}
+{{- default (include "gemini-operator.suffixedName" (list $ "spare")) .Values.priorityClasses.spare.name }}
+{{- end }}

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from gemini.domain.recovery import FailureKind
 from gemini_operator import naming
+from gemini_operator.conditions import PLACEMENT_DELIVERED, SIDECARS_UNREACHABLE, upsert
 from gemini_operator.observed import ContainerExit, NodeView, PodView
 from gemini_operator.reconcile import (
     CreatePods,
@@ -22,7 +23,7 @@ from gemini_operator.reconcile import (
     reconcile,
 )
 from gemini_operator.recovery import launch_document
-from gemini_operator.status import status_patch
+from gemini_operator.status import JobStatus, status_patch
 from tests.unit.operator.builders import make_job
 
 NOW = datetime(2026, 11, 29, 18, 0, 0, tzinfo=UTC)
@@ -66,6 +67,14 @@ class Harness:
 
     def status(self):
         return self.job.get("status") or {}
+
+    def deliver(self, reason=PLACEMENT_DELIVERED, **values):
+        """What the executor records after POSTing the placement to the sidecars."""
+        values = values or {"ranks": self.job["spec"]["numNodes"]}
+        status = JobStatus.from_dict(self.status())
+        new = reason.condition("2026-11-29T18:00:01Z", 1, **values)
+        self.job["status"] = status.with_changes(
+            conditions=upsert(status.conditions, new)).to_dict()
 
     def condition(self, kind):
         return next((c for c in self.status().get("conditions", []) if c["type"] == kind), None)
@@ -116,6 +125,8 @@ def test_reconciling_an_unchanged_job_writes_nothing_and_says_nothing():
     h = Harness()
     h.step()
     h.run_pods()
+    assert _of(h.step(), DeliverPlacement)
+    h.deliver()
     assert _of(h.step(), StartTraining)
     h.job["status"]["launch"] = launch_document(1, 0, h.pods, CONFIG.render)
     h.now += timedelta(seconds=5)
@@ -309,12 +320,55 @@ def test_a_job_suspended_from_the_start_begins_with_attempt_zero():
     assert h.status()["restartAttempt"] == 0 and len(create.manifests) == 4
 
 
-def test_placement_waits_until_every_worker_runs():
+def test_placement_waits_until_every_worker_is_scheduled():
+    h = Harness()
+    h.step()
+    h.run_pods(phase="Pending", ready=False)
+    h.pods[2] = PodView("train-worker-2", 2, 0, "u2", "Pending")  # not scheduled yet
+    d = h.step()
+    assert "placement" not in h.status() and not _of(d, DeliverPlacement)
+
+
+def test_placement_is_published_when_scheduled_and_delivered_once_every_worker_runs():
     h = Harness()
     h.step()
     h.run_pods(phase="Pending", ready=False)
     d = h.step()
-    assert "placement" not in h.status() and not _of(d, DeliverPlacement)
+    assert h.status()["placement"]["nodes"] == {str(r): f"n{r}" for r in range(4)}
+    assert h.condition("PlacementDelivered")["reason"] == "PlacementPending"
+    assert not _of(d, DeliverPlacement) and not _of(d, StartTraining)
+    h.run_pods()
+    (deliver,) = _of(h.step(), DeliverPlacement)
+    assert deliver.placement == h.status()["placement"]
+
+
+def test_training_starts_only_after_every_sidecar_took_the_placement():
+    h = Harness()
+    h.step()
+    h.run_pods()
+    h.step()
+    h.deliver(SIDECARS_UNREACHABLE, failed=1, ranks=4, detail="rank 3: refused")
+    d = h.step()
+    assert _of(d, DeliverPlacement) and not _of(d, StartTraining)  # delivered again
+    assert h.condition("PlacementDelivered")["reason"] == "SidecarsUnreachable"
+    h.deliver()
+    d = h.step()
+    assert _of(d, StartTraining) and not _of(d, DeliverPlacement)
+
+
+def test_a_rank_on_another_node_gets_a_new_placement_to_deliver():
+    h = Harness()
+    h.step()
+    h.run_pods()
+    h.step()
+    h.deliver()
+    h.pods[1] = PodView("train-worker-1", 1, 0, "u1b", "Running", node_name="n9", ready=True,
+                        ip="10.0.0.9")
+    h.nodes["n9"] = NodeView("n9", True, zone="b")
+    d = h.step()
+    assert h.status()["placement"]["nodes"]["1"] == "n9"
+    assert h.condition("PlacementDelivered")["status"] == "False"
+    assert _of(d, DeliverPlacement)
 
 
 def test_pods_left_by_an_earlier_job_of_the_same_name_are_waited_for():

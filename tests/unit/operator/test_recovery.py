@@ -52,6 +52,8 @@ def test_training_starts_once_every_worker_runs_then_a_crash_restarts_in_place()
     h.run_pods(phase="Pending", ready=False)
     assert not _of(h.step(), StartTraining)
     h.run_pods()
+    assert not _of(h.step(), StartTraining)  # the placement goes to the sidecars first
+    h.deliver()
     assert _of(h.step(), StartTraining)
     h.job["status"]["launch"] = launch_document(1, 0, h.pods, CONFIG.render)
     assert not _of(h.step(), StartTraining)
@@ -147,14 +149,14 @@ def test_no_progress_for_the_hang_timeout_restarts_every_rank_in_place() -> None
 
 def test_a_node_lost_after_planning_makes_the_recovery_plan_again() -> None:
     from gemini_operator.failures import FailureReason, RankFailure
-    from gemini_operator.recovery import _newly_lost
+    from gemini_operator.recovery import newly_lost
 
     crash = RankFailure(0, FailureKind.SOFTWARE, FailureReason.ERROR, 1, "exited")
     lost = RankFailure(1, FailureKind.HARDWARE, FailureReason.NODE_LOST, None, "node gone")
     planned_soft = {"plan": {"lostRanks": []}}
-    assert not _newly_lost(Recover(FailureKind.SOFTWARE, (crash,)), planned_soft)
-    assert _newly_lost(Recover(FailureKind.HARDWARE, (crash, lost)), planned_soft)
-    assert not _newly_lost(Recover(FailureKind.HARDWARE, (lost,)), {"plan": {"lostRanks": [1]}})
+    assert not newly_lost(Recover(FailureKind.SOFTWARE, (crash,)), planned_soft)
+    assert newly_lost(Recover(FailureKind.HARDWARE, (crash, lost)), planned_soft)
+    assert not newly_lost(Recover(FailureKind.HARDWARE, (lost,)), {"plan": {"lostRanks": [1]}})
 
 
 def test_a_replacement_is_kept_off_lost_nodes_with_one_value_per_requirement() -> None:

@@ -87,11 +87,14 @@ def test_user_env_follows_the_operator_env():
     assert names[-1] == "LR" and names.index("GEMINI_RANK") < names.index("LR")
 
 
-def test_one_worker_per_node():
+def test_one_worker_or_spare_placeholder_per_node():
     (term,) = _pod()["spec"]["affinity"]["podAntiAffinity"][
         "requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["topologyKey"] == "kubernetes.io/hostname"
-    assert term["labelSelector"]["matchLabels"] == naming.worker_selector("train")
+    assert term["labelSelector"] == {
+        "matchLabels": {naming.LABEL_JOB: "train"},
+        "matchExpressions": [{"key": naming.LABEL_ROLE, "operator": "In",
+                              "values": [naming.ROLE_WORKER, naming.ROLE_SPARE]}]}
 
 
 def test_placement_assignment_goes_into_the_sidecar_env():

@@ -48,7 +48,8 @@ def test_default_render_has_one_of_each_object_and_no_monitoring(helm: Helm):
     kinds = sorted(o["kind"] for o in helm.template())
     assert kinds == sorted([
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition",
-        "Deployment", "Role", "RoleBinding", "Service", "ServiceAccount",
+        "Deployment", "PriorityClass", "PriorityClass", "Role", "RoleBinding", "Service",
+        "ServiceAccount",
     ])
 
 
@@ -136,6 +137,28 @@ def test_the_metrics_service_selects_the_operator_pods(helm: Helm):
     assert service["spec"]["selector"].items() <= pod_labels.items()
     port_names = {p["name"] for p in container(objects)["ports"]}
     assert service["spec"]["ports"][0]["targetPort"] in port_names
+
+
+# --- PriorityClasses of GeminiJob pods ------------------------------------------------------------
+
+def test_the_chart_makes_the_priority_classes_the_operator_names(helm: Helm):
+    objects = helm.template()
+    classes = {o["metadata"]["name"]: o for o in by_kind(objects, "PriorityClass")}
+    args = build_run_args(container(objects)["args"])
+    assert args.create_priority_classes is False  # the operator needs no right to make them
+    worker, spare = classes[args.worker_priority_class], classes[args.spare_priority_class]
+    assert worker["value"] > spare["value"] and spare["preemptionPolicy"] == "Never"
+    objects = helm.template("--set", "priorityClasses.create=false,priorityClasses.worker.name=w")
+    assert not by_kind(objects, "PriorityClass")
+    assert build_run_args(container(objects)["args"]).worker_priority_class == "w"
+    with pytest.raises(RenderError, match="must be below"):
+        helm.template("--set", "priorityClasses.spare.value=1000")
+
+
+def build_run_args(args: list[str]) -> Any:
+    from gemini.cli import build_parser
+
+    return build_parser().parse_args(["operator", "run", *args])
 
 
 # --- RBAC ---------------------------------------------------------------------------------------

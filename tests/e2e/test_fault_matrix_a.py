@@ -1,0 +1,308 @@
+"""Fault matrix, part A: a GeminiJob training examples/train_gpt_zero3.py with DeepSpeed on the
+local cluster survives each fault, and rank 0's per-step losses equal an uninterrupted run's.
+
+Cases: a crashed sidecar (its replicas of peers come back), a hung rank (SIGSTOP, found by the
+hang timeout, restarted in place from local memory), m-1 simultaneous node losses in one group
+(the last holder serves both shards), a node lost while another node's recovery is under way
+(one recovery covers both) and a network partition that heals after its rank was replaced
+(the old pod stays gone).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import json
+import os
+import signal
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gemini.local import faults
+from gemini_operator import naming
+from gemini_operator.render import RenderConfig
+from tests.cluster.test_operator import Jobs, wait_for
+from tests.cluster.test_operator_recovery import ENV, _recovered_after, losses, newest_step
+from tests.fixtures.operator import OperatorThread
+from tests.fixtures.trainers import EXAMPLE, TrainingRun
+from tests.unit.operator.builders import make_job
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+
+STEPS = 12
+MODEL = ["--engine", "deepspeed", "--steps", str(STEPS), "--layers", "1", "--d-model", "32"]
+PORTS = RenderConfig()
+
+
+def job_body(name: str, workers: int, replicas: int, step_sleep: float = 0.5,
+             hang_timeout: int | None = None) -> dict[str, Any]:
+    builder = (make_job(name).with_nodes(workers).with_replicas(replicas)
+               .set("template.command", ["python", str(EXAMPLE), *MODEL, "--step-sleep",
+                                         str(step_sleep)])
+               .set("template.env", ENV)
+               .set("failurePolicy.maxRestarts", 5))
+    if hang_timeout is not None:
+        builder = builder.set("failurePolicy.hangTimeoutSeconds", hang_timeout)
+    return builder.obj()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """reference(world): rank 0's losses of an uninterrupted loopback run of that world size
+    (losses do not depend on --step-sleep; each world size is run once per module)."""
+    cache: dict[int, dict[int, str]] = {}
+
+    def of(world: int) -> dict[int, str]:
+        if world not in cache:
+            run = TrainingRun(tmp_path_factory.mktemp(f"reference{world}"), world, MODEL,
+                              env={"OMP_NUM_THREADS": "1"}).start()
+            try:
+                run.wait_ok(300)
+            finally:
+                run.kill()
+            cache[world] = run.losses(0)
+        return cache[world]
+
+    yield of
+
+
+class Job:
+    """One GeminiJob of a case, with the reads the assertions need."""
+
+    def __init__(self, jobs: Jobs, cluster: Any, body: dict[str, Any]) -> None:
+        self.jobs, self.cluster = jobs, cluster
+        self.name = str(body["metadata"]["name"])
+        self.started = time.monotonic()
+        jobs.create(body)
+
+    @property
+    def ns(self) -> str:
+        return self.jobs.ns
+
+    @property
+    def state_dir(self) -> Path:
+        return Path(self.cluster.state_dir)
+
+    def status(self) -> dict[str, Any]:
+        return dict((self.jobs.get(self.name) or {}).get("status") or {})
+
+    def pods(self) -> dict[int, Any]:
+        return {int(p.metadata.labels[naming.LABEL_RANK]): p for p in self.jobs.pods(self.name)
+                if p.metadata.deletion_timestamp is None}
+
+    def train_to(self, step: int) -> dict[str, Any]:
+        """Wait until training started and rank 0 printed `step`; the status then."""
+        wait_for(lambda: self.status().get("launch"), 180, "the operator to start training")
+        wait_for(lambda: newest_step(self.state_dir, self.ns, f"{self.name}-worker-0") >= step,
+                 300, f"training to reach step {step}")
+        return self.status()
+
+    def recovered_after(self, before: dict[str, Any], timeout: float = 240) -> dict[str, Any]:
+        last: dict[str, Any] = wait_for(lambda: _recovered_after(self.jobs, self.name, before),
+                                        timeout, "the recovery to finish")
+        return last
+
+    @functools.cached_property
+    def token(self) -> str:
+        secret: Any = self.jobs.core.read_namespaced_secret(naming.secret_name(self.name),
+                                                            self.ns)
+        return base64.b64decode(secret.data[naming.SECRET_TOKEN_KEY]).decode()
+
+    def inventory(self, rank: int) -> dict[str, Any] | None:
+        """Rank's sidecar inventory, None while it does not answer."""
+        time.sleep(0.2)  # callers poll this: keep the load off the API server and sidecar
+        ip = self.pods()[rank].status.pod_ip
+        request = urllib.request.Request(
+            f"http://{ip}:{PORTS.sidecar_api_port}/inventory",
+            headers={"Authorization": f"Bearer {self.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=2) as resp:
+                doc: dict[str, Any] = json.loads(resp.read())
+                return doc
+        except OSError:
+            return None
+
+    def finish_with(self, world: int, reference: Any) -> dict[str, Any]:
+        """Wait for Succeeded; rank 0's losses equal the reference, none re-printed otherwise."""
+        wait_for(lambda: self.status().get("state") in ("Succeeded", "Failed"), 300,
+                 "the job to finish")
+        status = self.status()
+        assert status["state"] == "Succeeded", status
+        got, conflicts = losses(self.state_dir, self.ns, f"{self.name}-worker-0")
+        assert not conflicts
+        assert got == reference(world)
+        print(f"case {self.name}: {time.monotonic() - self.started:.1f} s wall")
+        return status
+
+    def finished_recoveries(self) -> int:
+        return sum(1 for e in self.jobs.events(self.name) if e.reason == "RecoveryFinished")
+
+    def delete(self) -> None:
+        self.jobs.delete(self.name)
+
+
+@pytest.fixture
+def new_job(local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+            job_namespace: str) -> Iterator[Any]:
+    made: list[Job] = []
+
+    def make(body: dict[str, Any]) -> Job:
+        job = Job(Jobs(kube_api, job_namespace), local_cluster, body)
+        made.append(job)
+        return job
+
+    yield make
+    for job in made:
+        job.delete()
+
+
+def _held_ranks(inventory: dict[str, Any] | None, newer_than: int) -> set[int]:
+    """Ranks whose complete replica newer than `newer_than` the sidecar holds."""
+    return {int(r["rank"]) for r in (inventory or {}).get("replicas") or ()
+            if r.get("complete") and int(r["version"]) > newer_than}
+
+
+def test_a_crashed_sidecar_restarts_and_holds_its_peers_replicas_again(
+    new_job: Any, reference: Any,
+) -> None:
+    job = new_job(job_body("sidecar", 2, 2, step_sleep=1.5))
+    job.train_to(2)
+    held = wait_for(lambda: _held_ranks(job.inventory(1), 0), 60, "rank 1 to hold replicas")
+    assert held == {0}
+    faults.kill_container(job.state_dir, job.ns, "sidecar-worker-1", naming.SIDECAR_CONTAINER)
+    killed_at = newest_step(job.state_dir, job.ns, "sidecar-worker-0")
+    # The restarted sidecar starts empty; coverage is back once it holds a newer replica.
+    wait_for(lambda: _held_ranks(job.inventory(1), killed_at) == {0}, 60,
+             "the restarted sidecar to hold rank 0's replica again")
+    before = job.status()
+    assert before.get("lastRecovery") is None and before["restarts"] == 0, before
+    # The proof of coverage: rank 0's node fails, and its shard comes from rank 1's replica.
+    job.cluster.add_spare()
+    old = job.pods()[0]
+    faults.lose_node(job.state_dir, old.spec.node_name)
+    last = job.recovered_after(before)
+    print(f"peer loss after the sidecar crash: {last}")
+    assert last["source"] == "Peers" and last["failedRanks"] == [0], last
+    assert last["restoredStep"] > killed_at and last["stepsLost"] <= 1, last
+    job.finish_with(2, reference)
+    assert job.pods()[0].metadata.uid != old.metadata.uid
+
+
+def _trainer_process(state_dir: Path, namespace: str, pod: str) -> int:
+    """The training process (the launcher's child) of the pod's trainer container."""
+    launcher = faults.kill_container(state_dir, namespace, pod, naming.TRAINER_CONTAINER, 0)
+    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    assert len(children) == 1, f"launcher {launcher} has children {children}"
+    return int(children[0])
+
+
+def test_a_hung_rank_is_found_by_the_hang_timeout_and_restarted_in_place(
+    new_job: Any, reference: Any,
+) -> None:
+    job = new_job(job_body("hang", 2, 2, hang_timeout=10))
+    before = job.train_to(4)
+    uids = {r: p.metadata.uid for r, p in job.pods().items()}
+    stopped = _trainer_process(job.state_dir, job.ns, "hang-worker-1")
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        last = job.recovered_after(before, 180)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # a stopped survivor must not linger
+            os.kill(stopped, signal.SIGKILL)
+    print(f"hang recovery: {last}")
+    assert last["cause"] == "hang" and last["source"] == "Local", last
+    assert last["stepsLost"] <= 1, last
+    job.finish_with(2, reference)
+    assert {r: p.metadata.uid for r, p in job.pods().items()} == uids
+
+
+def test_losing_m_minus_one_nodes_of_a_group_at_once_recovers_from_the_last_holder(
+    new_job: Any, reference: Any, local_cluster: Any,
+) -> None:
+    job = new_job(job_body("group", 3, 3))
+    before = job.train_to(4)
+    local_cluster.add_spare()
+    local_cluster.add_spare()
+    pods = job.pods()
+    lost = {pods[1].spec.node_name, pods[2].spec.node_name}
+    for node in lost:
+        faults.lose_node(job.state_dir, node)
+    last = job.recovered_after(before)
+    print(f"m-1 node losses: {last}")
+    assert last["cause"] == "hardware" and last["source"] == "Peers", last
+    assert sorted(last["failedRanks"]) == [1, 2] and last["stepsLost"] <= 1, last
+    now = job.pods()
+    assert now[0].metadata.uid == pods[0].metadata.uid
+    assert {now[r].spec.node_name for r in (1, 2)}.isdisjoint(lost)
+    job.finish_with(3, reference)
+    assert job.finished_recoveries() == 1
+
+
+def test_a_node_lost_during_another_recovery_joins_that_recovery(
+    new_job: Any, reference: Any, local_cluster: Any,
+) -> None:
+    job = new_job(job_body("twice", 3, 3))
+    before = job.train_to(4)
+    local_cluster.add_spare()
+    local_cluster.add_spare()
+    pods = job.pods()
+    faults.lose_node(job.state_dir, pods[1].spec.node_name)
+    phase = wait_for(lambda: (job.status().get("recovery") or {}).get("phase") in (
+        "Replacing", "Fetching") and job.status()["recovery"], 120,
+        "the first recovery to replace or fetch")
+    # m = 3 on 3 workers: rank 0 still holds every shard, so the planner must stay in memory.
+    faults.lose_node(job.state_dir, pods[2].spec.node_name)
+    last = job.recovered_after(before)
+    print(f"second loss during {phase['phase']}: {last}")
+    assert last["cause"] == "hardware" and last["source"] == "Peers", last
+    assert sorted(last["failedRanks"]) == [1, 2] and last["stepsLost"] <= 1, last
+    job.finish_with(3, reference)
+    assert job.finished_recoveries() == 1
+
+
+def _pod_processes_alive(state_dir: Path, namespace: str, pod: str, uid: str) -> list[int]:
+    alive = []
+    for pid_file in state_dir.glob(f"nodes/*/pods/{namespace}_{pod}_{uid}/containers/*.pid"):
+        try:
+            pid = int(pid_file.read_text().split()[0])
+            os.kill(pid, 0)
+            alive.append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return alive
+
+
+def test_a_partitioned_node_is_replaced_and_its_old_pod_stays_gone_after_the_heal(
+    new_job: Any, reference: Any, local_cluster: Any,
+) -> None:
+    job = new_job(job_body("split", 2, 2))
+    before = job.train_to(4)
+    local_cluster.add_spare()
+    old = job.pods()[1]
+    node = str(old.spec.node_name)
+    faults.partition_node(job.state_dir, node)
+    try:
+        last = job.recovered_after(before)
+    finally:
+        faults.heal_node(job.state_dir, node)
+    print(f"partition recovery: {last}")
+    assert last["cause"] == "hardware" and last["source"] == "Peers", last
+    assert last["stepsLost"] <= 1, last
+    assert job.pods()[1].metadata.uid != old.metadata.uid
+    core = local_cluster.core
+    wait_for(lambda: any(c.type == "Ready" and c.status == "True"
+                         for c in core.read_node(node).status.conditions or ()), 60,
+             f"node {node} Ready again after the heal")
+    wait_for(lambda: not _pod_processes_alive(job.state_dir, job.ns, "split-worker-1",
+                                              old.metadata.uid), 60,
+             "the healed node to stop the old pod's containers")
+    status = job.finish_with(2, reference)
+    assert job.pods()[1].metadata.uid != old.metadata.uid
+    assert status["lastRecovery"]["epoch"] == last["epoch"]  # nothing disturbed the job again

@@ -1,0 +1,258 @@
+"""Fault matrix, part B: S3 gone while a persist is due, a node lost while it sends its
+replica, and a whole zone lost at once.
+
+Each case runs examples/train_gpt_zero3.py (DeepSpeed ZeRO-3, a tiny model) as a GeminiJob on
+the local cluster, injects the fault with gemini.local (faults, the S3 gateway's pause), and
+checks that training went on and that rank 0's per-step losses equal an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from boto3.s3.transfer import TransferConfig
+from kubernetes import client
+
+from gemini.local import faults
+from gemini_operator import naming
+from gemini_operator.render import RenderConfig
+from gemini_sidecar.s3 import S3Store, committed_steps
+from tests.cluster.test_operator import Jobs, wait_for
+from tests.cluster.test_operator_recovery import (
+    ARGS,
+    _recovered_after,
+    losses,
+    newest_step,
+    reference,
+    training_job,
+)
+from tests.fixtures.isolated_nodes import IsolatedNodes
+from tests.fixtures.operator import OperatorThread
+from tests.fixtures.trainers import EXAMPLE, TrainingRun
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+__all__ = ["reference"]  # the module-scoped fixture of the uninterrupted 2-rank run
+
+
+def _sleep_args(seconds: float) -> list[str]:
+    """ARGS with another --step-sleep (idle time changes no loss)."""
+    return ["python", str(EXAMPLE), *ARGS[:-1], str(seconds)]
+
+
+@pytest.fixture(scope="module")
+def reference4(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """Rank 0's losses of an uninterrupted 4-rank run on loopback."""
+    run = TrainingRun(tmp_path_factory.mktemp("reference4"), 4, ARGS,
+                      env={"OMP_NUM_THREADS": "1"}).start()
+    try:
+        run.wait_ok(400)
+    finally:
+        run.kill()
+    return run.losses(0)
+
+
+def _checkpoint(jobs: Jobs, name: str) -> dict[str, Any]:
+    return dict(((jobs.get(name) or {}).get("status") or {}).get("checkpoint") or {})
+
+
+def _request_persist(jobs: Jobs, name: str, value: str) -> None:
+    body = {"metadata": {"annotations": {"gemini.io/persist-requested": value}}}
+    jobs.custom.patch_namespaced_custom_object(naming.GROUP, naming.VERSION, jobs.ns,
+                                               naming.PLURAL, name, body)
+
+
+def _persisted_after(checkpoint: dict[str, Any], first: int) -> int | None:
+    """The persisted step once it is newer than `first` and no error is left, else None."""
+    step = checkpoint.get("persistedStep")
+    return step if step is not None and step > first and "persistError" not in checkpoint \
+        else None
+
+
+def test_s3_down_while_a_persist_is_due_keeps_training_and_persists_once_it_is_back(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str, reference: dict[int, str], s3_server: Any, s3_prefix: str,
+) -> None:
+    started = time.monotonic()
+    jobs = Jobs(kube_api, job_namespace)
+    endpoint = s3_server.endpoint
+    secret: Any = {"metadata": {"name": "s3"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": endpoint.access_key, "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
+        "AWS_REGION": endpoint.region}}
+    jobs.core.create_namespaced_secret(job_namespace, secret)
+    prefix = s3_prefix.rstrip("/")
+    job = training_job("s3down", 2)
+    job["spec"]["template"]["command"] = _sleep_args(5.0)
+    job["spec"]["persistence"] = {
+        "bucketURI": f"s3://{endpoint.bucket}/{prefix}", "endpoint": endpoint.url,
+        "credentialsSecretRef": {"name": "s3"}, "intervalSeconds": 30}
+    jobs.create(job)
+    state = local_cluster.state_dir
+    first = wait_for(lambda: _checkpoint(jobs, "s3down").get("persistedStep"), 300,
+                     "the first step persisted to S3")
+    s3_server.pause()  # the gateway process ends: every S3 request is refused
+    try:
+        down_at = newest_step(state, job_namespace, "s3down-worker-0")
+        _request_persist(jobs, "s3down", "outage")
+        error = wait_for(lambda: _checkpoint(jobs, "s3down").get("persistError"), 120,
+                         "status.checkpoint.persistError")
+        # Training went on without S3 (the sidecars' S3 client retried for several seconds).
+        assert newest_step(state, job_namespace, "s3down-worker-0") > down_at
+        assert jobs.state("s3down") == "Running"
+        assert _checkpoint(jobs, "s3down")["persistedStep"] == first
+    finally:
+        s3_server.resume()
+    print(f"persist failed with S3 down: {error}")
+    assert error.startswith("step ")
+    warnings = [e for e in jobs.events("s3down") if e.reason == "PersistFailed"]
+    assert warnings and warnings[0].type == "Warning", [e.reason for e in jobs.events("s3down")]
+    # The request stays pending while it fails: the operator retries it once S3 is back.
+    try:
+        persisted = wait_for(lambda: _persisted_after(_checkpoint(jobs, "s3down"), first), 120,
+                             "a later step persisted after S3 came back")
+    except AssertionError as err:
+        raise AssertionError(f"{err}; status: {jobs.get('s3down')['status']}") from None
+    store = S3Store(s3_server.client(), endpoint.bucket, prefix, TransferConfig())
+    assert persisted in committed_steps(store, "s3down")
+    wait_for(lambda: jobs.state("s3down") in ("Succeeded", "Failed"), 300, "the job to finish")
+    assert jobs.get("s3down")["status"]["state"] == "Succeeded"
+    got, conflicts = losses(state, job_namespace, "s3down-worker-0")
+    assert not conflicts
+    assert got == reference
+    assert {"PersistFailed", "PersistRecovered"} <= {e.reason for e in jobs.events("s3down")}
+    jobs.delete("s3down")
+    print(f"S3 outage case: persisted {first}, then {persisted} after the outage; "
+          f"{time.monotonic() - started:.0f} s")
+
+
+def test_losing_a_whole_zone_recovers_every_rank_from_its_peer_in_the_other_zone(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str, reference4: dict[int, str], isolated_nodes: IsolatedNodes,
+) -> None:
+    started = time.monotonic()
+    zones = {zone: [isolated_nodes.add(zone, f"rack-{i}") for i in range(2)]
+             for zone in ("zone-a", "zone-b")}
+    jobs = Jobs(kube_api, job_namespace)
+    job = training_job("zones", 4)
+    job["spec"]["template"]["command"] = _sleep_args(1.0)
+    jobs.create(job)
+    placement = wait_for(lambda: ((jobs.get("zones") or {}).get("status") or {}).get(
+        "placement"), 240, "the placement of the 4 workers")
+    zone_of = isolated_nodes.zone_of
+    groups = [{zone_of[placement["nodes"][str(r)]] for r in g} for g in placement["groups"]]
+    assert groups == [{"zone-a", "zone-b"}] * 2, placement  # each group spans both zones
+    # Spares in the surviving zone, for the two ranks that go with zone-b.
+    spares = [isolated_nodes.add("zone-a") for _ in range(2)]
+    state = local_cluster.state_dir
+    wait_for(lambda: (jobs.get("zones") or {}).get("status", {}).get("launch"), 120,
+             "the operator to start training")
+    wait_for(lambda: newest_step(state, job_namespace, "zones-worker-0") >= 4, 300,
+             "training to reach step 4")
+    lost_ranks = sorted(int(r) for r, n in placement["nodes"].items()
+                        if zone_of[n] == "zone-b")
+    before = jobs.get("zones")["status"]
+    for node in zones["zone-b"]:
+        faults.lose_node(state, node)
+    lost_at = time.monotonic()
+    last = wait_for(lambda: _recovered_after(jobs, "zones", before), 300,
+                    "the recovery to finish")
+    print(f"zone-loss recovery: {time.monotonic() - lost_at:.1f} s after the loss, {last}")
+    assert last["cause"] == "hardware" and last["source"] == "Peers", last
+    assert sorted(last["failedRanks"]) == lost_ranks, last
+    assert last["stepsLost"] <= 1, last
+    nodes = {p.metadata.name: p.spec.node_name for p in jobs.pods("zones")
+             if not p.metadata.deletion_timestamp}
+    assert {nodes[f"zones-worker-{r}"] for r in lost_ranks} <= set(spares), nodes
+    wait_for(lambda: jobs.state("zones") in ("Succeeded", "Failed"), 300, "the job to finish")
+    assert jobs.get("zones")["status"]["state"] == "Succeeded", jobs.get("zones")["status"]
+    got, conflicts = losses(state, job_namespace, "zones-worker-0")
+    assert not conflicts
+    assert got == reference4
+    jobs.delete("zones")
+    print(f"zone-loss case: {time.monotonic() - started:.0f} s")
+
+
+def _sidecar_pid(state: Path, namespace: str, pod: str) -> int:
+    [pid_file] = state.glob(f"nodes/*/pods/{namespace}_{pod}_*/containers/sidecar.pid")
+    return int(pid_file.read_text().split()[0])
+
+
+def _inventory(ip: str, token: str) -> dict[str, Any]:
+    url = f"http://{ip}:{RenderConfig().sidecar_api_port}/inventory"
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return dict(json.loads(resp.read()))
+
+
+def _sending_to(doc: dict[str, Any], rank: int) -> int:
+    """The version the sidecar of `doc` is sending to `rank` now (-1: none)."""
+    peer = doc["sending"]["peers"].get(str(rank)) or {}
+    return int(peer.get("sending_version", -1))
+
+
+def _stuck_sending(ip: str, token: str, rank: int) -> int | None:
+    """The version the sidecar at `ip` has been sending to `rank` for half a second (a send
+    normally takes milliseconds), or None."""
+    first = _sending_to(_inventory(ip, token), rank)
+    if first < 0:
+        return None
+    time.sleep(0.5)
+    return first if _sending_to(_inventory(ip, token), rank) == first else None
+
+
+def test_a_node_lost_while_sending_its_replica_is_recovered_from_the_last_complete_one(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str, reference: dict[int, str], isolated_nodes: IsolatedNodes,
+) -> None:
+    started = time.monotonic()
+    for _ in range(3):  # rank 0, rank 1, and the spare rank 1's replacement will run on
+        isolated_nodes.add("zone-0")
+    jobs = Jobs(kube_api, job_namespace)
+    job = training_job("midrep", 2)
+    job["spec"]["template"]["command"] = _sleep_args(1.0)
+    jobs.create(job)
+    state = local_cluster.state_dir
+    wait_for(lambda: (jobs.get("midrep") or {}).get("status", {}).get("launch"), 180,
+             "the operator to start training")
+    wait_for(lambda: newest_step(state, job_namespace, "midrep-worker-0") >= 3, 300,
+             "training to reach step 3")
+    pods = {p.metadata.name: p for p in jobs.pods("midrep")}
+    secret = jobs.core.read_namespaced_secret(naming.secret_name("midrep"), job_namespace)
+    token = base64.b64decode(str((secret.data or {})[naming.SECRET_TOKEN_KEY])).decode()
+    receiver, sender = pods["midrep-worker-0"], pods["midrep-worker-1"]
+    # Freeze rank 0's sidecar, so the next version rank 1 sends stays in flight: sent, but
+    # neither received nor acknowledged. Then power rank 1's node off in the middle of it.
+    frozen = _sidecar_pid(state, job_namespace, "midrep-worker-0")
+    before = jobs.get("midrep")["status"]
+    os.killpg(frozen, signal.SIGSTOP)
+    try:
+        in_flight = wait_for(lambda: _stuck_sending(sender.status.pod_ip, token, 0), 60,
+                             "rank 1 to be stuck sending a version to rank 0")
+        faults.lose_node(state, sender.spec.node_name)
+    finally:
+        os.killpg(frozen, signal.SIGCONT)
+    half = wait_for(lambda: [r for r in _inventory(receiver.status.pod_ip, token)["replicas"]
+                             if r["rank"] == 1 and r["version"] == in_flight], 30,
+                    f"rank 0's sidecar to take in the begun version {in_flight}")
+    print(f"rank 1's version {in_flight} on rank 0 when rank 1's node went: {half}")
+    assert not half[0]["complete"] and half[0]["received_bytes"] < half[0]["bytes"], half
+    last = wait_for(lambda: _recovered_after(jobs, "midrep", before), 300,
+                    "the recovery to finish")
+    print(f"mid-replication recovery: {last}")
+    assert last["cause"] == "hardware" and last["source"] == "Peers", last
+    assert last["restoredStep"] < in_flight, last  # never the half-received version
+    assert last["stepsLost"] <= 1, last
+    wait_for(lambda: jobs.state("midrep") in ("Succeeded", "Failed"), 300, "the job to finish")
+    assert jobs.get("midrep")["status"]["state"] == "Succeeded", jobs.get("midrep")["status"]
+    got, conflicts = losses(state, job_namespace, "midrep-worker-0")
+    assert not conflicts
+    assert got == reference
+    jobs.delete("midrep")
+    print(f"mid-replication case: {time.monotonic() - started:.0f} s")

@@ -1,0 +1,201 @@
+"""The live /metrics endpoints, scraped over HTTP as Prometheus would, count a real recovery.
+
+One GeminiJob (examples/train_fsdp.py on 2 workers, tiny model, S3 persistence) on the local
+cluster; one trainer crash. Scraped: the operator's endpoint (served from its registry the way
+`gemini operator run --metrics-port` does) and every sidecar's (pod IP, the `sidecar-api`
+port of the pod spec, as pod discovery finds it). The launcher has no metrics endpoint (its
+HTTP API is /status, /restart, /stop); its restarts show in the operator's counters.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from prometheus_client import start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+
+from gemini.local import faults
+from tests.cluster.test_operator import Jobs, wait_for
+from tests.cluster.test_operator_recovery import newest_step
+from tests.fixtures.operator import OperatorThread
+from tests.fixtures.s3 import S3Server
+from tests.unit.operator.builders import make_job
+from tests.unit.packaging.test_dashboard import metric_names, queries
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.s3]
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "examples" / "train_fsdp.py"
+# Long enough after the restart for the sidecars to be scraped while training goes on.
+ARGS = ["--steps", "40", "--layers", "1", "--d-model", "32", "--step-sleep", "0.4"]
+ENV = [{"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+NAME = "metered"
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One scrape: sample name -> [(labels, value)]."""
+
+    samples: dict[str, list[tuple[dict[str, str], float]]]
+
+    @classmethod
+    def of(cls, url: str) -> Scrape:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            text = response.read().decode()
+        samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+        return cls(samples)
+
+    def value(self, name: str, **labels: str) -> float:
+        """The sum over the series of `name` carrying `labels` (0 when there is none)."""
+        return sum(v for have, v in self.samples.get(name, [])
+                   if all(have.get(k) == want for k, want in labels.items()))
+
+    def names(self) -> set[str]:
+        return set(self.samples)
+
+
+def dashboard_metrics() -> set[str]:
+    return {name for _, expr in queries() for name in metric_names(expr)}
+
+
+@pytest.fixture
+def operator_metrics_url(gemini_operator: OperatorThread) -> Iterator[str]:
+    """The in-process operator's registry served over HTTP, as main.py serves it."""
+    server, thread = start_http_server(0, addr="127.0.0.1",
+                                       registry=gemini_operator.runtime.metrics.registry)
+    try:
+        yield f"http://127.0.0.1:{server.server_port}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+def sidecar_urls(jobs: Jobs) -> dict[str, str]:
+    """pod name -> its sidecar's metrics URL, from the pod's IP and declared port."""
+    urls = {}
+    for pod in jobs.pods(NAME):
+        ports = [p for c in pod.spec.init_containers or [] for p in c.ports or []
+                 if p.name == "sidecar-api"]
+        assert len(ports) == 1 and pod.status.pod_ip, pod
+        urls[pod.metadata.name] = f"http://{pod.status.pod_ip}:{ports[0].container_port}/metrics"
+    return urls
+
+
+def metered_job(s3: S3Server, prefix: str) -> dict[str, Any]:
+    endpoint = s3.endpoint
+    return (make_job(NAME).with_nodes(2).with_replicas(2)
+            .set("template.command", ["python", str(SCRIPT), *ARGS])
+            .set("template.env", ENV)
+            .set("persistence", {"bucketURI": f"s3://{endpoint.bucket}/{prefix.rstrip('/')}",
+                                 "endpoint": endpoint.url, "credentialsSecretRef": {"name": "s3"},
+                                 "intervalSeconds": 30})
+            .obj())
+
+
+def test_live_scrapes_count_one_recovery_and_cover_the_dashboard(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str, s3_server: S3Server, s3_prefix: str, operator_metrics_url: str,
+) -> None:
+    jobs = Jobs(kube_api, job_namespace)
+    endpoint = s3_server.endpoint
+    secret: Any = {"metadata": {"name": "s3"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": endpoint.access_key, "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
+        "AWS_REGION": endpoint.region}}
+    jobs.core.create_namespaced_secret(job_namespace, secret)
+    jobs.create(metered_job(s3_server, s3_prefix))
+    state = local_cluster.state_dir
+    wait_for(lambda: newest_step(state, job_namespace, f"{NAME}-worker-0") >= 4, 300,
+             "training to reach step 4")
+    wait_for(lambda: jobs.get(NAME)["status"].get("checkpoint", {}).get("persistedStep"), 120,
+             "a step persisted to S3")
+    urls = sidecar_urls(jobs)
+    assert len(urls) == 2
+    # Every sidecar holds its peer's shard (2 workers, 2 copies) before the crash.
+    wait_for(lambda: all(Scrape.of(u).value("gemini_replicas_complete") == 1
+                         for u in urls.values()), 60, "each sidecar to hold a complete replica")
+    operator_before = Scrape.of(operator_metrics_url)
+    sidecars_before = {pod: Scrape.of(url) for pod, url in urls.items()}
+    launch_epoch = jobs.get(NAME)["status"]["launch"]["epoch"]
+
+    faults.kill_container(state, job_namespace, f"{NAME}-worker-1", "trainer")
+    killed_at = time.monotonic()
+
+    def recovered() -> Any:
+        last = ((jobs.get(NAME) or {}).get("status") or {}).get("lastRecovery")
+        return last if last and last["epoch"] > launch_epoch else None
+
+    last = wait_for(recovered, 180, "the recovery to finish")
+    print(f"recovered in {time.monotonic() - killed_at:.1f} s: {last}")
+    assert (last["cause"], last["source"]) == ("software", "Local"), last
+    # The counters move when the finishing reconcile returns; its status write is seen first.
+    wait_for(lambda: Scrape.of(operator_metrics_url).value(
+        "gemini_operator_recovery_seconds_count") > operator_before.value(
+        "gemini_operator_recovery_seconds_count"), 30, "the recovery to be counted")
+    operator_after = Scrape.of(operator_metrics_url)
+    # Both sidecars keep serving (only a trainer died) and see training go on after it.
+    restored = int(last["restoredStep"])
+    wait_for(lambda: all(Scrape.of(u).value("gemini_local_version") >= restored + 3
+                         for u in urls.values()), 180, "training to go on after the restart")
+    sidecars_after = {pod: Scrape.of(url) for pod, url in urls.items()}
+
+    def delta(name: str, **labels: str) -> float:
+        return operator_after.value(name, **labels) - operator_before.value(name, **labels)
+
+    assert delta("gemini_operator_recoveries_total", kind="software") == 1
+    assert delta("gemini_operator_recoveries_total") == 1
+    assert delta("gemini_operator_failures_detected_total") == 1
+    assert delta("gemini_operator_recoveries_finished_total",
+                 cause="software", source="Local") == 1
+    assert delta("gemini_operator_recoveries_finished_total") == 1
+    assert delta("gemini_operator_recovery_seconds_count") == 1
+    assert delta("gemini_operator_recovery_seconds_sum") == pytest.approx(
+        last["durationSeconds"], abs=1e-6)
+    assert delta("gemini_operator_recovery_downtime_seconds_total") == pytest.approx(
+        last["durationSeconds"], abs=1e-6)
+    assert delta("gemini_operator_steps_lost_total") == last["stepsLost"]
+    for phase in last["breakdown"]:
+        assert delta("gemini_operator_recovery_phase_seconds_count", phase=phase) == 1, phase
+    job = f"{job_namespace}/{NAME}"
+    assert operator_after.value("gemini_operator_persisted_checkpoint_age_seconds", job=job) >= 0
+    assert len(operator_after.samples["gemini_operator_persisted_checkpoint_age_seconds"]) >= 1
+
+    for pod, after in sidecars_after.items():
+        before = sidecars_before[pod]
+        print(f"{pod}: " + ", ".join(
+            f"{n} {before.value(n):g} -> {after.value(n):g}" for n in (
+                "gemini_snapshot_stall_seconds_count", "gemini_replication_bytes_total",
+                "gemini_local_version", "gemini_s3_persist_seconds_count")))
+        assert after.value("gemini_snapshot_stall_seconds_count") > before.value(
+            "gemini_snapshot_stall_seconds_count"), pod
+        assert after.value("gemini_replication_bytes_total") > before.value(
+            "gemini_replication_bytes_total") > 0, pod
+        assert after.value("gemini_replication_seconds_count") > before.value(
+            "gemini_replication_seconds_count"), pod
+        assert after.value("gemini_local_version") > before.value("gemini_local_version"), pod
+        assert after.value("gemini_replicas_held") == 1, pod
+        assert after.value("gemini_replicas_complete") == 1, pod
+        assert after.value("gemini_memory_used_bytes") > 0, pod
+        assert after.value("gemini_memory_budget_bytes") >= after.value(
+            "gemini_memory_used_bytes"), pod
+        assert before.value("gemini_s3_persist_seconds_count") >= 1, pod
+        assert after.value("gemini_s3_failures_total") == 0, pod
+        assert after.value("gemini_peer_refused_total") == 0, pod
+
+    seen = operator_after.names().union(*(s.names() for s in sidecars_after.values()))
+    missing = dashboard_metrics() - seen
+    assert not missing, f"the dashboard queries series no live endpoint exports: {missing}"
+
+    wait_for(lambda: jobs.state(NAME) in ("Succeeded", "Failed"), 300, "the job to finish")
+    assert jobs.state(NAME) == "Succeeded", jobs.get(NAME)["status"]
+    jobs.delete(NAME)

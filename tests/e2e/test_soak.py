@@ -1,0 +1,180 @@
+"""Soak: one DeepSpeed job on the local cluster through 20 failures of random kinds.
+
+Each failure is injected as soon as the previous recovery finished (plus a random 0-2 s):
+a killed trainer (recovered in place from local memory) or a lost node (a spare added first;
+recovered from the peers' replicas). Every one must be recovered from memory, the final
+per-step losses equal an uninterrupted run's, and nothing leaks: after every recovery the
+job's processes on the machine are exactly those of its current pods, and once the job is
+deleted no pod, no process and no memory-backed emptyDir of its pods is left on a live node.
+
+The seed is printed; GEMINI_SOAK_SEED=<seed> replays the same sequence of kinds, ranks and
+delays (the timing of the cluster itself still varies).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from gemini.local import faults
+from gemini.local.processes import is_alive
+from gemini_operator import naming
+from tests.cluster.test_operator import Jobs, wait_for
+from tests.cluster.test_operator_recovery import ARGS, ENV, _recovered_after, losses
+from tests.fixtures.isolated_nodes import IsolatedNodes
+from tests.fixtures.operator import OperatorThread
+from tests.fixtures.trainers import EXAMPLE, TrainingRun
+from tests.unit.operator.builders import make_job
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.soak]
+
+FAILURES = 20
+WORKERS = 2
+STEPS = 200
+SOAK_ARGS = [*ARGS[:ARGS.index("--steps")], "--steps", str(STEPS),
+             *ARGS[ARGS.index("--steps") + 2:ARGS.index("--step-sleep")]]
+KINDS = ("trainer", "node")
+EXPECTED = {"trainer": ("software", "Local"), "node": ("hardware", "Peers")}
+
+
+@pytest.fixture(scope="module")
+def soak_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """Rank 0's losses of the same training, uninterrupted, without the idle time per step."""
+    run = TrainingRun(tmp_path_factory.mktemp("soak-reference"), WORKERS, SOAK_ARGS,
+                      env={"OMP_NUM_THREADS": "1"}).start()
+    try:
+        run.wait_ok(400)
+    finally:
+        run.kill()
+    return run.losses(0)
+
+
+def job_processes(namespace: str) -> set[tuple[str, str]]:
+    """(rank, node) of every live process on this machine that runs for a pod of `namespace`
+    (the node agents start containers with the pod's env, which names both)."""
+    found = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            raw = (proc / "environ").read_bytes()
+        except OSError:
+            continue
+        env = dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0")
+                   if "=" in item)
+        if env.get("GEMINI_NAMESPACE") == namespace and is_alive(int(proc.name)):
+            found.add((env.get("GEMINI_RANK", "?"), env.get("GEMINI_NODE_NAME", "?")))
+    return found
+
+
+def pod_incarnations(jobs: Jobs, name: str) -> set[tuple[str, str]]:
+    """(rank, node) of the job's pods that are not going away."""
+    return {(p.metadata.labels[naming.LABEL_RANK], p.spec.node_name) for p in jobs.pods(name)
+            if not p.metadata.deletion_timestamp and p.spec.node_name}
+
+
+def shm_dirs(state_dir: Path, live_nodes: set[str], uids: set[str]) -> list[Path]:
+    """Memory-backed emptyDirs of the pods `uids` left on live nodes' tmpfs."""
+    from gemini.local.nodes import node_config
+
+    out = []
+    for node in live_nodes:
+        base = Path(node_config(state_dir, node).shm_dir)
+        out += [d for d in base.glob("*") if d.name in uids]
+    return out
+
+
+class Soak:
+    def __init__(self, jobs: Jobs, name: str, cluster: Any, nodes: IsolatedNodes,
+                 rng: random.Random) -> None:
+        self.jobs, self.name, self.cluster, self.nodes, self.rng = jobs, name, cluster, nodes, rng
+        self.lost: list[str] = []
+        self.uids: set[str] = set()
+
+    def pods(self) -> dict[int, Any]:
+        return {int(p.metadata.labels[naming.LABEL_RANK]): p
+                for p in self.jobs.pods(self.name) if not p.metadata.deletion_timestamp}
+
+    def inject(self, kind: str, rank: int) -> Callable[[], None]:
+        """Prepare the failure (a spare for a node loss); return what injects it."""
+        pod = self.pods()[rank]
+        self.uids |= {p.metadata.uid for p in self.pods().values()}
+        state = self.cluster.state_dir
+        if kind == "node":
+            self.nodes.add("zone-0")  # the spare the replacement pod will run on
+
+        def fire() -> None:
+            if kind == "trainer":
+                faults.kill_container(state, self.jobs.ns, pod.metadata.name, "trainer")
+            else:
+                faults.lose_node(state, pod.spec.node_name)
+                self.lost.append(pod.spec.node_name)
+        return fire
+
+    def recovered_after(self, before: dict[str, Any]) -> Callable[[], Any]:
+        return lambda: _recovered_after(self.jobs, self.name, before)
+
+
+def test_twenty_random_failures_are_all_recovered_with_identical_losses_and_nothing_leaks(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str, soak_reference: dict[int, str], isolated_nodes: IsolatedNodes,
+) -> None:
+    seed = int(os.environ.get("GEMINI_SOAK_SEED") or time.time_ns() % 1_000_000)
+    print(f"soak seed {seed} (replay: GEMINI_SOAK_SEED={seed})")
+    rng = random.Random(seed)
+    started = time.monotonic()
+    for _ in range(WORKERS):
+        isolated_nodes.add("zone-0")
+    jobs = Jobs(kube_api, job_namespace)
+    name = "soak"
+    job = (make_job(name).with_nodes(WORKERS).with_replicas(2)
+           .set("template.command", ["python", str(EXAMPLE), *SOAK_ARGS, "--step-sleep", "0.3"])
+           .set("template.env", ENV)
+           .set("failurePolicy.maxRestarts", FAILURES + 5)
+           .obj())
+    jobs.create(job)
+    wait_for(lambda: (jobs.get(name) or {}).get("status", {}).get("launch"), 180,
+             "the operator to start training")
+    soak = Soak(jobs, name, local_cluster, isolated_nodes, rng)
+    log = []
+    for i in range(FAILURES):
+        kind, rank, delay = rng.choice(KINDS), rng.randrange(WORKERS), rng.uniform(0.0, 2.0)
+        fire = soak.inject(kind, rank)
+        time.sleep(delay)  # a random moment after the previous recovery finished
+        before = jobs.get(name)["status"]
+        assert before["state"] == "Running", f"failure {i}: the job is {before['state']}"
+        fire()
+        at = time.monotonic()
+        last = wait_for(soak.recovered_after(before), 300, f"recovery {i} ({kind} of rank {rank})")
+        took = time.monotonic() - at
+        log.append(f"{i:2d} {kind:7s} rank {rank}: {last['cause']}/{last['source']} step "
+                   f"{last.get('restoredStep')} lost {last['stepsLost']} in {took:.1f} s")
+        print(log[-1])
+        assert (last["cause"], last["source"]) == EXPECTED[kind], last
+        assert rank in last["failedRanks"], last
+        # Only the current pods' processes run: none of a lost node's or a replaced pod's.
+        wait_for(lambda: job_processes(job_namespace) == pod_incarnations(jobs, name), 30,
+                 f"the processes to match the pods after recovery {i}")
+    wait_for(lambda: jobs.state(name) in ("Succeeded", "Failed"), 600, "the job to finish")
+    status = jobs.get(name)["status"]
+    assert status["state"] == "Succeeded", status
+    got, conflicts = losses(local_cluster.state_dir, job_namespace, f"{name}-worker-0")
+    assert not conflicts
+    assert got == soak_reference
+    soak.uids |= {p.metadata.uid for p in soak.pods().values()}
+    jobs.delete(name)
+    for node in soak.lost:  # what the cloud does with a machine that is gone
+        local_cluster.core.delete_node(node)
+    wait_for(lambda: not jobs.pods(name), 120, "every pod of the job to be gone")
+    wait_for(lambda: not job_processes(job_namespace), 60, "every process of the job to end")
+    live = set(isolated_nodes.added) - set(soak.lost)
+    assert not shm_dirs(local_cluster.state_dir, live, soak.uids)
+    print("\n".join(log))
+    print(f"soak: {FAILURES} failures (seed {seed}) in {time.monotonic() - started:.0f} s")

@@ -1,0 +1,77 @@
+"""Operator fixes found by the fault matrix (tests/e2e/test_fault_matrix_a.py), pinned here."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gemini_operator.poller import stale_placements
+from gemini_operator.sidecars import SidecarAddress, placement_bodies
+
+ADDRESSES = {r: SidecarAddress(r, f"10.0.0.{r}", 7071, 7070) for r in range(4)}
+PLACEMENT = {"holders": {"0": [0, 1], "1": [1, 0], "2": [2, 3], "3": [3, 2]}}
+
+
+def _inventory(hold: list[int], send: list[int]) -> dict[str, Any]:
+    return {"placement": {"peers": {}, "hold_ranks": hold, "send_to": send}}
+
+
+def test_a_restarted_sidecar_without_its_placement_gets_it_again() -> None:
+    bodies = placement_bodies(PLACEMENT, ADDRESSES)
+    inventories = {0: _inventory([1], [1]), 1: _inventory([], []), 2: _inventory([3], [3]),
+                   3: _inventory([2], [2])}
+    stale = stale_placements(inventories, bodies)
+    assert stale == {1: bodies[1]}
+    assert stale[1]["hold_ranks"] == [0] and stale[1]["send_to"] == [0]
+
+
+def test_sidecars_with_the_delivered_placement_are_left_alone() -> None:
+    bodies = placement_bodies(PLACEMENT, ADDRESSES)
+    inventories = {r: _inventory(list(b["hold_ranks"]), list(b["send_to"]))
+                   for r, b in bodies.items()}
+    assert stale_placements(inventories, bodies) == {}
+    assert stale_placements({}, bodies) == {}  # a silent sidecar is not judged
+    wrong = {2: _inventory([3], [1])}  # holds the right shard, sends to the wrong peer
+    assert stale_placements(wrong, bodies) == {2: bodies[2]}
+
+
+def test_a_hung_job_is_reconciled_again_when_its_hang_timeout_runs_out() -> None:
+    from datetime import timedelta
+
+    from gemini_operator.failures import Progress
+    from gemini_operator.recovery import launch_document
+    from tests.unit.operator.builders import make_job
+    from tests.unit.operator.test_reconcile import CONFIG, Harness
+
+    h = Harness(make_job().set("failurePolicy.hangTimeoutSeconds", 60))
+    h.step()
+    h.run_pods()
+    h.step()
+    h.job["status"]["launch"] = launch_document(1, 0, h.pods, CONFIG.render)
+    h.progress = Progress(9, h.now)  # type: ignore[attr-defined]
+    h.now += timedelta(seconds=20)
+    decision = h.step()
+    # Nothing else changes while a job hangs: the reconcile must ask to be called back.
+    assert decision.requeue_after is not None and 40 <= decision.requeue_after <= 42
+
+
+def test_progress_from_before_a_restart_does_not_count_towards_a_hang() -> None:
+    from dataclasses import replace
+    from datetime import UTC, datetime
+
+    from gemini_operator.cache import ClusterCache
+    from gemini_operator.failures import Progress
+    from gemini_operator.poller import CheckpointPoller, Findings
+    from gemini_operator.status import CheckpointStatus
+    from tests.unit.operator.test_reconcile import CONFIG
+
+    cache = ClusterCache()
+    job: dict[str, Any] = {"metadata": {"namespace": "ns", "name": "train", "uid": "u"},
+                           "spec": {}, "status": {"launch": {"epoch": 1, "restartAttempt": 0}}}
+    cache.update_job(job, deleted=False)
+    poller = CheckpointPoller(None, cache, CONFIG)  # type: ignore[arg-type]
+    seen = Findings(CheckpointStatus(), Progress(7, datetime(2026, 1, 1, tzinfo=UTC)), epoch=1)
+    poller._found[("ns", "train")] = seen
+    assert poller.findings(("ns", "train")) == seen
+    job["status"]["launch"]["epoch"] = 2  # a recovery restarted every launcher
+    cache.update_job(job, deleted=False)
+    assert poller.findings(("ns", "train")) == replace(seen, progress=None)

@@ -1,0 +1,320 @@
+"""Warm standby: a pre-started interpreter that becomes the next training process.
+
+A restarted trainer spends most of its start-up importing torch and DeepSpeed (seconds of CPU
+per rank, and every rank restarts at once). The launcher therefore keeps one interpreter per
+rank that has already imported them and sits blocked on a pipe. On restart it receives the
+new epoch's argv, environment and working directory, applies them, becomes a process group
+leader of its own (as a spawned child would be) and runs the script with ``runpy``: the same
+``__main__``, ``sys.argv``, ``sys.path[0]``, exit codes, stdout/stderr and signals as a fresh
+``python script.py`` (or ``-m module``, ``-c code``), minus the imports.
+
+What it imports: ``GEMINI_LAUNCHER_PREIMPORT`` (comma-separated module names; ``module:attr``
+also reads a lazy attribute), default ``torch,torch._dynamo,deepspeed,
+deepspeed.ops:__compatible_ops__`` (missing ones are skipped), plus every module the previous
+training process had loaded once it committed its first snapshot (recorded next to the
+heartbeat file, so the list survives a container restart). Modules of the script's own
+directory are never preimported: they may read the epoch's environment at import time.
+
+Cost: one extra interpreter per rank (torch + DeepSpeed: a few hundred MB of RSS). Imports run
+in a thread at nice +10 while training runs, so they take only idle CPU; the main thread keeps
+the normal priority it hands to the training script (Linux nice values are per thread, and an
+unprivileged process could not lower them again). ``GEMINI_LAUNCHER_STANDBY=0`` turns it off.
+The launcher falls back to a normal spawn when the command is not ``python ...``, the standby
+died, or the new environment changes a start-up setting (PATH, PYTHON*, OMP_*, LD_*, ...).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENABLE_ENV = "GEMINI_LAUNCHER_STANDBY"
+PREIMPORT_ENV = "GEMINI_LAUNCHER_PREIMPORT"
+# torch._dynamo: every torch optimizer imports it on construction (seconds); the attribute
+# runs DeepSpeed's op probe (compiler subprocesses), which its comm start-up needs.
+DEFAULT_PREIMPORT = ("torch", "torch._dynamo", "deepspeed", "deepspeed.ops:__compatible_ops__")
+MODULES_FILE = "standby-modules.json"
+BUSY_NICE = 10  # while a training process runs on the same CPUs
+READY, STARTED = b"r", b"s"
+# Read while the interpreter or the preimported modules start: a change needs a fresh process.
+STARTUP_PREFIXES = ("PYTHON", "LD_", "OMP_", "MKL_", "KMP_", "DS_", "TORCH", "CUDA", "MALLOC",
+                    "GEMINI_LAUNCHER_")
+STARTUP_NAMES = frozenset({"PATH", "HOME", "TMPDIR"})
+_PYTHON = re.compile(r"python(\d+(\.\d+)?)?$")
+_FLAGS = frozenset({"-u", "-B", "-O", "-OO", "-s", "-E", "-q", "-b", "-bb"})
+_FLAGS_WITH_VALUE = frozenset({"-X", "-W"})
+_BOOT = "from gemini_trainer.standby import serve; serve()"
+_LEARN_POLL_S = 0.5
+_LEARN_LIMIT_S = 600.0
+
+
+def enabled(env: Mapping[str, str]) -> bool:
+    return env.get(ENABLE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class PythonCommand:
+    """``python [flags] script|-m module|-c code [args]``: what a standby can run."""
+
+    interpreter: str
+    flags: tuple[str, ...]
+    kind: str  # "script" | "module" | "code"
+    target: str
+    args: tuple[str, ...]
+
+    @classmethod
+    def parse(cls, command: Sequence[str]) -> PythonCommand | None:
+        """None for anything else (another program, stdin, unknown interpreter flags)."""
+        if not command or not _PYTHON.match(os.path.basename(command[0])):
+            return None
+        flags: list[str] = []
+        i = 1
+        while i < len(command):
+            token = command[i]
+            if token in _FLAGS:
+                flags.append(token)
+            elif token in _FLAGS_WITH_VALUE and i + 1 < len(command):
+                flags += [token, command[i + 1]]
+                i += 1
+            elif token in ("-m", "-c") and i + 1 < len(command):
+                kind = "module" if token == "-m" else "code"
+                return cls(command[0], tuple(flags), kind, command[i + 1],
+                           tuple(command[i + 2:]))
+            elif token.startswith("-"):
+                return None  # stdin ("-"), -i, -I, -S, ...: leave it to a real spawn
+            else:
+                return cls(command[0], tuple(flags), "script", token, tuple(command[i + 1:]))
+            i += 1
+        return None
+
+    def boot_command(self, preimport: Sequence[str], modules_file: Path | None,
+                     nice: int, fds: tuple[int, int]) -> list[str]:
+        return [self.interpreter, *self.flags, "-c", _BOOT, str(fds[0]), str(fds[1]), str(nice),
+                str(modules_file or ""), ",".join(preimport)]
+
+
+def preimport_list(env: Mapping[str, str]) -> tuple[str, ...]:
+    raw = env.get(PREIMPORT_ENV)
+    if raw is None:
+        return DEFAULT_PREIMPORT
+    return tuple(name.strip() for name in raw.split(",") if name.strip())
+
+
+def startup_changes(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
+    """Names whose change the standby cannot apply after start-up."""
+    changed = {k for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    return sorted(k for k in changed if k in STARTUP_NAMES or k.startswith(STARTUP_PREFIXES))
+
+
+Spawn = Callable[..., "subprocess.Popen[bytes]"]
+
+
+class Standby:
+    """The launcher's handle on one standby interpreter."""
+
+    def __init__(self, command: PythonCommand, env: Mapping[str, str], spawn: Spawn,
+                 preimport: Sequence[str], modules_file: Path | None, nice: int) -> None:
+        self.command, self.env, self.nice = command, dict(env), nice
+        control_r, self._control_w = os.pipe()
+        self._status_r, status_w = os.pipe()
+        try:
+            self.proc = spawn(command.boot_command(preimport, modules_file, nice,
+                                                   (control_r, status_w)),
+                              self.env, pass_fds=(control_r, status_w))
+        except BaseException:
+            for fd in (control_r, status_w, self._control_w, self._status_r):
+                os.close(fd)
+            raise
+        os.close(control_r)
+        os.close(status_w)
+        self._seen = b""
+
+    def ready(self) -> bool:
+        """True once the preimports are done (False while importing or when it died)."""
+        self._read(0)
+        return READY in self._seen and self.proc.poll() is None
+
+    def _read(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            left = max(0.0, deadline - time.monotonic())
+            if not select.select([self._status_r], [], [], left)[0]:
+                return
+            chunk = os.read(self._status_r, 64)
+            if not chunk:
+                return
+            self._seen += chunk
+            if STARTED in self._seen or timeout == 0:
+                return
+
+    def activate(self, env: Mapping[str, str], cwd: str, timeout: float = 30.0
+                 ) -> subprocess.Popen[bytes] | None:
+        """Hand over the run; the process once it leads its own group, else None."""
+        if self.proc.poll() is not None or startup_changes(self.env, env):
+            return None
+        order = {"kind": self.command.kind, "target": self.command.target,
+                 "args": list(self.command.args), "env": dict(env), "cwd": cwd}
+        try:
+            os.write(self._control_w, json.dumps(order).encode() + b"\n")
+        except OSError:
+            return None
+        finally:
+            os.close(self._control_w)
+            self._control_w = -1
+        self._read(timeout)  # a standby still importing finishes that module first
+        if STARTED not in self._seen:
+            return None
+        os.close(self._status_r)
+        self._status_r = -1
+        return self.proc
+
+    def discard(self) -> None:
+        """Kill an unused standby (it is in the launcher's group: signal it alone)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        self.proc.wait()
+        for fd in (self._control_w, self._status_r):
+            if fd >= 0:
+                os.close(fd)
+        self._control_w = self._status_r = -1
+
+
+# -- the standby interpreter's side ------------------------------------------------------------
+
+
+def serve() -> None:
+    """Entry point in the standby interpreter (argv from ``boot_command``); never returns
+    normally until the training script ran: its exit is this process's exit."""
+    control_fd, status_fd, nice = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+    modules_file = Path(sys.argv[4]) if sys.argv[4] else None
+    names = [n for n in sys.argv[5].split(",") if n]
+    stop = threading.Event()
+    worker = threading.Thread(target=_warm, args=(names, modules_file, nice, status_fd, stop),
+                              name="standby-preimport", daemon=True)
+    worker.start()
+    line = _read_line(control_fd)
+    stop.set()
+    worker.join()  # the module being imported completes: the script would wait for it anyway
+    if not line:
+        os._exit(0)  # the launcher went away or discarded us
+    order = json.loads(line)
+    os.setsid()  # as a spawned child: its own group, which /restart and /stop signal
+    os.write(status_fd, STARTED)
+    os.close(status_fd)
+    os.close(control_fd)
+    _run(order, modules_file)
+
+
+def _read_line(fd: int) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b""
+        data += chunk
+    return data
+
+
+def _warm(names: list[str], modules_file: Path | None, nice: int, status_fd: int,
+          stop: threading.Event) -> None:
+    if nice:
+        with contextlib.suppress(OSError):
+            os.nice(nice)  # this thread only (Linux): the main thread keeps its priority
+    for name in names:
+        if stop.is_set():
+            return
+        _preimport(name)
+    with contextlib.suppress(OSError):
+        os.write(status_fd, READY)
+    learned_mtime = 0.0
+    while modules_file is not None and not stop.wait(1.0):
+        try:
+            mtime = modules_file.stat().st_mtime
+            if mtime == learned_mtime:
+                continue
+            learned = json.loads(modules_file.read_text())
+        except (OSError, ValueError):
+            continue
+        learned_mtime = mtime
+        for name in learned if isinstance(learned, list) else []:
+            if stop.is_set():
+                return
+            if isinstance(name, str) and name not in sys.modules:
+                _preimport(name)
+
+
+def _preimport(spec: str) -> None:
+    """Import one module (``module:attr`` also reads the attribute); failures are the
+    script's to meet, not the standby's."""
+    name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(name)
+        if attr:
+            getattr(module, attr)
+    except BaseException:  # SystemExit/KeyboardInterrupt raised by a module too
+        return
+
+
+def _run(order: Mapping[str, Any], modules_file: Path | None) -> None:
+    os.chdir(order["cwd"])
+    os.environ.clear()
+    os.environ.update(order["env"])
+    kind, target, args = order["kind"], order["target"], list(order["args"])
+    if kind == "script":
+        sys.argv = [target, *args]
+        script_dir = os.path.dirname(os.path.abspath(target))
+        sys.path[0] = script_dir
+    else:
+        sys.argv = ["-m" if kind == "module" else "-c", *args]
+        script_dir = os.getcwd()
+        sys.path[0] = script_dir if kind == "module" else ""
+    if modules_file is not None:
+        threading.Thread(target=_learn, args=(modules_file, script_dir), daemon=True,
+                         name="standby-learn").start()
+    import runpy
+
+    if kind == "script":
+        runpy.run_path(target, run_name="__main__")
+    elif kind == "module":
+        runpy.run_module(target, run_name="__main__", alter_sys=True)
+    else:
+        main = sys.modules["__main__"]
+        main.__dict__.pop("serve", None)  # what the boot line left behind
+        exec(compile(target, "<string>", "exec"), main.__dict__)
+
+
+def _learn(modules_file: Path, script_dir: str) -> None:
+    """Once the trainer committed its first snapshot (start-up over, its lazy imports done),
+    record what it had imported for the next standby."""
+    heartbeat = os.environ.get("GEMINI_HEARTBEAT_FILE")
+    if not heartbeat:
+        return  # no way to tell when start-up is over
+    deadline = time.monotonic() + _LEARN_LIMIT_S
+    while not os.path.exists(heartbeat):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(_LEARN_POLL_S)
+    names = [name for name, module in list(sys.modules.items())
+             if _learnable(name, getattr(module, "__file__", None), script_dir)]
+    tmp = modules_file.with_name(modules_file.name + f".{os.getpid()}.tmp")
+    with contextlib.suppress(OSError):
+        tmp.write_text(json.dumps(names))
+        os.replace(tmp, modules_file)
+
+
+def _learnable(name: str, file: object, script_dir: str) -> bool:
+    if name in ("__main__", "__mp_main__") or not isinstance(file, str):
+        return False
+    return not os.path.abspath(file).startswith(script_dir + os.sep)
