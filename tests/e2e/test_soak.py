@@ -140,8 +140,9 @@ def test_twenty_random_failures_are_all_recovered_with_identical_losses_and_noth
            .set("failurePolicy.maxRestarts", FAILURES + 5)
            .obj())
     jobs.create(job)
-    wait_for(lambda: (jobs.get(name) or {}).get("status", {}).get("launch"), 180,
-             "the operator to start training")
+    # From the first step in every rank's memory on, every failure is recoverable from memory.
+    wait_for(lambda: ((jobs.get(name) or {}).get("status") or {}).get("checkpoint", {}).get(
+        "inMemoryStep"), 300, "a first step in memory")
     soak = Soak(jobs, name, local_cluster, isolated_nodes, rng)
     log = []
     for i in range(FAILURES):
@@ -158,6 +159,7 @@ def test_twenty_random_failures_are_all_recovered_with_identical_losses_and_noth
                    f"{last.get('restoredStep')} lost {last['stepsLost']} in {took:.1f} s")
         print(log[-1])
         assert (last["cause"], last["source"]) == EXPECTED[kind], last
+        assert last.get("restoredStep") is not None, last  # not a fresh start
         assert rank in last["failedRanks"], last
         # Only the current pods' processes run: none of a lost node's or a replaced pod's.
         wait_for(lambda: job_processes(job_namespace) == pod_incarnations(jobs, name), 30,

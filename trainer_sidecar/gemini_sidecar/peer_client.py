@@ -2,7 +2,7 @@
 
 Replies on a connection come in request order, so the client matches them first-in
 first-out and keeps up to `window` chunks in flight: while the peer copies one chunk out of its
-socket buffer, the next ones are already on the wire.
+socket buffer, the next ones are already on the wire. Integrity: see send_version.
 """
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gemini_sidecar.checksum import combine, finish
+from gemini_sidecar.checksum import crc32
 from gemini_sidecar.config import PeerAddress
 from gemini_sidecar.protocol import (
     FLAG_COMPLETE,
+    FLAG_CORRUPT,
     Channel,
     Frame,
     FrameType,
@@ -70,10 +71,15 @@ def even_plan(length: int, chunk_bytes: int) -> list[PlannedChunk]:
     return [PlannedChunk(o, min(step, length - o), 0.0) for o in range(0, length, step)]
 
 
-async def _expect_ack(chan: Channel) -> Frame:
+async def _reply(chan: Channel) -> Frame:
+    """The next reply; PeerRefused for an ERROR, unless it flags corrupt chunks (returned)."""
     reply = await asyncio.wait_for(chan.recv(), REPLY_TIMEOUT_S)
     if reply.type == FrameType.ERROR:
-        raise PeerRefused((await chan.recv_payload(reply)).decode(errors="replace"))
+        message = (await chan.recv_payload(reply)).decode(errors="replace")
+        if not reply.flags & FLAG_CORRUPT:
+            raise PeerRefused(message)
+        log.warning("peer: %s", message)
+        return reply
     if reply.type != FrameType.ACK:
         raise ProtocolError(f"expected ACK, got {reply.type.name}")
     await chan.discard(reply.length)
@@ -85,62 +91,72 @@ async def send_version(
     rank: int,
     version: int,
     data: memoryview,
-    source_checksum: int,
+    source_crc: int,
     plan: Sequence[PlannedChunk],
     still_valid: Callable[[], bool],
     window: int = 8,
 ) -> int:
     """Send one version to the peer on `chan`; returns the payload bytes sent.
 
+    The sender reads its bytes once, to send them. The peer acknowledges each chunk with
+    the CRC-32 of what it received, and completes the version only if those combine into
+    `source_crc` (the trainer's CRC-32 of the whole version). If not, the sender takes the
+    CRC-32 of its own chunks (this once) and resends the ones that differ.
+
     Raises PeerRefused (budget, not a holder, persistent corruption), SourceChanged.
     """
-    begin = Frame(FrameType.PUT_BEGIN, rank, version, total=len(data), checksum=source_checksum)
+    begin = Frame(FrameType.PUT_BEGIN, rank, version, total=len(data), checksum=source_crc)
     await chan.send(begin)
-    await _expect_ack(chan)
-    sums: dict[int, int] = {}
+    if (await _reply(chan)).type != FrameType.ACK:
+        raise ProtocolError("peer flagged corruption before any chunk")
+    received: dict[int, int] = {}  # offset -> the CRC-32 the peer took of that chunk
     todo = list(plan)
     sent = 0
     for _ in range(RESEND_ROUNDS + 1):
-        failed = await _send_chunks(chan, rank, version, data, todo, sums, window)
+        await _send_chunks(chan, rank, version, data, todo, received, window)
         sent += sum(c.length for c in todo)
-        if not failed:
-            break
-        log.warning("peer reported %d corrupt chunks of rank %d v%d; resending", len(failed),
+        if not still_valid():
+            raise SourceChanged(f"rank {rank} version {version} was overwritten while being sent")
+        await chan.send(Frame(FrameType.PUT_END, rank, version, checksum=source_crc))
+        reply = await _reply(chan)
+        if reply.type == FrameType.ACK:
+            if not reply.flags & FLAG_COMPLETE:
+                raise ProtocolError("peer did not confirm the version complete")
+            return sent
+        todo = await asyncio.to_thread(_corrupt_chunks, data, plan, received)
+        if not still_valid():
+            raise SourceChanged(f"rank {rank} version {version} was overwritten while being sent")
+        if not todo:
+            raise PeerRefused(f"rank {rank} version {version}: the local bytes do not match the "
+                              "trainer's CRC-32 (corrupt in shared memory); not replicated")
+        log.warning("peer received %d corrupt chunks of rank %d v%d; resending", len(todo),
                     rank, version)
-        todo = [PlannedChunk(c.offset, c.length, 0.0) for c in failed]
-    else:
-        raise PeerRefused(f"chunks of rank {rank} v{version} kept arriving corrupt")
-    if not still_valid():
-        raise SourceChanged(f"rank {rank} version {version} was overwritten while being sent")
-    whole = finish(combine(list(sums.values())), len(data))
-    await chan.send(Frame(FrameType.PUT_END, rank, version, checksum=whole))
-    reply = await _expect_ack(chan)
-    if not reply.flags & FLAG_COMPLETE:
-        raise ProtocolError("peer did not confirm the version complete")
-    return sent
+    raise PeerRefused(f"chunks of rank {rank} v{version} kept arriving corrupt")
+
+
+def _corrupt_chunks(data: memoryview, plan: Sequence[PlannedChunk],
+                    received: dict[int, int]) -> list[PlannedChunk]:
+    """The chunks whose CRC-32 at the peer differs from the local bytes' (resent at once)."""
+    return [PlannedChunk(c.offset, c.length, 0.0) for c in plan
+            if crc32(data[c.offset : c.offset + c.length]) != received.get(c.offset)]
 
 
 async def _send_chunks(
     chan: Channel, rank: int, version: int, data: memoryview, plan: Sequence[PlannedChunk],
-    sums: dict[int, int], window: int,
-) -> list[PlannedChunk]:
-    """Send `plan` with up to `window` chunks unacknowledged; returns chunks to resend."""
+    received: dict[int, int], window: int,
+) -> None:
+    """Send `plan` with up to `window` chunks unacknowledged; records the peer's CRCs."""
     loop = asyncio.get_running_loop()
     slots = asyncio.Semaphore(window)
     pending: asyncio.Queue[PlannedChunk | None] = asyncio.Queue()
-    failed: list[PlannedChunk] = []
 
     async def read_replies() -> None:
         try:
             while (chunk := await pending.get()) is not None:
-                reply = await asyncio.wait_for(chan.recv(), REPLY_TIMEOUT_S)
-                if reply.type == FrameType.ERROR:
-                    message = (await chan.recv_payload(reply)).decode(errors="replace")
-                    if "checksum mismatch" not in message:
-                        raise PeerRefused(message)
-                    failed.append(chunk)
-                elif reply.type != FrameType.ACK or reply.offset != chunk.offset:
+                reply = await _reply(chan)
+                if reply.type != FrameType.ACK or reply.offset != chunk.offset:
                     raise ProtocolError(f"unexpected reply {reply.type.name} at {reply.offset}")
+                received[chunk.offset] = reply.checksum
                 slots.release()
         finally:
             for _ in range(window + 1):  # wake a sender blocked on the window if we failed
@@ -158,10 +174,9 @@ async def _send_chunks(
                 break
             piece = data[chunk.offset : chunk.offset + chunk.length]
             pending.put_nowait(chunk)
-            frame = Frame(FrameType.PUT_CHUNK, rank, version, chunk.offset, chunk.length)
-            sums[chunk.offset] = await chan.send_chunk(frame, piece)
+            await chan.send(Frame(FrameType.PUT_CHUNK, rank, version, chunk.offset,
+                                  chunk.length), piece)
         pending.put_nowait(None)
         await reader
     finally:
         reader.cancel()
-    return failed

@@ -18,14 +18,19 @@ from gemini_sidecar.local import LocalShard, LocalShardError
 from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.protocol import (
     FLAG_COMPLETE,
+    FLAG_CORRUPT,
     FLAG_EXACT,
     Channel,
-    ChecksumMismatch,
     Frame,
     FrameType,
     ProtocolError,
 )
-from gemini_sidecar.store import BudgetExceeded, ReplicaStore, StoreError
+from gemini_sidecar.store import (
+    BudgetExceeded,
+    ReplicaStore,
+    StoreError,
+    WholeChecksumMismatch,
+)
 
 log = logging.getLogger(__name__)
 HANDSHAKE_TIMEOUT_S = 10.0
@@ -130,19 +135,19 @@ class PeerServer:
             await chan.discard(frame.length)
             await chan.send_error(str(err))
             return
-        try:
-            words = await chan.recv_into(frame, view)
-        except ChecksumMismatch as err:
-            log.warning("%s; asking the sender to resend", err)
-            await chan.send_error(f"checksum mismatch at offset {frame.offset}")
-            return
-        self.ctx.store.chunk_done(frame.rank, frame.version, frame.offset, frame.length, words)
-        ack = Frame(FrameType.ACK, frame.rank, frame.version, frame.offset, 0, 0, frame.length)
+        crc = await chan.recv_crc_into(frame, view)
+        self.ctx.store.chunk_done(frame.rank, frame.version, frame.offset, frame.length, crc)
+        # the CRC of what landed goes back authenticated: the sender finds bad chunks with it
+        ack = Frame(FrameType.ACK, frame.rank, frame.version, frame.offset, 0, crc, frame.length)
         await chan.send(ack)
 
     async def _put_end(self, chan: Channel, frame: Frame) -> None:
         try:
             self.ctx.store.finish(frame.rank, frame.version, frame.checksum)
+        except WholeChecksumMismatch as err:  # kept open: the sender resends the bad chunks
+            log.warning("%s; asking the sender to resend the corrupt chunks", err)
+            await chan.send_error(f"checksum mismatch: {err}", FLAG_CORRUPT)
+            return
         except StoreError as err:
             self.ctx.store.abort(frame.rank, frame.version)
             await chan.send_error(str(err))

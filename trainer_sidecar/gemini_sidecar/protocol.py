@@ -5,8 +5,10 @@ with a HELLO frame whose payload is its own nonce and the job name. Every frame 
 carries a direction, a per-direction sequence number and an HMAC-SHA256 over
 (both nonces, direction, header fields) keyed with the job token, so a peer without the token
 (another job, or nobody) cannot open a session, and frames cannot be replayed or reordered.
-The payload is covered by the 64-bit checksum in the authenticated header (see checksum.py);
-hashing every payload byte with HMAC would cost more than the transfer itself.
+Payload bytes are not MACed (HMAC-SHA256 runs at ~2 GiB/s, slower than loopback TCP); they are
+covered by checksums the authenticated frames carry: a replicated chunk's CRC-32 goes back to
+the sender in its authenticated ACK, and the chunk CRCs must combine into the trainer's CRC-32
+of the whole shard, which the authenticated PUT_BEGIN/PUT_END carry (see checksum.py).
 """
 
 from __future__ import annotations
@@ -16,12 +18,14 @@ import enum
 import hashlib
 import hmac
 import os
+import queue
 import socket
 import struct
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
-from gemini_sidecar.checksum import checksum, combine, finish, word_sum
+from gemini_sidecar.checksum import checksum, crc32, finish, word_sum
 
 MAGIC = b"GMN1"
 CHALLENGE_MAGIC = b"GMNS"
@@ -37,11 +41,10 @@ class FrameType(enum.IntEnum):
     HELLO = 1
     WELCOME = 2
     ERROR = 3
-    PUT_BEGIN = 10
-    PUT_CHUNK = 11
-    PUT_END = 12
+    PUT_BEGIN = 10  # checksum: the trainer's CRC-32 of the whole version
+    PUT_CHUNK = 11  # payload: bytes [offset, offset+length); its CRC-32 comes back in the ACK
+    PUT_END = 12  # checksum: the whole version's CRC-32 again
     ACK = 13
-    SUM = 14  # trailer of a PUT_CHUNK sent with FLAG_TRAILER: carries the payload checksum
     GET_INFO = 20
     INFO = 21
     GET = 22
@@ -50,7 +53,7 @@ class FrameType(enum.IntEnum):
 
 FLAG_COMPLETE = 1  # INFO/ACK: the version is complete
 FLAG_EXACT = 2  # GET_INFO: the version field names the version wanted (else: newest)
-FLAG_TRAILER = 4  # PUT_CHUNK: the checksum follows the payload in a SUM frame
+FLAG_CORRUPT = 4  # ERROR to PUT_END: the chunks do not add up to the CRC-32; resend bad ones
 _CLIENT_TO_SERVER = 0
 _SERVER_TO_CLIENT = 1
 
@@ -107,14 +110,21 @@ def _unpack(raw: bytes) -> tuple[Frame, int]:
 
 BULK_BYTES = 64 * 1024  # payloads at least this large move on a worker thread
 BULK_TIMEOUT_S = 120.0
-SUM_PIECE_BYTES = 1 << 20  # received bytes are summed in pieces of about L2 size
+SUM_PIECE_BYTES = 1 << 20  # received bytes are checksummed in pieces of about L2 size
 # Bulk transfers block their thread until the peer keeps up; a pool of their own keeps them
 # from starving (or deadlocking, with several sidecars in one process) the default executor.
 _BULK_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="gemini-bulk")
-# Checksums run beside the transfer on threads of their own (numpy's sum releases the GIL):
-# summed in line, they lengthened every chunk's send and receive by the time of the sum,
-# about a third of the cost of loopback TCP itself (bench/replication_throughput.py).
+# Checksums run beside the transfer on threads of their own (zlib and numpy release the GIL):
+# in line, they would lengthen every chunk's receive by the time of the checksum.
 _SUM_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gemini-sum")
+
+
+def _crc_stream(pieces: queue.SimpleQueue[memoryview | None]) -> int:
+    """CRC-32 of the pieces put into `pieces`, in order, until None (on a checksum thread)."""
+    crc = 0
+    while (piece := pieces.get()) is not None:
+        crc = zlib.crc32(piece, crc)
+    return crc & 0xFFFFFFFF
 
 
 class Channel:
@@ -174,52 +184,13 @@ class Channel:
         self._bulk.sendall(head)
         self._bulk.sendall(payload)
 
-    def _sealed(self, frame: Frame, seq: int) -> bytes:
-        fields = _pack_fields(frame, seq)
-        return fields + _mac(self._token, self._nonces, self._send_dir, fields)
-
-    async def send_chunk(self, frame: Frame, payload: memoryview) -> int:
-        """Send `frame` with `payload` and a SUM trailer; returns the payload's word sum.
-
-        The payload is summed on a checksum thread while it goes out, so summing never
-        stalls the stream (the checksum then has to follow the payload, in an authenticated
-        trailer frame).
-        """
-        seq = self._send_seq
-        self._send_seq += 2
-        return await self._loop.run_in_executor(
-            _BULK_POOL, self._send_with_trailer, frame, seq, payload
-        )
-
-    def _send_with_trailer(self, frame: Frame, seq: int, payload: memoryview) -> int:
-        head = replace(frame, flags=frame.flags | FLAG_TRAILER, checksum=0)
-        summing = _SUM_POOL.submit(word_sum, payload)  # beside the send, not before it
-        try:
-            self._bulk.sendall(self._sealed(head, seq))
-            self._bulk.sendall(payload)
-        finally:
-            words = summing.result()  # the payload view must outlive the sum
-        trailer = Frame(FrameType.SUM, frame.rank, frame.version, frame.offset, 0,
-                        finish(words, len(payload)))
-        self._bulk.sendall(self._sealed(trailer, seq + 1))
-        return words
-
-    def _recv_bulk_and_trailer(self, view: memoryview) -> tuple[int, bytes]:
-        words = self._recv_bulk(view)
-        raw = bytearray(HEADER_BYTES)
-        got = 0
-        while got < HEADER_BYTES:
-            n = self._bulk.recv_into(memoryview(raw)[got:])
-            if n == 0:
-                raise ConnectionError("peer closed the connection before the chunk trailer")
-            got += n
-        return words, bytes(raw)
-
-    def _recv_bulk(self, view: memoryview) -> int:
-        """Receive into `view`; each piece that landed is summed on a checksum thread while
-        the next one is received (the piece is still in the shared cache)."""
-        got = summed = 0
-        sums: list[Future[int]] = []
+    def _recv_bulk(self, view: memoryview, summing: bool) -> int:
+        """Receive into `view` on a worker thread; returns its word sum, or its CRC-32 when
+        not `summing`. Each piece that landed is checksummed on a checksum thread while the
+        next one is received (the piece is still in the shared cache)."""
+        pieces: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
+        running = _SUM_POOL.submit(_sum_stream if summing else _crc_stream, pieces)
+        got = queued = 0
         try:
             while got < len(view):
                 n = self._bulk.recv_into(view[got:])
@@ -227,12 +198,13 @@ class Channel:
                     raise ConnectionError("peer closed the connection mid-frame")
                 got += n
                 upto = got if got == len(view) else got - got % 8
-                if upto - summed >= SUM_PIECE_BYTES or upto == len(view):
-                    sums.append(_SUM_POOL.submit(word_sum, view[summed:upto]))
-                    summed = upto
+                if upto - queued >= SUM_PIECE_BYTES or upto == len(view):
+                    pieces.put(view[queued:upto])
+                    queued = upto
         finally:
-            words = [f.result() for f in sums]  # wait for them, also when receiving failed
-        return combine(words)
+            pieces.put(None)  # the checksum thread ends also when receiving failed
+            result = running.result()  # and the view must outlive it
+        return result
 
     async def recv(self) -> Frame:
         """Read and authenticate the next header; the caller then reads `frame.length` bytes."""
@@ -254,28 +226,28 @@ class Channel:
         return frame
 
     async def recv_into(self, frame: Frame, view: memoryview) -> int:
-        """Receive the payload of `frame` into `view`, verify its checksum; returns its word
-        sum (checksum.word_sum), which the replica store keeps."""
+        """Receive the payload of `frame` into `view` and verify it against the word-sum
+        checksum in its header (fetch replies); returns its word sum."""
         if len(view) != frame.length:
             raise ProtocolError(f"payload view of {len(view)} bytes for {frame.length}")
-        expected = frame.checksum
-        if frame.flags & FLAG_TRAILER:
-            words, raw = await self._loop.run_in_executor(
-                _BULK_POOL, self._recv_bulk_and_trailer, view
-            )
-            trailer = self._open(raw)
-            if trailer.type != FrameType.SUM or trailer.offset != frame.offset:
-                raise ProtocolError(f"expected the SUM trailer at {frame.offset}, got "
-                                    f"{trailer.type.name} at {trailer.offset}")
-            expected = trailer.checksum
-        elif len(view) < BULK_BYTES:
+        if len(view) < BULK_BYTES:
             await self._recv_exact(view)
             words = word_sum(view)
         else:
-            words = await self._loop.run_in_executor(_BULK_POOL, self._recv_bulk, view)
-        if finish(words, frame.length) != expected:
+            words = await self._loop.run_in_executor(_BULK_POOL, self._recv_bulk, view, True)
+        if finish(words, frame.length) != frame.checksum:
             raise ChecksumMismatch(frame)
         return words
+
+    async def recv_crc_into(self, frame: Frame, view: memoryview) -> int:
+        """Receive the payload of `frame` into `view`; returns its CRC-32 (replicated chunks:
+        the receiver checks the chunk CRCs against the whole version's at PUT_END)."""
+        if len(view) != frame.length:
+            raise ProtocolError(f"payload view of {len(view)} bytes for {frame.length}")
+        if len(view) < BULK_BYTES:
+            await self._recv_exact(view)
+            return crc32(view)
+        return await self._loop.run_in_executor(_BULK_POOL, self._recv_bulk, view, False)
 
     async def recv_payload(self, frame: Frame) -> bytes:
         data = await self.recv_bytes(frame.length)
@@ -291,9 +263,10 @@ class Channel:
             await self._recv_exact(scratch[:step])
             length -= step
 
-    async def send_error(self, message: str) -> None:
+    async def send_error(self, message: str, flags: int = 0) -> None:
         data = message.encode()[:4096]
-        await self.send(Frame(FrameType.ERROR, length=len(data), checksum=checksum(data)), data)
+        error = Frame(FrameType.ERROR, length=len(data), checksum=checksum(data), flags=flags)
+        await self.send(error, data)
 
     # -- handshake -------------------------------------------------------------------------
     async def server_handshake(self, job: str) -> None:
@@ -339,6 +312,14 @@ class Channel:
     def close(self) -> None:
         self._bulk.close()
         self.sock.close()
+
+
+def _sum_stream(pieces: queue.SimpleQueue[memoryview | None]) -> int:
+    """Word sum of the 8-byte-aligned pieces put into `pieces` until None."""
+    words = 0
+    while (piece := pieces.get()) is not None:
+        words += word_sum(piece)
+    return words & ((1 << 64) - 1)
 
 
 class ChecksumMismatch(ProtocolError):

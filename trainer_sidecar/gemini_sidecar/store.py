@@ -4,14 +4,16 @@ Per held rank there are two slots: the newest complete version and the one being
 new version always goes into the slot that does not hold the newest complete one, so a
 failure mid-transfer never costs the last good copy. Buffers are allocated once and reused
 (the receive path writes straight into them); the memory budget bounds the total allocated,
-and a version that would exceed it is refused while the complete one is kept.
+and a version that would exceed it is refused while the complete one is kept. A version is
+complete only when its chunks' CRC-32s (taken as they landed) combine into the CRC-32 of the
+whole version that the trainer wrote; until then chunks found bad can be received again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gemini_sidecar.checksum import combine, finish
+from gemini_sidecar.checksum import crc32_of_pieces
 
 
 class StoreError(Exception):
@@ -22,6 +24,10 @@ class BudgetExceeded(StoreError):
     """Accepting a version would take the store past its memory budget."""
 
 
+class WholeChecksumMismatch(StoreError):
+    """All bytes arrived but their CRC-32 is not the version's: some chunk must be resent."""
+
+
 @dataclass
 class _Slot:
     buffer: bytearray = field(default_factory=bytearray)
@@ -30,7 +36,7 @@ class _Slot:
     source_checksum: int = 0
     complete: bool = False
     seq: int = 0  # order of begin() calls: the newest complete slot has the highest seq
-    received: dict[int, tuple[int, int]] = field(default_factory=dict)  # offset -> (len, sum)
+    received: dict[int, tuple[int, int]] = field(default_factory=dict)  # offset -> (len, crc)
 
     def view(self) -> memoryview:
         return memoryview(self.buffer)[: self.length]
@@ -117,23 +123,31 @@ class ReplicaStore:
             )
         return memoryview(slot.buffer)[offset : offset + length]
 
-    def chunk_done(self, rank: int, version: int, offset: int, length: int, words: int) -> None:
-        """Record a verified chunk (its word sum, see checksum.py)."""
-        self._writing(rank, version).received[offset] = (length, words)
+    def chunk_done(self, rank: int, version: int, offset: int, length: int, crc: int) -> None:
+        """Record a received chunk with the CRC-32 of the bytes that landed (a chunk received
+        again at the same offset replaces the earlier one)."""
+        self._writing(rank, version).received[offset] = (length, crc)
 
-    def finish(self, rank: int, version: int, whole_checksum: int) -> ReplicaInfo:
-        """Mark complete if every byte arrived and the chunks add up to `whole_checksum`."""
+    def finish(self, rank: int, version: int, whole_crc: int) -> ReplicaInfo:
+        """Mark complete if every byte arrived and the chunk CRCs combine into `whole_crc`
+        (WholeChecksumMismatch if they do not: the version stays open for resent chunks)."""
         slot = self._writing(rank, version)
         pos = 0
+        pieces = []
         for offset in sorted(slot.received):
             if offset != pos:
                 raise StoreError(f"rank {rank} version {version}: bytes missing at {pos}")
-            pos += slot.received[offset][0]
+            length, crc = slot.received[offset]
+            pieces.append((crc, length))
+            pos += length
         if pos != slot.length:
             raise StoreError(f"rank {rank} version {version}: {pos} of {slot.length} bytes")
-        words = combine([w for _, w in slot.received.values()])
-        if finish(words, slot.length) != whole_checksum:
-            raise StoreError(f"rank {rank} version {version}: whole-shard checksum mismatch")
+        actual = crc32_of_pieces(pieces)
+        if actual != whole_crc:
+            raise WholeChecksumMismatch(
+                f"rank {rank} version {version}: the received bytes have CRC-32 {actual:#010x},"
+                f" the version {whole_crc:#010x}"
+            )
         slot.complete = True
         return self._info(rank, slot)
 

@@ -38,7 +38,8 @@ Warm standby (gemini_trainer.standby; on unless GEMINI_LAUNCHER_STANDBY=0): for 
 command the launcher keeps one pre-started interpreter that has imported torch/DeepSpeed
 (GEMINI_LAUNCHER_PREIMPORT) and starts the next run in it, skipping the imports; one extra
 interpreter per rank in memory. It falls back to a normal spawn when no standby is usable.
-``status.warm`` tells whether the current process started from one.
+``status.warm`` tells whether the current process started from one, ``status.standby``
+({"pid", "ready"} or null) about the next.
 """
 
 from __future__ import annotations
@@ -387,6 +388,8 @@ class Launcher:
                 "exited_at": self._exited_at,
                 "started_at": self._started_at,
                 "warm": self._warm,
+                "standby": None if self._standby is None else {
+                    "pid": self._standby.proc.pid, "ready": self._standby.ready()},
                 "restore": dict(self._restore),
                 "progress": self.progress(),
                 "port": self.port,

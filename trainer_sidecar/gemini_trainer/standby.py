@@ -132,7 +132,8 @@ class Standby:
         try:
             self.proc = spawn(command.boot_command(preimport, modules_file, nice,
                                                    (control_r, status_w)),
-                              self.env, pass_fds=(control_r, status_w))
+                              self.env, pass_fds=(control_r, status_w),
+                              start_new_session=False)  # in the launcher's group until used
         except BaseException:
             for fd in (control_r, status_w, self._control_w, self._status_r):
                 os.close(fd)

@@ -86,6 +86,7 @@ def start(tmp_path: Path) -> Iterator[Any]:
             token=TOKEN,
             status_file=status_file,
             grace_s=2.0,
+            preimport=("json",),  # a standby importing torch for every test would be slow
         )
         running = Running(Launcher(config, env={**os.environ, **env}))
         started.append(running)
@@ -208,3 +209,172 @@ def test_the_cli_runs_the_command_and_exits_with_its_code_when_asked(tmp_path: P
     proc = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
     assert proc.returncode == 6, proc.stderr.decode()
     assert json.loads((tmp_path / "s.json").read_text())["exit_code"] == 6
+
+
+# -- warm standby -------------------------------------------------------------------------------
+
+# A script (not -c): records how it was started, prints, then sleeps, fails or raises.
+SCRIPT = (
+    "import json, os, sys, time\n"
+    "record = {'name': __name__, 'argv': sys.argv, 'cwd': os.getcwd(), 'path0': sys.path[0],\n"
+    "          'epoch': os.environ['GEMINI_RESTART_EPOCH'],\n"
+    "          'port': os.environ.get('MASTER_PORT'),\n"
+    "          'pid': os.getpid(), 'leader': os.getpgid(0) == os.getpid(),\n"
+    "          'preimported': 'fractions' in sys.modules}\n"
+    "with open(os.environ['RECORD'], 'a') as f:\n"
+    "    f.write(json.dumps(record) + '\\n')\n"
+    "print(f\"hello from epoch {record['epoch']}\", flush=True)\n"
+    "mode = os.environ.get('CHILD_MODE', 'sleep')\n"
+    "if mode == 'sleep':\n"
+    "    time.sleep(120)\n"
+    "if mode == 'raise':\n"
+    "    raise RuntimeError('boom')\n"
+    "sys.exit(int(mode))\n"
+)
+
+
+def records(tmp_path: Path) -> list[dict[str, Any]]:
+    path = tmp_path / "records"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.fixture()
+def warm_start(tmp_path: Path) -> Iterator[Any]:
+    started: list[Running] = []
+    script = tmp_path / "scripts" / "child.py"
+    script.parent.mkdir()
+    script.write_text(SCRIPT)
+
+    def _start(command: tuple[str, ...] | None = None, standby: bool = True) -> Running:
+        config = LauncherConfig(
+            command=command or (sys.executable, str(script), "first-arg"),
+            port=0, token=TOKEN, grace_s=2.0, hold=True, standby=standby,
+            preimport=("fractions",),  # not imported by a bare interpreter
+        )
+        env = {**os.environ, "RECORD": str(tmp_path / "records")}
+        running = Running(Launcher(config, env=env))
+        started.append(running)
+        return running
+
+    yield _start
+    for running in started:
+        if running.thread.is_alive():
+            running.launcher.stop()
+            running.launcher.finish()
+            running.thread.join(10)
+
+
+def restart(running: Running, epoch: int, **env: str) -> dict[str, Any]:
+    code, body = running.call("POST", "/restart", {"epoch": epoch, "version": 3, "env": env})
+    assert code == 200, body
+    return body
+
+
+def test_a_restart_runs_in_the_warm_standby_like_a_fresh_python_process(
+    warm_start: Any, tmp_path: Path
+) -> None:
+    running = warm_start()
+    standby = running.until(lambda s: (s["standby"] or {}).get("ready"))["standby"]
+    restart(running, 1, MASTER_PORT="1111")
+    running.until(lambda s: len(records(tmp_path)) == 1)
+    first = records(tmp_path)[0]
+    script = tmp_path / "scripts" / "child.py"
+    assert first == {
+        "name": "__main__", "argv": [str(script), "first-arg"], "cwd": os.getcwd(),
+        "path0": str(script.parent), "epoch": "1", "port": "1111", "pid": standby["pid"],
+        "leader": True, "preimported": True,
+    }
+    status = running.status()
+    assert status["warm"] and status["pid"] == standby["pid"] and status["state"] == "running"
+    # re-armed: the next restart also starts warm, with that epoch's environment
+    next_standby = running.until(lambda s: (s["standby"] or {}).get("ready"))["standby"]
+    assert next_standby["pid"] != standby["pid"]
+    restart(running, 2, MASTER_PORT="2222")
+    running.until(lambda s: len(records(tmp_path)) == 2)
+    second = records(tmp_path)[1]
+    assert (second["epoch"], second["port"], second["pid"]) == ("2", "2222", next_standby["pid"])
+    assert second["preimported"] and running.status()["warm"]
+    assert not alive(first["pid"]), "the restart must end the previous run"
+
+
+def test_stop_ends_a_warm_started_process_and_the_standby(warm_start: Any, tmp_path: Path) -> None:
+    running = warm_start()
+    running.until(lambda s: (s["standby"] or {}).get("ready"))
+    restart(running, 1)
+    standby = running.until(lambda s: (s["standby"] or {}).get("ready"))["standby"]
+    pid = running.status()["pid"]
+    assert running.call("POST", "/stop")[0] == 200
+    running.thread.join(10)
+    assert running.code == 0 and not alive(pid) and not alive(standby["pid"])
+
+
+def test_without_a_usable_standby_the_restart_spawns_a_fresh_process(
+    warm_start: Any, tmp_path: Path
+) -> None:
+    running = warm_start()
+    dead = running.until(lambda s: (s["standby"] or {}).get("ready"))["standby"]["pid"]
+    os.kill(dead, 9)  # the standby died
+    restart(running, 1)
+    running.until(lambda s: len(records(tmp_path)) == 1)
+    status = running.status()
+    assert not status["warm"] and status["pid"] != dead
+    assert not records(tmp_path)[0]["preimported"] and records(tmp_path)[0]["leader"]
+    # re-armed after the fallback; a start-up setting in the new environment needs a fresh
+    # interpreter, so that restart spawns too and the child sees the setting
+    running.until(lambda s: (s["standby"] or {}).get("ready"))
+    restart(running, 2, OMP_NUM_THREADS="3", MASTER_PORT="3333")
+    running.until(lambda s: len(records(tmp_path)) == 2)
+    assert not running.status()["warm"] and records(tmp_path)[1]["port"] == "3333"
+
+
+@pytest.mark.parametrize("standby", [False, True])
+def test_no_standby_when_disabled_or_the_command_is_not_python(
+    warm_start: Any, tmp_path: Path, standby: bool
+) -> None:
+    script = tmp_path / "scripts" / "child.py"
+    command = None if not standby else ("/bin/sh", "-c", f"exec {sys.executable} {script} x")
+    running = warm_start(command=command, standby=standby)
+    assert running.until(lambda s: s["state"] == "held")["standby"] is None
+    restart(running, 1)
+    running.until(lambda s: len(records(tmp_path)) == 1)
+    assert running.status()["standby"] is None and not running.status()["warm"]
+
+
+@pytest.mark.parametrize(("mode", "code", "stderr"), [("7", 7, ""), ("raise", 1, "boom")])
+def test_a_warm_run_exits_with_the_scripts_code_and_prints_to_the_launchers_output(
+    tmp_path: Path, mode: str, code: int, stderr: str
+) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(SCRIPT)
+    status_file = tmp_path / "s.json"
+    env = {**os.environ, "GEMINI_LAUNCHER_HOLD": "1", "GEMINI_LAUNCHER_PREIMPORT": "fractions",
+           "RECORD": str(tmp_path / "records"), "GEMINI_AUTH_TOKEN": TOKEN}
+    cmd = [sys.executable, "-m", "gemini.cli", "launch", "--port", "0", "--exit-on-failure",
+           "--status-file", str(status_file), "--", sys.executable, str(script)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while not status_file.exists():
+            assert time.monotonic() < deadline and proc.poll() is None, "the launcher is not up"
+            time.sleep(0.05)
+
+        def call(path: str, body: Any = None) -> dict[str, Any]:
+            data = None if body is None else json.dumps(body).encode()
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{json.loads(status_file.read_text())['port']}{path}",
+                data=data, method="GET" if body is None else "POST",
+                headers={"Authorization": f"Bearer {TOKEN}"})
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                answer: dict[str, Any] = json.loads(resp.read())
+                return answer
+
+        while not (call("/status")["standby"] or {}).get("ready"):
+            assert time.monotonic() < deadline, "no ready standby"
+            time.sleep(0.05)
+        assert call("/restart", {"epoch": 1, "env": {"CHILD_MODE": mode}})["warm"]
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == code, err.decode()
+    assert b"hello from epoch 1" in out and stderr.encode() in err
+    assert records(tmp_path)[0]["preimported"]

@@ -6,10 +6,21 @@ import asyncio
 import itertools
 import os
 import socket
+import zlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gemini_sidecar.checksum import checksum, combine, finish, word_sum
+from gemini_sidecar.checksum import (
+    checksum,
+    combine,
+    crc32,
+    crc32_combine,
+    crc32_of_pieces,
+    finish,
+    word_sum,
+)
 from gemini_sidecar.protocol import (
     AuthError,
     Channel,
@@ -38,6 +49,26 @@ def test_any_single_byte_change_and_any_truncation_change_the_checksum():
         data[pos] ^= 0x40
     assert checksum(data[:-8]) != reference
     assert checksum(bytes(data) + b"\0" * 8) != reference
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=3000), st.lists(st.integers(0, 3000), max_size=6))
+def test_crc32_of_pieces_is_the_crc32_of_their_concatenation(data, cuts):
+    bounds = sorted({0, len(data), *(c for c in cuts if c <= len(data))})
+    pieces = [(crc32(data[a:b]), b - a) for a, b in itertools.pairwise(bounds)]
+    assert crc32_of_pieces(pieces) == zlib.crc32(data)
+
+
+def test_crc32_combine_over_long_pieces_and_bit_errors_a_word_sum_misses():
+    head, tail = os.urandom(1 << 20), os.urandom((3 << 20) + 5)
+    assert crc32_combine(crc32(head), crc32(tail), len(tail)) == zlib.crc32(head + tail)
+    # bit 5 set in one word and cleared in another: the word sum cannot tell, CRC-32 can
+    data = bytearray(16)
+    data[0], data[8] = 0x00, 0x20
+    flipped = bytearray(data)
+    flipped[0], flipped[8] = 0x20, 0x00
+    assert word_sum(data) == word_sum(flipped)
+    assert crc32(data) != crc32(flipped)
 
 
 async def _pair(job_server: str = "j", job_client: str = "j", token_client: bytes = TOKEN):
@@ -75,6 +106,21 @@ async def test_frames_round_trip_with_payloads_verified():
     client.close()
 
 
+async def test_a_replicated_chunk_is_received_with_the_crc32_of_what_landed():
+    server, client, _ = await _pair()
+    for size in (1000, 700_000):  # in line, and on the bulk threads
+        data = os.urandom(size)
+        send = asyncio.create_task(
+            client.send(Frame(FrameType.PUT_CHUNK, 0, 1, 0, len(data)), data))
+        got = await server.recv()
+        buf = bytearray(got.length)
+        assert await server.recv_crc_into(got, memoryview(buf)) == zlib.crc32(data)
+        await send
+        assert bytes(buf) == data
+    server.close()
+    client.close()
+
+
 async def test_a_payload_that_does_not_match_its_checksum_is_reported():
     server, client, _ = await _pair()
     data = os.urandom(1000)
@@ -106,5 +152,24 @@ async def test_oversized_and_replayed_frames_are_refused():
     await client.send(Frame(FrameType.GET_INFO, 0, 1))
     with pytest.raises(AuthError, match="sequence"):
         await server.recv()
+    server.close()
+    client.close()
+
+
+async def test_a_checksum_changed_in_an_authenticated_header_is_refused():
+    """The MAC binds the CRC-32 a frame carries: rewriting it on the way is caught."""
+    server, client, _ = await _pair()
+    a, b = socket.socketpair()  # capture the sealed header instead of sending it
+    real, client.sock = client.sock, a
+    await client.send(Frame(FrameType.PUT_END, 0, 1, checksum=0x1234ABCD))
+    client.sock = real
+    head = bytearray(b.recv(1 << 16))
+    struct_offset = 4 + 1 + 1 + 2 + 4 + 8 + 8 + 8  # magic, type, flags, pad, rank, version,
+    head[struct_offset + 7] ^= 0x01  # offset, length: then the checksum's last byte
+    await asyncio.get_running_loop().sock_sendall(real, bytes(head))
+    with pytest.raises(AuthError, match="bad frame authentication on PUT_END"):
+        await server.recv()
+    for s in (a, b):
+        s.close()
     server.close()
     client.close()

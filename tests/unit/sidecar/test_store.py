@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from gemini_sidecar.checksum import checksum, finish, word_sum
-from gemini_sidecar.store import BudgetExceeded, ReplicaStore, StoreError
+from gemini_sidecar.checksum import crc32
+from gemini_sidecar.store import BudgetExceeded, ReplicaStore, StoreError, WholeChecksumMismatch
 
 
 def _receive(store: ReplicaStore, rank: int, version: int, data: bytes, chunk: int = 4096):
@@ -15,8 +15,8 @@ def _receive(store: ReplicaStore, rank: int, version: int, data: bytes, chunk: i
     for off in range(0, len(data), chunk):
         piece = data[off : off + chunk]
         store.chunk_view(rank, version, off, len(piece))[:] = piece
-        store.chunk_done(rank, version, off, len(piece), word_sum(piece))
-    return store.finish(rank, version, checksum(data))
+        store.chunk_done(rank, version, off, len(piece), crc32(piece))
+    return store.finish(rank, version, crc32(data))
 
 
 def test_the_newest_complete_version_survives_a_half_received_one():
@@ -38,14 +38,32 @@ def test_finish_refuses_missing_bytes_and_a_wrong_whole_checksum():
     data = os.urandom(8192)
     store.begin(1, 1, len(data), 0)
     store.chunk_view(1, 1, 0, 4096)[:] = data[:4096]
-    store.chunk_done(1, 1, 0, 4096, word_sum(data[:4096]))
+    store.chunk_done(1, 1, 0, 4096, crc32(data[:4096]))
     with pytest.raises(StoreError, match="4096 of 8192 bytes"):
-        store.finish(1, 1, checksum(data))
+        store.finish(1, 1, crc32(data))
     store.chunk_view(1, 1, 4096, 4096)[:] = data[4096:]
-    store.chunk_done(1, 1, 4096, 4096, word_sum(data[4096:]))
-    with pytest.raises(StoreError, match="whole-shard checksum"):
-        store.finish(1, 1, finish(0, len(data)))
-    assert store.finish(1, 1, checksum(data)).complete
+    store.chunk_done(1, 1, 4096, 4096, crc32(data[4096:]))
+    with pytest.raises(WholeChecksumMismatch, match="CRC-32"):
+        store.finish(1, 1, crc32(data) ^ 1)
+    assert store.finish(1, 1, crc32(data)).complete
+
+
+def test_a_chunk_that_landed_corrupt_is_caught_at_finish_and_healed_by_a_resend():
+    store = ReplicaStore(1 << 20)
+    data = os.urandom(8192)
+    store.begin(0, 1, len(data), crc32(data))
+    bad = bytearray(data[4096:])
+    bad[100] ^= 0x01  # one bit flipped on the way
+    for off, piece in ((0, data[:4096]), (4096, bytes(bad))):
+        store.chunk_view(0, 1, off, len(piece))[:] = piece
+        store.chunk_done(0, 1, off, len(piece), crc32(piece))
+    with pytest.raises(WholeChecksumMismatch):
+        store.finish(0, 1, crc32(data))
+    assert not store.inventory()[0].complete  # still open: the sender resends that chunk
+    store.chunk_view(0, 1, 4096, 4096)[:] = data[4096:]
+    store.chunk_done(0, 1, 4096, 4096, crc32(data[4096:]))
+    assert store.finish(0, 1, crc32(data)).complete
+    assert bytes(store.get(0, 1)[1]) == data
 
 
 def test_chunks_outside_the_version_or_unaligned_are_refused():

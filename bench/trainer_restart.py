@@ -1,0 +1,161 @@
+"""Trainer restart time with and without the launcher's warm standby, side by side.
+
+Four `gemini launch` processes (hold mode, as the operator runs them) train
+examples/train_gpt_zero3.py with DeepSpeed ZeRO-3 on loopback, checkpointing into shared
+memory every step. A crash: rank 1's training process is SIGKILLed and every launcher gets
+POST /restart (restore "latest" from local memory, a new rendezvous port), as the operator
+does for a trainer crash. The figure is the time from the kill to the first step every rank
+printed again, with the standby (default) over the same with GEMINI_LAUNCHER_STANDBY=0, in
+the same run. No sidecar, no operator: only the launcher's and the training processes' share.
+
+    .venv/bin/python bench/trainer_restart.py [--crashes 3] [--workers 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "train_gpt_zero3.py"
+MODEL = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seed", "1234"]
+TOKEN = "bench"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Rank:
+    def __init__(self, work: Path, rank: int, world: int, standby: bool) -> None:
+        self.dir = work / f"rank{rank}"
+        self.dir.mkdir(parents=True)
+        self.log = self.dir / "out.log"
+        self.status_file = self.dir / "status.json"
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
+               "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+               "GEMINI_SHM_DIR": str(work / "shm"), "GEMINI_LAUNCHER_HOLD": "1",
+               "GEMINI_LAUNCHER_HOST": "127.0.0.1", "GEMINI_LAUNCHER_PORT": "0",
+               "GEMINI_LAUNCHER_STATUS_FILE": str(self.status_file),
+               "GEMINI_HEARTBEAT_FILE": str(self.dir / "heartbeat"), "GEMINI_AUTH_TOKEN": TOKEN,
+               "GEMINI_LAUNCHER_STANDBY": "1" if standby else "0"}
+        cmd = [sys.executable, "-m", "gemini.cli", "launch", "--",
+               str(Path(sys.executable).parent / "python"), str(EXAMPLE), "--engine",
+               "deepspeed", "--steps", "100000", *MODEL, "--step-sleep", "0.3"]
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         cwd=REPO, start_new_session=True)
+
+    def status(self) -> dict[str, Any]:
+        status: dict[str, Any] = json.loads(self.status_file.read_text())
+        return status
+
+    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        req = urllib.request.Request(f"http://127.0.0.1:{self.status()['port']}{path}",
+                                     data=json.dumps(body).encode(), method="POST")
+        req.add_header("Authorization", f"Bearer {TOKEN}")
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            answer: dict[str, Any] = json.loads(resp.read())
+            return answer
+
+    def steps_after(self, offset: int) -> list[int]:
+        with open(self.log, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+        return [int(line.split()[1]) for line in text.splitlines()
+                if line.startswith("step ") and len(line.split()) == 4]
+
+    def size(self) -> int:
+        return self.log.stat().st_size
+
+
+def wait(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def stepped(ranks: list[Rank], offsets: list[int]) -> list[int]:
+    """Steps each rank printed since its log had the given size."""
+    return [len(r.steps_after(o)) for r, o in zip(ranks, offsets, strict=True)]
+
+
+def restart_all(ranks: list[Rank], epoch: int, version: Any) -> None:
+    body = {"epoch": epoch, "version": version, "source": "local",
+            "env": {"MASTER_PORT": str(free_port())}}
+    threads = [threading.Thread(target=r.call, args=("/restart", body)) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def one_mode(standby: bool, workers: int, crashes: int) -> tuple[list[float], list[bool]]:
+    work = Path(tempfile.mkdtemp(prefix="gbench-restart-", dir="/tmp"))
+    ranks = [Rank(work, r, workers, standby) for r in range(workers)]
+    times, warm = [], []
+    try:
+        wait(lambda: all(r.status_file.exists() for r in ranks), 120, "the launchers")
+        restart_all(ranks, 1, None)
+        for crash in range(crashes):
+            marks = [r.size() for r in ranks]
+            # steady training: a few steps by every rank (the next standbys warm meanwhile)
+            wait(lambda m=marks: min(stepped(ranks, m)) >= 8, 600, "training steps")
+            marks = [r.size() for r in ranks]
+            start = time.monotonic()
+            os.killpg(ranks[1].status()["pid"], signal.SIGKILL)
+            restart_all(ranks, crash + 2, "latest")
+            wait(lambda m=marks: min(stepped(ranks, m)) >= 1, 600,
+                 "the first step after the restart")
+            times.append(time.monotonic() - start)
+            warm.append(all(r.status()["warm"] for r in ranks))
+            print(f"standby={standby} crash {crash}: {times[-1]:.2f} s (warm {warm[-1]})",
+                  flush=True)
+    finally:
+        for r in ranks:
+            try:
+                r.call("/stop", {})
+            except OSError:
+                os.killpg(r.proc.pid, signal.SIGKILL)
+        for r in ranks:
+            r.proc.wait(timeout=60)
+    return times, warm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--crashes", type=int, default=3)
+    parser.add_argument("--workers", type=int, default=4)
+    args = parser.parse_args()
+    cold, _ = one_mode(False, args.workers, args.crashes)
+    warm, used = one_mode(True, args.workers, args.crashes)
+    cold_m, warm_m = statistics.median(cold), statistics.median(warm)
+    print(f"restart to first step: standby {warm_m:.2f} s (runs {[round(t, 2) for t in warm]}),"
+          f" fresh spawn {cold_m:.2f} s (runs {[round(t, 2) for t in cold]})")
+    print(json.dumps({
+        "metric": "trainer_restart_standby_vs_spawn", "value": round(warm_m / cold_m, 3),
+        "target": 0.6, "better": "lower", "unit": "ratio",
+        "standby_seconds": round(warm_m, 2), "spawn_seconds": round(cold_m, 2),
+        "workers": args.workers, "crashes": args.crashes, "all_warm": all(used),
+        "load_average": round(os.getloadavg()[0], 1),
+    }))
+
+
+if __name__ == "__main__":
+    main()

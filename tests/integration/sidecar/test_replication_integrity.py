@@ -1,0 +1,128 @@
+"""Replicated chunks are checked by CRC-32 end to end: corruption on the path is resent,
+corruption at rest in the sender's shared memory is never replicated as a good version."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from functools import partial
+
+import pytest
+
+from gemini_sidecar.app import Sidecar
+from gemini_sidecar.protocol import HEADER_BYTES, NONCE_BYTES, FrameType
+from gemini_trainer.shm import ShardSlots, shard_path
+from tests.integration.sidecar.conftest import (
+    JOB,
+    free_port,
+    make_config,
+    payload,
+    wait_for,
+    write_local,
+)
+
+pytestmark = pytest.mark.integration
+_LENGTH_AT = 4 + 1 + 1 + 2 + 4 + 8 + 8  # ">4sBBHIQQ..." : magic, type, flags, pad, rank, ...
+
+
+def _complete(sidecar: Sidecar, rank: int, version: int) -> bool:
+    return any(r.rank == rank and r.version == version and r.complete
+               for r in sidecar.store.inventory())
+
+
+class _FlipFirstChunk:
+    """Forwards client -> holder, flipping one bit of the first PUT_CHUNK payload it sees
+    (the holder's ACKs and errors go back untouched)."""
+
+    def __init__(self, target: int, at: int) -> None:
+        self.target, self.at, self.flipped = target, at, 0
+
+    async def _client_to_server(self, reader: asyncio.StreamReader,
+                                writer: asyncio.StreamWriter) -> None:
+        try:
+            hello = await reader.readexactly(HEADER_BYTES + NONCE_BYTES + len(JOB))
+            writer.write(hello)
+            while True:
+                head = await reader.readexactly(HEADER_BYTES)
+                length = struct.unpack_from(">Q", head, _LENGTH_AT)[0]
+                body = bytearray(await reader.readexactly(length)) if length else bytearray()
+                if head[4] == FrameType.PUT_CHUNK and length > self.at and not self.flipped:
+                    body[self.at] ^= 0x08
+                    self.flipped += 1
+                writer.write(head + body)
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    async def _back(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(1 << 16):
+                writer.write(data)
+                await writer.drain()
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    async def handle(self, client_r: asyncio.StreamReader,
+                     client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target)
+        await asyncio.gather(self._client_to_server(client_r, server_w),
+                             self._back(server_r, client_w))
+
+
+async def test_a_chunk_corrupted_on_the_way_is_caught_by_crc32_and_resent(tmp_path, caplog):
+    a_port, b_port = free_port(), free_port()
+    b = Sidecar(make_config(1, 2, tmp_path, {0: a_port, 1: b_port}, hold=(0,)))
+    await b.start()
+    flipper = _FlipFirstChunk(b.peer_port, 123_457)
+    proxy = await asyncio.start_server(flipper.handle, "127.0.0.1", 0)
+    proxy_port = proxy.sockets[0].getsockname()[1]
+    a = Sidecar(make_config(0, 2, tmp_path, {0: a_port, 1: proxy_port}, send_to=(1,)))
+    await a.start()
+    try:
+        data = payload(4, 3 * (1 << 20) + 40)  # four chunks of 1 MiB (the last one short)
+        info = write_local(a.cfg, 4, data)
+        a.notify(4, None)
+        await wait_for(partial(_complete, b, 0, 4), what="v4 complete at rank 1")
+        assert flipper.flipped == 1, "the proxy corrupted nothing"
+        assert bytes(b.store.get(0, 4)[1]) == data
+        assert b.store.get(0, 4)[0].checksum == info.checksum
+        assert "resending" in caplog.text and "CRC-32" in caplog.text
+        assert a.replicator.status.peers[1].acked_version == 4
+    finally:
+        await a.stop()
+        await b.stop()
+        proxy.close()
+
+
+async def test_bytes_corrupt_at_rest_in_the_senders_shm_are_never_a_complete_replica(tmp_path):
+    ports = {0: free_port(), 1: free_port()}
+    a = Sidecar(make_config(0, 2, tmp_path, ports, send_to=(1,)))
+    b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,)))
+    await a.start()
+    await b.start()
+    try:
+        write_local(a.cfg, 1, payload(1, 2 << 20))
+        path = shard_path(0, a.cfg.shm_dir, a.cfg.job)
+        with ShardSlots(path) as slots:  # flip a payload byte behind the slot header's CRC
+            info = slots.latest_complete()
+            assert info is not None
+            at = slots._payload_offset(info.index) + 5000
+        with open(path, "r+b") as f:
+            f.seek(at)
+            byte = f.read(1)
+            f.seek(at)
+            f.write(bytes([byte[0] ^ 0x01]))
+        a.notify(1, None)
+        peer = a.replicator.status.peers
+        await wait_for(lambda: 1 in peer and peer[1].last_error != "", what="refusal")
+        assert "do not match the trainer's CRC-32" in peer[1].last_error
+        assert peer[1].acked_version == -1
+        assert not any(r.complete for r in b.store.inventory())
+    finally:
+        await a.stop()
+        await b.stop()
