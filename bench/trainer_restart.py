@@ -52,7 +52,10 @@ class Rank:
                "GEMINI_LAUNCHER_HOST": "127.0.0.1", "GEMINI_LAUNCHER_PORT": "0",
                "GEMINI_LAUNCHER_STATUS_FILE": str(self.status_file),
                "GEMINI_HEARTBEAT_FILE": str(self.dir / "heartbeat"), "GEMINI_AUTH_TOKEN": TOKEN,
-               "GEMINI_LAUNCHER_STANDBY": "1" if standby else "0"}
+               "GEMINI_LAUNCHER_STANDBY": "1" if standby else "0",
+               # as in the local cluster's pods: the venv's tools (ninja for DeepSpeed's JIT
+               # op check) first; another ninja version would rebuild the op every time
+               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
         cmd = [sys.executable, "-m", "gemini.cli", "launch", "--",
                str(Path(sys.executable).parent / "python"), str(EXAMPLE), "--engine",
                "deepspeed", "--steps", "100000", *MODEL, "--step-sleep", "0.3"]

@@ -102,6 +102,15 @@ class ClusterCache:
         with self._lock:
             self._pods[key] = {v.rank: v for v in views}
 
+    def replace_ranks(self, key: JobKey, ranks: set[int], objs: list[dict[str, Any]]) -> None:
+        """`replace_pods` for the pods of `ranks` only (listed with a rank selector)."""
+        views = [v for v in (pod_view(o) for o in objs) if v is not None and v.rank in ranks]
+        with self._lock:
+            pods = self._pods.setdefault(key, {})
+            for rank in ranks:
+                pods.pop(rank, None)
+            pods.update({v.rank: v for v in views})
+
     def snapshot(self, key: JobKey) -> Snapshot | None:
         with self._lock:
             job = self._jobs.get(key)

@@ -71,6 +71,10 @@ from gemini_operator.status import JobStatus, status_patch
 
 log = logging.getLogger(__name__)
 EXPECTATION_SECONDS = 60.0  # how long a created pod may take to show up in the watch
+# While a job's workers are not all ready, its pods are also re-listed this often: on a loaded
+# API server the watch can lose events (it closes watchers it finds slow), and a job must not
+# wait minutes for readiness it missed (seen at 1000 ranks).
+RELIST_SECONDS = 5.0
 PARALLEL_WRITES = 16
 # Placement delivery to sidecars that did not take it is retried after 0.5, 1, 2, ... 30 s.
 DELIVERY_RETRY_SECONDS, DELIVERY_RETRY_MAX_SECONDS = 0.5, 30.0
@@ -89,6 +93,7 @@ class Reconciler:
         self._expected: dict[JobKey, dict[int, float]] = {}  # rank -> monotonic deadline
         self._children: set[tuple[str, str]] = set()  # (job uid, kind) known to exist
         self._delivery: dict[JobKey, tuple[int, float]] = {}  # failures, monotonic next try
+        self._listed: dict[JobKey, float] = {}  # monotonic time of the last re-list of pods
         self._handlers: dict[type, Handler] = {
             CreateSecret: self._create_secret,
             CreateService: self._create_service,
@@ -115,17 +120,23 @@ class Reconciler:
         if snap is None or (snap.job.get("metadata") or {}).get("deletionTimestamp"):
             self._expected.pop(key, None)
             self._delivery.pop(key, None)
+            self._listed.pop(key, None)
             self.metrics.job_state(key, None)
             self.metrics.replica_coverage(key, None)
             return None
         started = time.monotonic()
         self.metrics.reconciles.inc()
         job = JobView.from_object(snap.job)
+        unsettled = _unsettled(job)
+        if unsettled and time.monotonic() - self._listed.get(key, 0.0) >= RELIST_SECONDS:
+            self._listed[key] = time.monotonic()
+            self.cache.replace_pods(key, self.kube.list_worker_pods(*key))
+            snap = self.cache.snapshot(key) or snap
         decision = reconcile(self._observe(key, job, snap), self.config)
         if _new_failure(decision) or _replans(decision):
             # Confirm with the API before acting: right after start-up the watches may not
             # have listed every pod and node yet, and a missing pod must not count as lost.
-            snap = self._refresh(key, snap)
+            snap = self._refresh(key, snap, _failed_ranks(decision))
             decision = reconcile(self._observe(key, job, snap), self.config)
         self._overrides, self._outcomes, self._decided = {}, [], decision.status
         self._conditions = []
@@ -158,6 +169,8 @@ class Reconciler:
         waits = [o.requeue_after for o in self._outcomes if o.requeue_after is not None]
         if decision.requeue_after is not None:
             waits.append(decision.requeue_after)
+        if unsettled:
+            waits.append(RELIST_SECONDS)
         return min(waits) if waits else None
 
     def _final_status(self, job: JobView, decision: Decision) -> tuple[dict[str, Any], Any]:
@@ -223,8 +236,12 @@ class Reconciler:
             spares={i: s for i, s in snap.spares.items() if s.owner_uid == job.uid},
         )
 
-    def _refresh(self, key: JobKey, snap: Snapshot) -> Snapshot:
-        self.cache.replace_pods(key, self.kube.list_worker_pods(*key))
+    def _refresh(self, key: JobKey, snap: Snapshot, ranks: set[int] | None = None) -> Snapshot:
+        """The pods (of `ranks` only, when given) and the not-Ready nodes read again."""
+        if ranks:
+            self.cache.replace_ranks(key, ranks, self.kube.list_worker_pods(*key, ranks=ranks))
+        else:
+            self.cache.replace_pods(key, self.kube.list_worker_pods(*key))
         fresh = self.cache.snapshot(key) or snap
         for name in {p.node_name for p in fresh.pods.values() if p.node_name}:
             node = fresh.nodes.get(name)
@@ -371,6 +388,21 @@ def _replans(decision: Decision) -> bool:
     rec = decision.status.recovery
     return bool(rec) and any(isinstance(a, Recover) and newly_lost(a, rec or {})
                              for a in decision.actions)
+
+
+def _failed_ranks(decision: Decision) -> set[int] | None:
+    """The ranks a recovery decision is about (None: not a recovery; re-read every pod)."""
+    ranks = {f.rank for a in decision.actions if isinstance(a, Recover) for f in a.failures}
+    return ranks or None
+
+
+def _unsettled(job: JobView) -> bool:
+    """Whether the job is starting: not finished or suspended, and not every worker ready."""
+    status = job.status or {}
+    if status.get("state") in ("Succeeded", "Failed", "Suspended"):
+        return False
+    ready = int((status.get("workers") or {}).get("ready", 0))
+    return "numNodes" in job.spec and ready < int(job.spec["numNodes"])
 
 
 def _new_failure(decision: Decision) -> bool:

@@ -358,7 +358,7 @@ class RecoveryExecutor:
                     "replaceRanks": sorted(lost), "sources": {}, "refetch": {},
                     "newestSeen": None, "lostRanks": sorted(lost)}
         placement = Placement.from_dict(status.placement)
-        pods = self._current(snap, status)
+        pods = self._fresh_pods(job, status)
         live = {r: p for r, p in pods.items() if r not in lost and p.ip and not p.deleting}
         # A sidecar that does not answer holds nothing we can count on (its node may be cut
         # off): plan without its copies rather than wait for it.
@@ -387,7 +387,8 @@ class RecoveryExecutor:
             return
         # Read from the API, not the watch cache: a missed DELETED event must not leave the
         # recovery waiting for a pod that is long gone.
-        views = (pod_view(o) for o in self.kube.list_worker_pods(job.namespace, job.name))
+        views = (pod_view(o) for o in self.kube.list_worker_pods(job.namespace, job.name,
+                                                                 replace))
         pods = {v.rank: v for v in views if v is not None and v.owner_uid == job.uid}
         old_uids = set((status.launch or {}).get("podUIDs", {}).get(str(r)) for r in replace)
         waiting = []
@@ -419,7 +420,7 @@ class RecoveryExecutor:
     def _fetch(self, job: JobView, snap: Snapshot, status: JobStatus,
                rec: Mapping[str, Any]) -> None:
         plan = rec.get("plan") or {}
-        pods = self._current(snap, status)
+        pods = self._running_pods(job, status)
         token = self._token(job)
         if plan.get("mode") == MODE_S3:
             body = {"version": plan["version"]}
@@ -456,7 +457,7 @@ class RecoveryExecutor:
     def _restart(self, job: JobView, snap: Snapshot, status: JobStatus,
                  rec: Mapping[str, Any]) -> Outcome:
         plan = rec.get("plan") or {}
-        pods = self._current(snap, status)
+        pods = self._running_pods(job, status)
         epoch = int(rec["epoch"])
         token = self._token(job)
         body = {"epoch": epoch, "version": plan.get("version"),
@@ -466,13 +467,12 @@ class RecoveryExecutor:
             call_all(self._launchers(pods), "/restart", token, dict.fromkeys(pods, body))
         except SidecarError as err:
             raise RecoveryWait(f"a launcher is not reachable yet ({err})") from err
-        fresh = self._fresh_pods(job, status)
         # A launcher that died after taking the epoch restarts held (epoch 0): send it again.
-        states = call_all(self._launchers(fresh), "/status", token, {})
+        states = call_all(self._launchers(pods), "/status", token, {})
         behind = sorted(r for r, s in states.items() if s.get("epoch") != epoch)
         if behind:
             raise RecoveryWait(f"ranks {behind} are not running epoch {epoch} yet")
-        return self._finish(job, status, rec, fresh)
+        return self._finish(job, status, rec, pods)
 
     def _finish(self, job: JobView, status: JobStatus, rec: Mapping[str, Any],
                 pods: Mapping[int, PodView]) -> Outcome:
@@ -554,6 +554,18 @@ class RecoveryExecutor:
         views = (pod_view(o) for o in self.kube.list_worker_pods(job.namespace, job.name))
         return {v.rank: v for v in views if v is not None and v.owner_uid == job.uid
                 and v.attempt == status.restart_attempt and not v.deleting}
+
+    def _running_pods(self, job: JobView, status: JobStatus) -> dict[int, PodView]:
+        """Every rank's pod as the API lists it now, running with an IP. The watch cache can
+        lag behind a replacement (more so in an operator that just started and listed a lost
+        pod): a fetch or restart sent to a lost pod's address would wait for it forever."""
+        pods = self._fresh_pods(job, status)
+        ranks = range(parse_spec(job.spec, self.config.default_sidecar_image).num_nodes)
+        waiting = [r for r in ranks if r not in pods or pods[r].phase != "Running"
+                   or not pods[r].ip]
+        if waiting:
+            raise RecoveryWait(f"ranks {waiting} have no running pod yet")
+        return pods
 
     def _token(self, job: JobView) -> str:
         token = self.kube.secret_value(job.namespace, naming.secret_name(job.name),

@@ -30,6 +30,7 @@ from gemini_operator import naming
 from gemini_operator.render import RenderConfig
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import ENV, _recovered_after, losses, newest_step
+from tests.fixtures.isolated_nodes import IsolatedNodes
 from tests.fixtures.operator import OperatorThread
 from tests.fixtures.trainers import EXAMPLE, TrainingRun
 from tests.unit.operator.builders import make_job
@@ -76,8 +77,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 class Job:
     """One GeminiJob of a case, with the reads the assertions need."""
 
-    def __init__(self, jobs: Jobs, cluster: Any, body: dict[str, Any]) -> None:
-        self.jobs, self.cluster = jobs, cluster
+    def __init__(self, jobs: Jobs, nodes: IsolatedNodes, body: dict[str, Any]) -> None:
+        self.jobs, self.nodes, self.cluster = jobs, nodes, nodes.cluster
         self.name = str(body["metadata"]["name"])
         self.started = time.monotonic()
         jobs.create(body)
@@ -149,12 +150,16 @@ class Job:
 
 
 @pytest.fixture
-def new_job(local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
-            job_namespace: str) -> Iterator[Any]:
+def new_job(isolated_nodes: IsolatedNodes, gemini_operator: OperatorThread,
+            kube_api: client.ApiClient, job_namespace: str) -> Iterator[Any]:
+    """A job on nodes of its own (one per worker; the shared nodes are cordoned meanwhile), so
+    the nodes a case loses are its own and are removed afterwards."""
     made: list[Job] = []
 
     def make(body: dict[str, Any]) -> Job:
-        job = Job(Jobs(kube_api, job_namespace), local_cluster, body)
+        for _ in range(int(body["spec"]["numNodes"])):
+            isolated_nodes.add()
+        job = Job(Jobs(kube_api, job_namespace), isolated_nodes, body)
         made.append(job)
         return job
 
@@ -184,7 +189,7 @@ def test_a_crashed_sidecar_restarts_and_holds_its_peers_replicas_again(
     before = job.status()
     assert before.get("lastRecovery") is None and before["restarts"] == 0, before
     # The proof of coverage: rank 0's node fails, and its shard comes from rank 1's replica.
-    job.cluster.add_spare()
+    job.nodes.add()
     old = job.pods()[0]
     faults.lose_node(job.state_dir, old.spec.node_name)
     last = job.recovered_after(before)
@@ -224,12 +229,12 @@ def test_a_hung_rank_is_found_by_the_hang_timeout_and_restarted_in_place(
 
 
 def test_losing_m_minus_one_nodes_of_a_group_at_once_recovers_from_the_last_holder(
-    new_job: Any, reference: Any, local_cluster: Any,
+    new_job: Any, reference: Any,
 ) -> None:
     job = new_job(job_body("group", 3, 3))
     before = job.train_to(4)
-    local_cluster.add_spare()
-    local_cluster.add_spare()
+    job.nodes.add()
+    job.nodes.add()
     pods = job.pods()
     lost = {pods[1].spec.node_name, pods[2].spec.node_name}
     for node in lost:
@@ -246,12 +251,12 @@ def test_losing_m_minus_one_nodes_of_a_group_at_once_recovers_from_the_last_hold
 
 
 def test_a_node_lost_during_another_recovery_joins_that_recovery(
-    new_job: Any, reference: Any, local_cluster: Any,
+    new_job: Any, reference: Any,
 ) -> None:
     job = new_job(job_body("twice", 3, 3))
     before = job.train_to(4)
-    local_cluster.add_spare()
-    local_cluster.add_spare()
+    job.nodes.add()
+    job.nodes.add()
     pods = job.pods()
     faults.lose_node(job.state_dir, pods[1].spec.node_name)
     phase = wait_for(lambda: (job.status().get("recovery") or {}).get("phase") in (
@@ -280,11 +285,11 @@ def _pod_processes_alive(state_dir: Path, namespace: str, pod: str, uid: str) ->
 
 
 def test_a_partitioned_node_is_replaced_and_its_old_pod_stays_gone_after_the_heal(
-    new_job: Any, reference: Any, local_cluster: Any,
+    new_job: Any, reference: Any,
 ) -> None:
     job = new_job(job_body("split", 2, 2))
     before = job.train_to(4)
-    local_cluster.add_spare()
+    job.nodes.add()
     old = job.pods()[1]
     node = str(old.spec.node_name)
     faults.partition_node(job.state_dir, node)
@@ -296,7 +301,7 @@ def test_a_partitioned_node_is_replaced_and_its_old_pod_stays_gone_after_the_hea
     assert last["cause"] == "hardware" and last["source"] == "Peers", last
     assert last["stepsLost"] <= 1, last
     assert job.pods()[1].metadata.uid != old.metadata.uid
-    core = local_cluster.core
+    core = job.cluster.core
     wait_for(lambda: any(c.type == "Ready" and c.status == "True"
                          for c in core.read_node(node).status.conditions or ()), 60,
              f"node {node} Ready again after the heal")

@@ -31,15 +31,27 @@ from tests.cluster.test_operator_recovery import (
     _recovered_after,
     losses,
     newest_step,
-    reference,
     training_job,
 )
 from tests.fixtures.isolated_nodes import IsolatedNodes
 from tests.fixtures.operator import OperatorThread
 from tests.fixtures.trainers import EXAMPLE, TrainingRun
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
-__all__ = ["reference"]  # the module-scoped fixture of the uninterrupted 2-rank run
+# Each case takes 2-4 minutes on an idle 2-core machine; the limit leaves room for a busy one.
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+    """Rank 0's losses of an uninterrupted 2-rank run on loopback (the recovery tests' ARGS)."""
+    log_dir = tmp_path_factory.mktemp("reference")
+    run = TrainingRun(log_dir, 2, ARGS, env={"OMP_NUM_THREADS": "1",
+                                             "GEMINI_SHM_DIR": str(log_dir)}).start()
+    try:
+        run.wait_ok(400)
+    finally:
+        run.kill()
+    return run.losses(0)
 
 
 def _sleep_args(seconds: float) -> list[str]:
@@ -50,8 +62,10 @@ def _sleep_args(seconds: float) -> list[str]:
 @pytest.fixture(scope="module")
 def reference4(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     """Rank 0's losses of an uninterrupted 4-rank run on loopback."""
-    run = TrainingRun(tmp_path_factory.mktemp("reference4"), 4, ARGS,
-                      env={"OMP_NUM_THREADS": "1"}).start()
+    log_dir = tmp_path_factory.mktemp("reference4")
+    # Its own slot files: reference runs of other sessions on this machine use /dev/shm.
+    run = TrainingRun(log_dir, 4, ARGS, env={"OMP_NUM_THREADS": "1",
+                                              "GEMINI_SHM_DIR": str(log_dir)}).start()
     try:
         run.wait_ok(400)
     finally:

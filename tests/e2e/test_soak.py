@@ -33,7 +33,8 @@ from tests.fixtures.operator import OperatorThread
 from tests.fixtures.trainers import EXAMPLE, TrainingRun
 from tests.unit.operator.builders import make_job
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.soak]
+# About 10 minutes on an idle 2-core machine; the limit leaves room for a busy one.
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.soak, pytest.mark.timeout(2400)]
 
 FAILURES = 20
 WORKERS = 2
@@ -47,8 +48,10 @@ EXPECTED = {"trainer": ("software", "Local"), "node": ("hardware", "Peers")}
 @pytest.fixture(scope="module")
 def soak_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     """Rank 0's losses of the same training, uninterrupted, without the idle time per step."""
-    run = TrainingRun(tmp_path_factory.mktemp("soak-reference"), WORKERS, SOAK_ARGS,
-                      env={"OMP_NUM_THREADS": "1"}).start()
+    log_dir = tmp_path_factory.mktemp("soak-reference")
+    # Its own slot files: reference runs of other sessions on this machine use /dev/shm.
+    run = TrainingRun(log_dir, WORKERS, SOAK_ARGS, env={"OMP_NUM_THREADS": "1",
+                                                        "GEMINI_SHM_DIR": str(log_dir)}).start()
     try:
         run.wait_ok(400)
     finally:

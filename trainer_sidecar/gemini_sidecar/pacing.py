@@ -93,7 +93,7 @@ def plan(
 
 def _aligned(starts: list[tuple[int, float]], length: int) -> tuple[PlannedChunk, ...]:
     """Chunks from (offset, delay) starts, boundaries rounded down to multiples of 8 (the
-    replica store verifies chunks by 64-bit word sums)."""
+    replica store takes chunks at 8-byte-aligned offsets only)."""
     bounds = sorted({(off // 8) * 8: delay for off, delay in reversed(starts)}.items())
     out = []
     for i, (off, delay) in enumerate(bounds):

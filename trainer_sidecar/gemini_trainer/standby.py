@@ -240,20 +240,19 @@ def _warm(names: list[str], modules_file: Path | None, nice: int, status_fd: int
     with contextlib.suppress(OSError):
         os.write(status_fd, READY)
     learned_mtime = 0.0
-    while modules_file is not None and not stop.wait(1.0):
+    while modules_file is not None and not stop.is_set():
         try:
             mtime = modules_file.stat().st_mtime
-            if mtime == learned_mtime:
-                continue
-            learned = json.loads(modules_file.read_text())
+            learned = json.loads(modules_file.read_text()) if mtime != learned_mtime else []
+            learned_mtime = mtime
         except (OSError, ValueError):
-            continue
-        learned_mtime = mtime
+            learned = []
         for name in learned if isinstance(learned, list) else []:
             if stop.is_set():
                 return
             if isinstance(name, str) and name not in sys.modules:
                 _preimport(name)
+        stop.wait(1.0)  # the current run writes its list once it committed a snapshot
 
 
 def _preimport(spec: str) -> None:

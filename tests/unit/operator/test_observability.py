@@ -171,3 +171,22 @@ def test_delivery_tries_every_sidecar_and_says_how_many_did_not_answer(closed_po
         deliver_placement(placement, addresses, "token", timeout=1.0)
     assert (err.value.failed, err.value.total) == (4, 4)
     assert "rank 0: /peers unreachable" in str(err.value) and "(and 1 more)" in str(err.value)
+
+
+def test_a_re_list_of_some_ranks_replaces_only_those_ranks_in_the_cache() -> None:
+    from gemini_operator.cache import ClusterCache
+
+    def pod(rank: int, uid: str) -> dict[str, Any]:
+        labels = {"gemini.io/job-name": "train", "gemini.io/rank": str(rank)}
+        return {"metadata": {"name": f"train-worker-{rank}", "namespace": "ns", "uid": uid,
+                             "labels": labels}, "status": {"phase": "Running"}}
+
+    cache = ClusterCache()
+    cache.update_job({"metadata": {"name": "train", "namespace": "ns"}}, deleted=False)
+    for rank in range(3):
+        cache.update_pod(pod(rank, f"old{rank}"), deleted=False)
+    # Rank 1 was replaced, rank 2 is gone; rank 0 was not asked about and stays.
+    cache.replace_ranks(("ns", "train"), {1, 2}, [pod(1, "new1"), pod(0, "stray")])
+    snap = cache.snapshot(("ns", "train"))
+    assert snap is not None
+    assert {r: p.uid for r, p in snap.pods.items()} == {0: "old0", 1: "new1"}

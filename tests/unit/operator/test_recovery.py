@@ -159,6 +159,21 @@ def test_a_node_lost_after_planning_makes_the_recovery_plan_again() -> None:
     assert not newly_lost(Recover(FailureKind.HARDWARE, (lost,)), {"plan": {"lostRanks": [1]}})
 
 
+def test_a_replan_for_newly_lost_ranks_is_confirmed_with_the_api_first() -> None:
+    from gemini_operator.failures import FailureReason, RankFailure
+    from gemini_operator.reconcile import Decision
+    from gemini_operator.reconciler import _replans
+    from gemini_operator.status import JobStatus
+
+    lost = RankFailure(1, FailureKind.HARDWARE, FailureReason.NODE_LOST, None, "node gone")
+    action = Recover(FailureKind.HARDWARE, (lost,))
+    planned = JobStatus(recovery={"epoch": 2, "phase": "Fetching", "plan": {"lostRanks": []}})
+    assert _replans(Decision(planned, (action,)))
+    done = JobStatus(recovery={"epoch": 2, "phase": "Fetching", "plan": {"lostRanks": [1]}})
+    assert not _replans(Decision(done, (action,)))
+    assert not _replans(Decision(JobStatus(), (action,)))  # a new recovery: confirmed anyway
+
+
 def test_a_replacement_is_kept_off_lost_nodes_with_one_value_per_requirement() -> None:
     from gemini_operator.recovery import _avoid_nodes
 
