@@ -5,7 +5,8 @@ directory, installs crds/geminijob.yaml and runs `gemini operator run` as a subp
 per run (medians over --runs):
 - create -> all 1000 worker pods created and the job's status populated (status.workers.ready
   == 1000 and status.placement covering every rank); target <= 60 s;
-- 10 nodes holding ranks lost (`kwok_lose_node`: conditions Unknown, unreachable taints) ->
+- 10 nodes holding ranks lost (`kwok_lose_node`: conditions Unknown, unreachable taints;
+  timed from the last of the ten, `loss_spread_s` after the first) ->
   the recovery planned for every lost rank (status.recovery.plan.replaceRanks, or
   status.lastRecovery.failedRanks once finished) and a replacement pod created for each;
   target <= 5 s. Also shown: until the recovery is recorded as finished and the replacements
@@ -302,7 +303,10 @@ def one_run(plane: ControlPlane, api: Any, watch: PodWatch, log: Path, name: str
     with ThreadPoolExecutor(lost) as pool:
         stamps = list(pool.map(lambda p: kwok.kwok_lose_node(plane.kubeconfig, p.node),
                                victims))
-    t_loss = min(s.timestamp() for s in stamps)
+    # On a busy API server the ten losses take seconds to write: time from the last one (each
+    # stamp is taken before its node's conditions are written, so this is not lenient).
+    t_loss = max(s.timestamp() for s in stamps)
+    result.steps["loss_spread_s"] = t_loss - min(s.timestamp() for s in stamps)
     lost_nodes = {p.node for p in victims}
 
     def replaced() -> str | None:
@@ -553,8 +557,8 @@ def report(results: list[RunResult], setup: dict[str, float], error: str,
                "plain_client_create_running_s"))
     print(line("recovery", "operator_10_lost_ranks_replaced_median", "recovery_total_s",
                RECOVERY_TARGET_S,
-               ["recovery_planned_s", "replacements_created_s", "recovery_recorded_s",
-                "replacements_running_s", "other_ranks_recreated"],
+               ["loss_spread_s", "recovery_planned_s", "replacements_created_s",
+                "recovery_recorded_s", "replacements_running_s", "other_ranks_recreated"],
                "plain_client_replace_s"))
     print(worst_line(results, error, median))
 

@@ -129,7 +129,7 @@ def sidecar_run(sender: SidecarProc, holder: SidecarProc, slots, version: int, d
             raise RuntimeError(f"replication failed: {peer['last_error']}")
         return bool(peer.get("acked_version") == version)
 
-    wait_until(acked, every=0.05)  # rare polls: the API shares the sender's event loop
+    wait_until(acked, every=0.2)  # rare polls: the API shares the sender's event loop and CPU
     cpu = cpu_seconds(sender.proc.pid) + cpu_seconds(holder.proc.pid) - cpu0
     seconds = sender.api("GET", "/inventory")["sending"]["peers"]["1"]["last_seconds"]
     return SIZE / float(seconds) / GIB, cpu

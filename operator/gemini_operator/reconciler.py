@@ -397,9 +397,10 @@ def _failed_ranks(decision: Decision) -> set[int] | None:
 
 
 def _unsettled(job: JobView) -> bool:
-    """Whether the job is starting: not finished or suspended, and not every worker ready."""
+    """Whether the job is starting: not every worker ready yet, and nothing else going on (a
+    recovery reads the pods it needs itself; finished and suspended jobs wait for nothing)."""
     status = job.status or {}
-    if status.get("state") in ("Succeeded", "Failed", "Suspended"):
+    if status.get("state") not in (None, "Created", "Running"):
         return False
     ready = int((status.get("workers") or {}).get("ready", 0))
     return "numNodes" in job.spec and ready < int(job.spec["numNodes"])

@@ -261,8 +261,13 @@ class RecoveryExecutor:
             token = self._token(job)
             inventories = call_all(self._sidecars(pods), "/inventory", token, {},
                                    INVENTORY_TIMEOUT_SECONDS)
-            version = complete_in_memory(inventories, sorted(pods))
-            if version is None or (persisted is not None and version <= persisted):
+            # Every rank's shard, or the commit would name a step S3 does not fully hold.
+            ranks = range(parse_spec(job.spec, self.config.default_sidecar_image).num_nodes)
+            version = complete_in_memory(inventories, list(ranks))
+            if version is None:
+                return Outcome(events=[("SuspendCheckpointFailed", (
+                    f"no step is complete in every rank's memory: {kept}"), True)])
+            if persisted is not None and version <= persisted:
                 return Outcome(events=[("SuspendCheckpointSaved", (
                     f"nothing newer than the committed step in memory: {kept}"), False)])
             call_all(self._sidecars(pods), "/persist", token,

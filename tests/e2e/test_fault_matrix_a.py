@@ -65,7 +65,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
             run = TrainingRun(tmp_path_factory.mktemp(f"reference{world}"), world, MODEL,
                               env={"OMP_NUM_THREADS": "1"}).start()
             try:
-                run.wait_ok(300)
+                run.wait_ok(600)  # a loaded machine starts DeepSpeed slowly
             finally:
                 run.kill()
             cache[world] = run.losses(0)
@@ -178,6 +178,7 @@ def test_a_crashed_sidecar_restarts_and_holds_its_peers_replicas_again(
     new_job: Any, reference: Any,
 ) -> None:
     job = new_job(job_body("sidecar", 2, 2, step_sleep=1.5))
+    job.nodes.add()  # for the peer loss at the end
     job.train_to(2)
     held = wait_for(lambda: _held_ranks(job.inventory(1), 0), 60, "rank 1 to hold replicas")
     assert held == {0}
@@ -189,7 +190,6 @@ def test_a_crashed_sidecar_restarts_and_holds_its_peers_replicas_again(
     before = job.status()
     assert before.get("lastRecovery") is None and before["restarts"] == 0, before
     # The proof of coverage: rank 0's node fails, and its shard comes from rank 1's replica.
-    job.nodes.add()
     old = job.pods()[0]
     faults.lose_node(job.state_dir, old.spec.node_name)
     last = job.recovered_after(before)
@@ -203,15 +203,28 @@ def test_a_crashed_sidecar_restarts_and_holds_its_peers_replicas_again(
 def _trainer_process(state_dir: Path, namespace: str, pod: str) -> int:
     """The training process (the launcher's child) of the pod's trainer container."""
     launcher = faults.kill_container(state_dir, namespace, pod, naming.TRAINER_CONTAINER, 0)
-    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
-    assert len(children) == 1, f"launcher {launcher} has children {children}"
-    return int(children[0])
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # the fields after the command name (which may hold spaces): state, ppid, ...
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    found = []
+    for pid in parents:
+        ancestor = pid
+        while ancestor in parents and ancestor != launcher:
+            ancestor = parents[ancestor]
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        with contextlib.suppress(OSError):
+            if ancestor == launcher and pid != launcher and EXAMPLE.name in cmdline.read_text():
+                found.append(pid)
+    assert len(found) == 1, f"launcher {launcher} runs training processes {found}"
+    return found[0]
 
 
 def test_a_hung_rank_is_found_by_the_hang_timeout_and_restarted_in_place(
     new_job: Any, reference: Any,
 ) -> None:
-    job = new_job(job_body("hang", 2, 2, hang_timeout=10))
+    job = new_job(job_body("hang", 2, 2, hang_timeout=20))
     before = job.train_to(4)
     uids = {r: p.metadata.uid for r, p in job.pods().items()}
     stopped = _trainer_process(job.state_dir, job.ns, "hang-worker-1")
@@ -232,9 +245,9 @@ def test_losing_m_minus_one_nodes_of_a_group_at_once_recovers_from_the_last_hold
     new_job: Any, reference: Any,
 ) -> None:
     job = new_job(job_body("group", 3, 3))
+    job.nodes.add()  # the replacements' nodes
+    job.nodes.add()
     before = job.train_to(4)
-    job.nodes.add()
-    job.nodes.add()
     pods = job.pods()
     lost = {pods[1].spec.node_name, pods[2].spec.node_name}
     for node in lost:
@@ -242,7 +255,8 @@ def test_losing_m_minus_one_nodes_of_a_group_at_once_recovers_from_the_last_hold
     last = job.recovered_after(before)
     print(f"m-1 node losses: {last}")
     assert last["cause"] == "hardware" and last["source"] == "Peers", last
-    assert sorted(last["failedRanks"]) == [1, 2] and last["stepsLost"] <= 1, last
+    # Rank 0's trainer may fail first (its peers vanished mid-collective): it restarts in place.
+    assert {1, 2} <= set(last["failedRanks"]) and last["stepsLost"] <= 1, last
     now = job.pods()
     assert now[0].metadata.uid == pods[0].metadata.uid
     assert {now[r].spec.node_name for r in (1, 2)}.isdisjoint(lost)
@@ -254,9 +268,9 @@ def test_a_node_lost_during_another_recovery_joins_that_recovery(
     new_job: Any, reference: Any,
 ) -> None:
     job = new_job(job_body("twice", 3, 3))
+    job.nodes.add()  # the replacements' nodes
+    job.nodes.add()
     before = job.train_to(4)
-    job.nodes.add()
-    job.nodes.add()
     pods = job.pods()
     faults.lose_node(job.state_dir, pods[1].spec.node_name)
     phase = wait_for(lambda: (job.status().get("recovery") or {}).get("phase") in (
@@ -267,7 +281,8 @@ def test_a_node_lost_during_another_recovery_joins_that_recovery(
     last = job.recovered_after(before)
     print(f"second loss during {phase['phase']}: {last}")
     assert last["cause"] == "hardware" and last["source"] == "Peers", last
-    assert sorted(last["failedRanks"]) == [1, 2] and last["stepsLost"] <= 1, last
+    # Rank 0's trainer may fail first (its peers vanished mid-collective): it restarts in place.
+    assert {1, 2} <= set(last["failedRanks"]) and last["stepsLost"] <= 1, last
     job.finish_with(3, reference)
     assert job.finished_recoveries() == 1
 
@@ -288,8 +303,8 @@ def test_a_partitioned_node_is_replaced_and_its_old_pod_stays_gone_after_the_hea
     new_job: Any, reference: Any,
 ) -> None:
     job = new_job(job_body("split", 2, 2))
+    job.nodes.add()  # the replacement's node
     before = job.train_to(4)
-    job.nodes.add()
     old = job.pods()[1]
     node = str(old.spec.node_name)
     faults.partition_node(job.state_dir, node)

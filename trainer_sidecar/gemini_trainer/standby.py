@@ -9,16 +9,18 @@ leader of its own (as a spawned child would be) and runs the script with ``runpy
 ``python script.py`` (or ``-m module``, ``-c code``), minus the imports.
 
 What it imports: ``GEMINI_LAUNCHER_PREIMPORT`` (comma-separated module names; ``module:attr``
-also reads a lazy attribute), default ``torch,torch._dynamo,deepspeed,
-deepspeed.ops:__compatible_ops__`` (missing ones are skipped), plus every module the previous
+also reads a lazy attribute, ``module:attr()`` calls it), default ``DEFAULT_PREIMPORT`` (torch
+and DeepSpeed; missing ones are skipped), plus every module the previous
 training process had loaded once it committed its first snapshot (recorded next to the
 heartbeat file, so the list survives a container restart). Modules of the script's own
 directory are never preimported: they may read the epoch's environment at import time.
 
-Cost: one extra interpreter per rank (torch + DeepSpeed: a few hundred MB of RSS). Imports run
-in a thread at nice +10 while training runs, so they take only idle CPU; the main thread keeps
-the normal priority it hands to the training script (Linux nice values are per thread, and an
-unprivileged process could not lower them again). ``GEMINI_LAUNCHER_STANDBY=0`` turns it off.
+Cost: one extra interpreter per rank (torch + DeepSpeed: 0.5-0.7 GB of RSS). While training
+runs, the standby imports at a low priority so it takes only idle CPU: its session's autogroup
+at nice +10 (the scheduler weighs sessions, not processes, when autogroup is on; set back to 0,
+which needs no privilege, when it takes over) and the importing thread at nice +10 (cgroups
+without autogroup; Linux nice values are per thread, so the main thread, which runs the
+script, keeps its priority). ``GEMINI_LAUNCHER_STANDBY=0`` turns it off.
 The launcher falls back to a normal spawn when the command is not ``python ...``, the standby
 died, or the new environment changes a start-up setting (PATH, PYTHON*, OMP_*, LD_*, ...).
 """
@@ -31,6 +33,7 @@ import json
 import os
 import re
 import select
+import signal
 import subprocess
 import sys
 import threading
@@ -42,9 +45,12 @@ from typing import Any
 
 ENABLE_ENV = "GEMINI_LAUNCHER_STANDBY"
 PREIMPORT_ENV = "GEMINI_LAUNCHER_PREIMPORT"
-# torch._dynamo: every torch optimizer imports it on construction (seconds); the attribute
-# runs DeepSpeed's op probe (compiler subprocesses), which its comm start-up needs.
-DEFAULT_PREIMPORT = ("torch", "torch._dynamo", "deepspeed", "deepspeed.ops:__compatible_ops__")
+# torch._dynamo: every torch optimizer imports it on construction (seconds). DeepSpeed's comm
+# start-up probes every op (compiler subprocesses) and JIT-loads its shared-memory op (a ninja
+# check under a file lock every rank waits on, a rebuild of minutes when the check fails);
+# both results are cached in the process.
+DEFAULT_PREIMPORT = ("torch", "torch._dynamo", "deepspeed", "deepspeed.ops:__compatible_ops__",
+                     "deepspeed.comm.torch:build_shm_op()")
 MODULES_FILE = "standby-modules.json"
 BUSY_NICE = 10  # while a training process runs on the same CPUs
 READY, STARTED = b"r", b"s"
@@ -129,11 +135,10 @@ class Standby:
         self.command, self.env, self.nice = command, dict(env), nice
         control_r, self._control_w = os.pipe()
         self._status_r, status_w = os.pipe()
-        try:
+        try:  # in a session (and process group) of its own, as a spawned child
             self.proc = spawn(command.boot_command(preimport, modules_file, nice,
                                                    (control_r, status_w)),
-                              self.env, pass_fds=(control_r, status_w),
-                              start_new_session=False)  # in the launcher's group until used
+                              self.env, pass_fds=(control_r, status_w))
         except BaseException:
             for fd in (control_r, status_w, self._control_w, self._status_r):
                 os.close(fd)
@@ -160,9 +165,9 @@ class Standby:
             if STARTED in self._seen or timeout == 0:
                 return
 
-    def activate(self, env: Mapping[str, str], cwd: str, timeout: float = 30.0
+    def activate(self, env: Mapping[str, str], cwd: str, timeout: float = 10.0
                  ) -> subprocess.Popen[bytes] | None:
-        """Hand over the run; the process once it leads its own group, else None."""
+        """Hand over the run; the process once it has taken it, else None."""
         if self.proc.poll() is not None or startup_changes(self.env, env):
             return None
         order = {"kind": self.command.kind, "target": self.command.target,
@@ -174,22 +179,25 @@ class Standby:
         finally:
             os.close(self._control_w)
             self._control_w = -1
-        self._read(timeout)  # a standby still importing finishes that module first
+        self._read(timeout)  # its main thread only reads the pipe and answers
         if STARTED not in self._seen:
+            # it has the order and may still run it: it must not run beside a fresh spawn
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
             return None
         os.close(self._status_r)
         self._status_r = -1
         return self.proc
 
     def discard(self) -> None:
-        """Kill an unused standby (it is in the launcher's group: signal it alone)."""
-        with contextlib.suppress(ProcessLookupError):
-            self.proc.kill()
-        self.proc.wait()
+        """Let an unused standby go: it exits once its current import ends. Not a kill: one
+        killed while DeepSpeed's JIT holds its build lock would leave the lock to every later
+        process on the machine."""
         for fd in (self._control_w, self._status_r):
             if fd >= 0:
                 os.close(fd)
         self._control_w = self._status_r = -1
+        threading.Thread(target=self.proc.wait, name="standby-reaper", daemon=True).start()
 
 
 # -- the standby interpreter's side ------------------------------------------------------------
@@ -201,21 +209,30 @@ def serve() -> None:
     control_fd, status_fd, nice = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     modules_file = Path(sys.argv[4]) if sys.argv[4] else None
     names = [n for n in sys.argv[5].split(",") if n]
+    if nice:
+        _autogroup_nice(nice)
     stop = threading.Event()
     worker = threading.Thread(target=_warm, args=(names, modules_file, nice, status_fd, stop),
                               name="standby-preimport", daemon=True)
     worker.start()
     line = _read_line(control_fd)
     stop.set()
-    worker.join()  # the module being imported completes: the script would wait for it anyway
     if not line:
+        worker.join()  # an import under DeepSpeed's JIT lock must not be cut short
         os._exit(0)  # the launcher went away or discarded us
     order = json.loads(line)
-    os.setsid()  # as a spawned child: its own group, which /restart and /stop signal
-    os.write(status_fd, STARTED)
+    if nice:
+        _autogroup_nice(0)
+    os.write(status_fd, STARTED)  # at once: the launcher answers /restart on it
     os.close(status_fd)
     os.close(control_fd)
+    worker.join()  # the module being imported completes: the script would wait for it anyway
     _run(order, modules_file)
+
+
+def _autogroup_nice(nice: int) -> None:
+    with contextlib.suppress(OSError):  # no autogroup (disabled, or not Linux): nothing to do
+        Path("/proc/self/autogroup").write_text(f"{nice}\n")
 
 
 def _read_line(fd: int) -> bytes:
@@ -256,12 +273,14 @@ def _warm(names: list[str], modules_file: Path | None, nice: int, status_fd: int
 
 
 def _preimport(spec: str) -> None:
-    """Import one module (``module:attr`` also reads the attribute); failures are the
-    script's to meet, not the standby's."""
+    """Import one module (``module:attr`` also reads the attribute, ``module:attr()`` calls
+    it); failures are the script's to meet, not the standby's."""
     name, _, attr = spec.partition(":")
     try:
         module = importlib.import_module(name)
-        if attr:
+        if attr.endswith("()"):
+            getattr(module, attr[:-2])()
+        elif attr:
             getattr(module, attr)
     except BaseException:  # SystemExit/KeyboardInterrupt raised by a module too
         return

@@ -305,7 +305,11 @@ def test_stop_ends_a_warm_started_process_and_the_standby(warm_start: Any, tmp_p
     pid = running.status()["pid"]
     assert running.call("POST", "/stop")[0] == 200
     running.thread.join(10)
-    assert running.code == 0 and not alive(pid) and not alive(standby["pid"])
+    assert running.code == 0 and not alive(pid)
+    deadline = time.monotonic() + 10  # let go, not killed: it ends after its current import
+    while alive(standby["pid"]):
+        assert time.monotonic() < deadline, "the standby outlived the launcher's stop"
+        time.sleep(0.05)
 
 
 def test_without_a_usable_standby_the_restart_spawns_a_fresh_process(

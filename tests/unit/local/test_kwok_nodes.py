@@ -67,7 +67,8 @@ def test_kwok_refuses_a_control_plane_that_would_call_its_nodes_lost(tmp_path: P
     plane = ControlPlane(tmp_path, Ports(1, 2, 3, 4, 5), tmp_path / "kubeconfig",
                          Pki(tmp_path / "pki"))
     try:
-        with pytest.raises(kwok.KwokError, match=f"node_monitor_grace_seconds={kwok.NODE_MONITOR_GRACE_SECONDS}"):
+        wanted = f"node_monitor_grace_seconds={kwok.NODE_MONITOR_GRACE_SECONDS}"
+        with pytest.raises(kwok.KwokError, match=wanted):
             kwok.start_kwok(plane, tmp_path)
     finally:
         processes.stop("kube-controller-manager", tmp_path / "pids", grace_seconds=1)
