@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -27,12 +28,18 @@ TARGETS = {"trainer-crash": 10.0, "node-loss": 30.0}
 
 def one_run(args: argparse.Namespace) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="gbench-", dir="/tmp"))
+    # The venv's tools first, as in the local cluster's pods: the reference run and the pods
+    # then use the same ninja for DeepSpeed's JIT op check. With two ninja versions (the
+    # venv's and the system's) each sees "command line changed" in the other's build log and
+    # rebuilds the op for minutes, holding the lock every rank's start-up waits on.
+    env = {**os.environ,
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
     try:
         result = subprocess.run(
             [sys.executable, "-m", "gemini.cli", "demo", "--workers", str(args.workers),
              "--replicas", str(args.replicas), "--failures", args.failures, "--state-dir",
              str(state), "--output", "json"],
-            cwd=REPO, capture_output=True, text=True, timeout=1200, check=False)
+            cwd=REPO, capture_output=True, text=True, timeout=1200, check=False, env=env)
     finally:
         subprocess.run([sys.executable, "-m", "gemini.cli", "local", "--state-dir", str(state),
                         "down"], cwd=REPO, capture_output=True, check=False)

@@ -172,9 +172,9 @@ class PhaseTrap:
         self.phase = phase
         self.reached = threading.Event()
         self._release = threading.Event()
-        recovery = operator.runtime.reconciler.recovery
-        self._write = recovery._write
-        recovery._write = self._trapped
+        self._recovery = operator.runtime.reconciler.recovery
+        self._write = self._recovery._write
+        self._recovery._write = self._trapped
 
     def _trapped(self, job: Any, patch: Any) -> None:
         if self.reached.is_set():
@@ -186,6 +186,11 @@ class PhaseTrap:
             raise RuntimeError("this operator is stopped by the test")
 
     def release(self) -> None:
+        """Let the frozen reconcile fail; once tripped, this operator records nothing more
+        until it is replaced. A trap never reached is taken out (the test failed before the
+        restart: the session's operator must go on working)."""
+        if not self.reached.is_set():
+            self._recovery._write = self._write
         self._release.set()
 
 

@@ -214,6 +214,10 @@ def serve() -> None:
     stop = threading.Event()
     worker = threading.Thread(target=_warm, args=(names, modules_file, nice, status_fd, stop),
                               name="standby-preimport", daemon=True)
+    # SIGTERM (also when the launcher dies) ends it after the current import, not within it:
+    # DeepSpeed's JIT build holds a file lock that a killed builder never releases.
+    signal.signal(signal.SIGTERM, lambda *_: _leave(stop, worker))
+    _parent_death_signal(signal.SIGTERM)
     worker.start()
     line = _read_line(control_fd)
     stop.set()
@@ -223,11 +227,28 @@ def serve() -> None:
     order = json.loads(line)
     if nice:
         _autogroup_nice(0)
+    # from here on a training process like a spawned one: default SIGTERM, killed with the
+    # launcher (only the preimport thread's current module may still finish first)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _parent_death_signal(signal.SIGKILL)
     os.write(status_fd, STARTED)  # at once: the launcher answers /restart on it
     os.close(status_fd)
     os.close(control_fd)
     worker.join()  # the module being imported completes: the script would wait for it anyway
     _run(order, modules_file)
+
+
+def _leave(stop: threading.Event, worker: threading.Thread) -> None:
+    stop.set()
+    worker.join()
+    os._exit(0)
+
+
+def _parent_death_signal(sig: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG (Linux)
 
 
 def _autogroup_nice(nice: int) -> None:
