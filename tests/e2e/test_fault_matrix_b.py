@@ -73,6 +73,21 @@ def reference4(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     return run.losses(0)
 
 
+def _wait_finished(jobs: Jobs, name: str, state: Path, timeout: float = 400) -> None:
+    """Wait for Succeeded or Failed; on a timeout, say where each rank's trainer was."""
+    try:
+        wait_for(lambda: jobs.state(name) in ("Succeeded", "Failed"), timeout,
+                 "the job to finish")
+    except AssertionError as err:
+        tails = []
+        for path in sorted(state.glob(f"nodes/*/pods/{jobs.ns}_{name}-worker-*/**/trainer/*.log")):
+            lines = [ln for ln in path.read_text(errors="replace").splitlines()
+                     if ln.strip() and "WARNING" not in ln][-4:]
+            tails.append(f"--- {path.relative_to(state)}\n" + "\n".join(lines))
+        status = (jobs.get(name) or {}).get("status")
+        raise AssertionError(f"{err}; status: {status}\n" + "\n".join(tails)) from None
+
+
 def _checkpoint(jobs: Jobs, name: str) -> dict[str, Any]:
     return dict(((jobs.get(name) or {}).get("status") or {}).get("checkpoint") or {})
 
@@ -117,8 +132,9 @@ def test_s3_down_while_a_persist_is_due_keeps_training_and_persists_once_it_is_b
         _request_persist(jobs, "s3down", "outage")
         error = wait_for(lambda: _checkpoint(jobs, "s3down").get("persistError"), 120,
                          "status.checkpoint.persistError")
-        # Training went on without S3 (the sidecars' S3 client retried for several seconds).
-        assert newest_step(state, job_namespace, "s3down-worker-0") > down_at
+        # Training goes on without S3: a later step is trained while the gateway is down.
+        wait_for(lambda: newest_step(state, job_namespace, "s3down-worker-0") > down_at, 60,
+                 "a step trained while S3 is down")
         assert jobs.state("s3down") == "Running"
         assert _checkpoint(jobs, "s3down")["persistedStep"] == first
     finally:
@@ -135,7 +151,7 @@ def test_s3_down_while_a_persist_is_due_keeps_training_and_persists_once_it_is_b
         raise AssertionError(f"{err}; status: {jobs.get('s3down')['status']}") from None
     store = S3Store(s3_server.client(), endpoint.bucket, prefix, TransferConfig())
     assert persisted in committed_steps(store, "s3down")
-    wait_for(lambda: jobs.state("s3down") in ("Succeeded", "Failed"), 300, "the job to finish")
+    _wait_finished(jobs, "s3down", state)
     assert jobs.get("s3down")["status"]["state"] == "Succeeded"
     got, conflicts = losses(state, job_namespace, "s3down-worker-0")
     assert not conflicts
@@ -184,7 +200,7 @@ def test_losing_a_whole_zone_recovers_every_rank_from_its_peer_in_the_other_zone
     nodes = {p.metadata.name: p.spec.node_name for p in jobs.pods("zones")
              if not p.metadata.deletion_timestamp}
     assert {nodes[f"zones-worker-{r}"] for r in lost_ranks} <= set(spares), nodes
-    wait_for(lambda: jobs.state("zones") in ("Succeeded", "Failed"), 300, "the job to finish")
+    _wait_finished(jobs, "zones", state)
     assert jobs.get("zones")["status"]["state"] == "Succeeded", jobs.get("zones")["status"]
     got, conflicts = losses(state, job_namespace, "zones-worker-0")
     assert not conflicts
@@ -194,7 +210,8 @@ def test_losing_a_whole_zone_recovers_every_rank_from_its_peer_in_the_other_zone
 
 
 def _sidecar_pid(state: Path, namespace: str, pod: str) -> int:
-    [pid_file] = state.glob(f"nodes/*/pods/{namespace}_{pod}_*/containers/sidecar.pid")
+    pattern = f"nodes/*/pods/{namespace}_{pod}_*/containers/{naming.SIDECAR_CONTAINER}.pid"
+    [pid_file] = state.glob(pattern)
     return int(pid_file.read_text().split()[0])
 
 
@@ -263,7 +280,7 @@ def test_a_node_lost_while_sending_its_replica_is_recovered_from_the_last_comple
     assert last["cause"] == "hardware" and last["source"] == "Peers", last
     assert last["restoredStep"] < in_flight, last  # never the half-received version
     assert last["stepsLost"] <= 1, last
-    wait_for(lambda: jobs.state("midrep") in ("Succeeded", "Failed"), 300, "the job to finish")
+    _wait_finished(jobs, "midrep", state)
     assert jobs.get("midrep")["status"]["state"] == "Succeeded", jobs.get("midrep")["status"]
     got, conflicts = losses(state, job_namespace, "midrep-worker-0")
     assert not conflicts

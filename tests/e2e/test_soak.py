@@ -115,7 +115,8 @@ class Soak:
 
         def fire() -> None:
             if kind == "trainer":
-                faults.kill_container(state, self.jobs.ns, pod.metadata.name, "trainer")
+                faults.kill_container(state, self.jobs.ns, pod.metadata.name,
+                                      naming.TRAINER_CONTAINER)
             else:
                 faults.lose_node(state, pod.spec.node_name)
                 self.lost.append(pod.spec.node_name)

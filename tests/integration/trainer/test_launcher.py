@@ -306,10 +306,24 @@ def test_stop_ends_a_warm_started_process_and_the_standby(warm_start: Any, tmp_p
     assert running.call("POST", "/stop")[0] == 200
     running.thread.join(10)
     assert running.code == 0 and not alive(pid)
+    deadline = time.monotonic() + 10
+    while running.launcher.status()["exit_code"] is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    # SIGTERM ended it as it ends a fresh interpreter (no handler left from the standby)
+    assert running.launcher.status()["exit_code"] == -15
     deadline = time.monotonic() + 10  # let go, not killed: it ends after its current import
     while alive(standby["pid"]):
         assert time.monotonic() < deadline, "the standby outlived the launcher's stop"
         time.sleep(0.05)
+
+
+def test_sigterm_ends_an_idle_standby_quietly(warm_start: Any) -> None:
+    running = warm_start()
+    pid = running.until(lambda s: (s["standby"] or {}).get("ready"))["standby"]["pid"]
+    standby = running.launcher._standby
+    assert standby is not None and standby.proc.pid == pid
+    os.kill(pid, 15)
+    assert standby.proc.wait(10) == 0, "SIGTERM must let it exit on its own"
 
 
 def test_without_a_usable_standby_the_restart_spawns_a_fresh_process(
