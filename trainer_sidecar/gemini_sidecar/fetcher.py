@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from gemini_sidecar.checksum import crc32
 from gemini_sidecar.config import PeerAddress
 from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.peer_client import FetchFailed, connect
@@ -84,7 +84,7 @@ class _RunningCrc:
 
 def payload_checksum_update(data: memoryview, crc: int) -> int:
     """The shm slot checksum (CRC-32, gemini_trainer.shm.payload_checksum), continued."""
-    return zlib.crc32(data, crc) & 0xFFFFFFFF
+    return crc32(data, crc)
 
 
 async def _pull(

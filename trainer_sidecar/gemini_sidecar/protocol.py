@@ -21,7 +21,6 @@ import os
 import queue
 import socket
 import struct
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -114,7 +113,7 @@ SUM_PIECE_BYTES = 1 << 20  # received bytes are checksummed in pieces of about L
 # Bulk transfers block their thread until the peer keeps up; a pool of their own keeps them
 # from starving (or deadlocking, with several sidecars in one process) the default executor.
 _BULK_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="gemini-bulk")
-# Checksums run beside the transfer on threads of their own (zlib and numpy release the GIL):
+# Checksums run beside the transfer on threads of their own (ISA-L and numpy release the GIL):
 # in line, they would lengthen every chunk's receive by the time of the checksum.
 _SUM_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gemini-sum")
 
@@ -123,8 +122,8 @@ def _crc_stream(pieces: queue.SimpleQueue[memoryview | None]) -> int:
     """CRC-32 of the pieces put into `pieces`, in order, until None (on a checksum thread)."""
     crc = 0
     while (piece := pieces.get()) is not None:
-        crc = zlib.crc32(piece, crc)
-    return crc & 0xFFFFFFFF
+        crc = crc32(piece, crc)
+    return crc
 
 
 class Channel:

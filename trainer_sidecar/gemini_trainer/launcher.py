@@ -34,7 +34,7 @@ so the operator can hand every rank the rendezvous address of this epoch (rank 0
 changes when rank 0 is replaced; there is no cluster DNS to hide that). The child dies with
 the launcher (parent-death signal): a killed trainer container leaves no orphaned training.
 
-Warm standby (gemini_trainer.standby; on unless GEMINI_LAUNCHER_STANDBY=0): for a ``python ...``
+Warm standby (gemini_trainer.standby; opt-in, GEMINI_LAUNCHER_STANDBY=1): for a ``python ...``
 command the launcher keeps one pre-started interpreter that has imported torch/DeepSpeed
 (GEMINI_LAUNCHER_PREIMPORT) and starts the next run in it, skipping the imports; one extra
 interpreter per rank in memory. It falls back to a normal spawn when no standby is usable.
@@ -141,7 +141,7 @@ class LauncherConfig:
     grace_s: float = 10.0
     exit_on_failure: bool = False
     hold: bool = False  # wait for the first POST /restart before starting the command
-    standby: bool = True  # keep a warm standby interpreter for python commands
+    standby: bool = False  # keep a warm standby interpreter for python commands
     preimport: tuple[str, ...] = warm.DEFAULT_PREIMPORT  # what the standby imports
 
     @classmethod

@@ -86,7 +86,6 @@ def start(tmp_path: Path) -> Iterator[Any]:
             token=TOKEN,
             status_file=status_file,
             grace_s=2.0,
-            preimport=("json",),  # a standby importing torch for every test would be slow
         )
         running = Running(Launcher(config, env={**os.environ, **env}))
         started.append(running)
@@ -366,6 +365,7 @@ def test_a_warm_run_exits_with_the_scripts_code_and_prints_to_the_launchers_outp
     script.write_text(SCRIPT)
     status_file = tmp_path / "s.json"
     env = {**os.environ, "GEMINI_LAUNCHER_HOLD": "1", "GEMINI_LAUNCHER_PREIMPORT": "fractions",
+           "GEMINI_LAUNCHER_STANDBY": "1",
            "RECORD": str(tmp_path / "records"), "GEMINI_AUTH_TOKEN": TOKEN}
     cmd = [sys.executable, "-m", "gemini.cli", "launch", "--port", "0", "--exit-on-failure",
            "--status-file", str(status_file), "--", sys.executable, str(script)]

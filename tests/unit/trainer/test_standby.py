@@ -70,8 +70,9 @@ def test_preimport_and_enable_settings() -> None:
     assert standby.preimport_list({standby.PREIMPORT_ENV: " numpy, ,torch "}) == ("numpy",
                                                                                   "torch")
     assert standby.preimport_list({standby.PREIMPORT_ENV: ""}) == ()
-    assert standby.enabled({}) and standby.enabled({standby.ENABLE_ENV: "1"})
+    assert all(standby.enabled({standby.ENABLE_ENV: v}) for v in ("1", "On", "true"))
     assert not any(standby.enabled({standby.ENABLE_ENV: v}) for v in ("0", "false", "Off"))
+    assert not standby.enabled({}), "opt-in: an interpreter per rank costs memory"
 
 
 def test_the_scripts_own_modules_are_not_learned() -> None:
