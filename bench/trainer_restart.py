@@ -156,11 +156,9 @@ def main() -> None:
     if shared.is_dir():  # a head start: the first start (not timed) checks, maybe rebuilds
         shutil.copytree(shared, root / "torch_extensions", symlinks=True,
                         ignore=shutil.ignore_patterns("lock"))
-    try:
-        cold, _ = one_mode(root, False, args.workers, args.crashes)
-        warm, used = one_mode(root, True, args.workers, args.crashes)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    cold, _ = one_mode(root, False, args.workers, args.crashes)
+    warm, used = one_mode(root, True, args.workers, args.crashes)
+    shutil.rmtree(root, ignore_errors=True)  # kept when it failed, for its logs
     cold_m, warm_m = statistics.median(cold), statistics.median(warm)
     print(f"restart to first step: standby {warm_m:.2f} s (runs {[round(t, 2) for t in warm]}),"
           f" fresh spawn {cold_m:.2f} s (runs {[round(t, 2) for t in cold]})")

@@ -101,8 +101,9 @@ def _request_persist(jobs: Jobs, name: str, value: str) -> None:
 def _persisted_after(checkpoint: dict[str, Any], first: int) -> int | None:
     """The persisted step once it is newer than `first` and no error is left, else None."""
     step = checkpoint.get("persistedStep")
-    return step if step is not None and step > first and "persistError" not in checkpoint \
-        else None
+    if step is None or step <= first or "persistError" in checkpoint:
+        return None
+    return int(step)
 
 
 def test_s3_down_while_a_persist_is_due_keeps_training_and_persists_once_it_is_back(

@@ -41,6 +41,8 @@ WORKERS = 2
 STEPS = 200
 SOAK_ARGS = [*ARGS[:ARGS.index("--steps")], "--steps", str(STEPS),
              *ARGS[ARGS.index("--steps") + 2:ARGS.index("--step-sleep")]]
+# Not in the mix yet: a sidecar crash ends in no recovery (status.lastRecovery) this loop
+# could wait for, so it needs its own completion check; partition+heal is untried here.
 KINDS = ("trainer", "node")
 EXPECTED = {"trainer": ("software", "Local"), "node": ("hardware", "Peers")}
 
