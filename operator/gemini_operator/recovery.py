@@ -53,12 +53,17 @@ from gemini_operator.status import JobStatus
 log = logging.getLogger(__name__)
 PORT_WINDOW = 1000  # the rendezvous port of epoch e is base + e % PORT_WINDOW
 WAIT_SECONDS = 0.25
+S3_RETRY_SECONDS = 10.0
 RESUME = "resume"  # status.recovery.kind and lastRecovery.cause of a resume after suspend
 SUSPEND_PERSIST_SECONDS = 120.0  # how long a suspend waits for the upload before deleting
 
 
 class RecoveryWait(Exception):
     """A phase must wait for the cluster (a pod starting, a launcher restarting)."""
+
+
+class S3Unreadable(Exception):
+    """The job's S3 prefix cannot be listed now (endpoint down, credentials refused)."""
 
 
 class Unrecoverable(Exception):
@@ -203,7 +208,12 @@ class RecoveryExecutor:
         rec = dict(status.recovery or {})
         launch = status.launch or {}
         if rec.get("kind") != RESUME or int(rec.get("epoch", 0)) <= int(launch.get("epoch", 0)):
-            steps = list(self._s3_steps(job))
+            try:
+                steps = list(self._s3_steps(job))
+            except S3Unreadable as err:  # starting over would throw the saved steps away
+                return Outcome(requeue_after=S3_RETRY_SECONDS, events=[(
+                    "ResumeWaitingForS3", f"cannot list the committed steps to resume from; "
+                    f"retrying in {S3_RETRY_SECONDS:.0f}s: {err}", True)])
             if not steps:
                 why = ("persistence is not configured" if self._persistence(job) is None
                        else "S3 lists no committed step")
@@ -372,7 +382,11 @@ class RecoveryExecutor:
         if silent:
             log.warning("planning without %d silent sidecars: %s", len(silent), silent[:3])
         copies = inventory_copies(inventories)
-        s3_steps = list(self._s3_steps(job))
+        try:
+            s3_steps = list(self._s3_steps(job))
+        except S3Unreadable as err:  # memory may still suffice: plan with it alone
+            log.warning("planning %s/%s without S3: %s", job.namespace, job.name, err)
+            s3_steps = []
         newest = max((c.version for c in copies), default=None)
         if not copies and not s3_steps and status.checkpoint.in_memory_step is None:
             # Nothing was ever checkpointed: training starts over (deterministic, same steps).
@@ -524,8 +538,8 @@ class RecoveryExecutor:
     # --- helpers ----------------------------------------------------------------------------
 
     def _committed_steps(self, job: JobView) -> list[int]:
-        """The steps committed to the job's S3 prefix (none without persistence; an S3 that
-        cannot be read leaves only memory to plan with, and says so in the log)."""
+        """The steps committed to the job's S3 prefix (none without persistence); raises
+        S3Unreadable when the prefix cannot be listed."""
         from gemini_sidecar.config import S3Settings
         from gemini_sidecar.s3 import committed_steps, open_store
 
@@ -544,10 +558,8 @@ class RecoveryExecutor:
         )
         try:
             return committed_steps(open_store(settings), job.name)
-        except Exception as err:  # boto3 raises many kinds; memory may still suffice
-            log.warning("cannot list the committed S3 steps of %s/%s: %s", job.namespace,
-                        job.name, err)
-            return []
+        except Exception as err:  # boto3 raises many kinds
+            raise S3Unreadable(f"s3://{persistence.bucket}/{persistence.prefix}: {err}") from err
 
     def _persistence(self, job: JobView) -> Persistence | None:
         return parse_spec(job.spec, self.config.default_sidecar_image).persistence

@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
+from gemini_operator.cache import Snapshot
 from gemini_operator.reconcile import (
     DeletePods,
     DeliverPlacement,
+    JobView,
     SaveBeforeSuspend,
     StartTraining,
 )
-from gemini_operator.recovery import RESUME, launch_document, resuming
+from gemini_operator.recovery import (
+    RESUME,
+    S3_RETRY_SECONDS,
+    RecoveryExecutor,
+    S3Unreadable,
+    launch_document,
+    resuming,
+)
 from gemini_operator.status import JobStatus
+from tests.unit.operator.builders import make_job
 from tests.unit.operator.test_reconcile import CONFIG, Harness, _of
 
 
@@ -87,3 +98,20 @@ def test_suspending_during_a_recovery_ends_it_and_resume_restores_instead() -> N
     assert h.condition("Recovering")["reason"] == "RecoverySuspended"
     assert "recovery" not in h.status()
     assert resuming(JobStatus.from_dict(h.status())) is False  # same attempt until resumed
+
+
+def test_a_resume_waits_for_an_unreadable_s3_instead_of_starting_over() -> None:
+    def unreadable(job: JobView) -> list[int]:
+        raise S3Unreadable("s3://bucket/prefix: connection refused")
+
+    written: list[Any] = []
+    executor = RecoveryExecutor(None, CONFIG, lambda job, doc: written.append(doc),  # type: ignore[arg-type]
+                                s3_steps=unreadable)
+    job = JobView.from_object(make_job("train").obj())
+    status = JobStatus(launch={"epoch": 3, "restartAttempt": 0}, restart_attempt=1)
+    assert resuming(status)
+    outcome = executor.start_training(job, Snapshot({}, {}, {}), status)
+    assert outcome.requeue_after == S3_RETRY_SECONDS
+    assert [e[0] for e in outcome.events] == ["ResumeWaitingForS3"]
+    assert "connection refused" in outcome.events[0][1]
+    assert not outcome.status and not written  # nothing started, nothing recorded
