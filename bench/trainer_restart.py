@@ -113,7 +113,7 @@ def restart_all(ranks: list[Rank], epoch: int, version: Any) -> None:
         t.join()
 
 
-def one_mode(root: Path, standby: bool, workers: int, crashes: int
+def one_mode(root: Path, standby: bool, workers: int, crashes: int, between: int = 20
              ) -> tuple[list[float], list[bool]]:
     work = root / ("standby" if standby else "spawn")
     ranks = [Rank(work, r, workers, standby) for r in range(workers)]
@@ -123,8 +123,8 @@ def one_mode(root: Path, standby: bool, workers: int, crashes: int
         restart_all(ranks, 1, None)
         for crash in range(crashes):
             marks = [r.size() for r in ranks]
-            # steady training: a few steps by every rank (the next standbys warm meanwhile)
-            wait(lambda m=marks: min(stepped(ranks, m)) >= 8, 600, "training steps")
+            # steady training for a while (the next standbys warm meanwhile, at low priority)
+            wait(lambda m=marks: min(stepped(ranks, m)) >= between, 600, "training steps")
             marks = [r.size() for r in ranks]
             start = time.monotonic()
             os.killpg(ranks[1].status()["pid"], signal.SIGKILL)
@@ -150,14 +150,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--crashes", type=int, default=3)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--steps-between", type=int, default=20,
+                        help="steps trained before each crash (the standby warms meanwhile)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gbench-restart-", dir="/tmp"))
     shared = Path.home() / ".cache" / "torch_extensions"
     if shared.is_dir():  # a head start: the first start (not timed) checks, maybe rebuilds
         shutil.copytree(shared, root / "torch_extensions", symlinks=True,
                         ignore=shutil.ignore_patterns("lock"))
-    cold, _ = one_mode(root, False, args.workers, args.crashes)
-    warm, used = one_mode(root, True, args.workers, args.crashes)
+    cold, _ = one_mode(root, False, args.workers, args.crashes, args.steps_between)
+    warm, used = one_mode(root, True, args.workers, args.crashes, args.steps_between)
     shutil.rmtree(root, ignore_errors=True)  # kept when it failed, for its logs
     cold_m, warm_m = statistics.median(cold), statistics.median(warm)
     print(f"restart to first step: standby {warm_m:.2f} s (runs {[round(t, 2) for t in warm]}),"

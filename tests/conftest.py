@@ -8,6 +8,9 @@ from pathlib import Path
 # JIT ops with the `ninja` on PATH, and two ninja versions (the venv's and Debian's) disagree on
 # the build log's command hashes, so alternating between them rebuilds the op on every start.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+# One JIT build directory per checkout (as ./dev sets it): checkouts sharing one rebuild it.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.executable).parent.parent
+                                                  / "torch-extensions"))
 
 pytest_plugins: list[str] = [
     "tests.fixtures.cluster",

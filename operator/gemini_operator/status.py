@@ -151,9 +151,22 @@ class JobStatus:
 
 
 def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any] | None:
-    """A JSON merge patch from `old` to `new` (top-level keys; removed keys become null), or
-    None when nothing changed. Lists and nested documents are replaced whole."""
-    old = old or {}
-    patch: dict[str, Any] = {k: v for k, v in new.items() if old.get(k) != v}
-    patch.update({k: None for k in old if k not in new})
+    """A JSON merge patch from `old` to `new` (removed keys become null), or None when nothing
+    changed. Lists are replaced whole; the API server merges nested documents key by key, so
+    a key gone from one (checkpoint.persistError once persisting works again) is nulled too."""
+    patch = _merge_diff(old or {}, new)
     return patch or None
+
+
+def _merge_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            nested = _merge_diff(before, value)
+            if nested:
+                patch[key] = nested
+        elif before != value:
+            patch[key] = value
+    patch.update({k: None for k in old if k not in new})
+    return patch

@@ -196,7 +196,8 @@ def test_losing_a_whole_zone_recovers_every_rank_from_its_peer_in_the_other_zone
                     "the recovery to finish")
     print(f"zone-loss recovery: {time.monotonic() - lost_at:.1f} s after the loss, {last}")
     assert last["cause"] == "hardware" and last["source"] == "Peers", last
-    assert sorted(last["failedRanks"]) == lost_ranks, last
+    # The survivors' training processes may die first (their collectives broke): also failed.
+    assert set(lost_ranks) <= set(last["failedRanks"]), last
     assert last["stepsLost"] <= 1, last
     nodes = {p.metadata.name: p.spec.node_name for p in jobs.pods("zones")
              if not p.metadata.deletion_timestamp}

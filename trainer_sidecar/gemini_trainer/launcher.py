@@ -281,9 +281,10 @@ class Launcher:
         standby, self._standby = self._standby, None
         if standby is None:
             return None
-        # A low-priority standby still importing would finish at that priority: spawn
-        # instead. One started while nothing ran is a head start; take it.
-        if standby.ready() or (standby.nice == 0 and standby.proc.poll() is None):
+        # Even one still importing is a head start: taking over sets its session's autogroup
+        # back to nice 0, so the rest runs at full priority (without autogroup, only the
+        # module in progress finishes at the importing thread's nice +10).
+        if standby.proc.poll() is None:
             proc = standby.activate(env, os.getcwd())
             if proc is not None:
                 return proc

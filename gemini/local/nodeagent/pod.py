@@ -339,6 +339,8 @@ class PodWorker:
             "PATH": f"{config.venv_bin}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
                     "/sbin:/bin",
             "HOME": str(Path.home()), "LANG": "C.UTF-8",
+            # The "image" is the venv: its JIT-built DeepSpeed ops too (see ./dev setup).
+            "TORCH_EXTENSIONS_DIR": str(Path(config.venv_bin).parent / "torch-extensions"),
             "HOSTNAME": self.pod["spec"].get("hostname") or self.name,
             "KUBERNETES_SERVICE_HOST": target.host,
             "KUBERNETES_SERVICE_PORT": str(target.port),

@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from gemini_operator.reconcile import JobView, Observed, ReconcileConfig, reconcile
-from gemini_operator.status import CheckpointStatus
+from gemini_operator.status import CheckpointStatus, status_patch
 from tests.unit.operator.builders import make_job
 from tests.unit.operator.test_reconcile import NODES, NOW
 
@@ -43,3 +43,13 @@ def test_persisting_that_starts_failing_is_a_warning_once_and_its_recovery_a_not
     events, job = _reasons(job, recovered)
     assert events == [("PersistRecovered", False)]
     assert "persistError" not in job["status"]["checkpoint"]
+
+
+def test_the_status_patch_nulls_a_persist_error_that_is_gone_from_the_checkpoint() -> None:
+    """The API server merges nested documents key by key: a key dropped from
+    status.checkpoint stays there unless the patch nulls it."""
+    old = {"checkpoint": FAILING.to_dict(), "restarts": 0}
+    recovered = replace(FAILING, persisted_step=8, persist_error=None)
+    patch = status_patch(old, {"checkpoint": recovered.to_dict(), "restarts": 0})
+    assert patch == {"checkpoint": {"persistedStep": 8, "persistError": None}}
+    assert status_patch(old, {"checkpoint": FAILING.to_dict(), "restarts": 0}) is None
