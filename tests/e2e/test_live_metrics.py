@@ -3,8 +3,8 @@
 One GeminiJob (examples/train_fsdp.py on 2 workers, tiny model, S3 persistence) on the local
 cluster; one trainer crash. Scraped: the operator's endpoint (served from its registry the way
 `gemini operator run --metrics-port` does) and every sidecar's (pod IP, the `sidecar-api`
-port of the pod spec, as pod discovery finds it). The launcher has no metrics endpoint (its
-HTTP API is /status, /restart, /stop); its restarts show in the operator's counters.
+port of the pod spec, as pod discovery finds it) and every launcher's (the trainer container's
+`launcher` port).
 """
 
 from __future__ import annotations
@@ -81,12 +81,13 @@ def operator_metrics_url(gemini_operator: OperatorThread) -> Iterator[str]:
         thread.join(10)
 
 
-def sidecar_urls(jobs: Jobs) -> dict[str, str]:
-    """pod name -> its sidecar's metrics URL, from the pod's IP and declared port."""
+def sidecar_urls(jobs: Jobs, port: str = "sidecar-api") -> dict[str, str]:
+    """pod name -> the metrics URL of its container port `port` (the sidecar's or the
+    launcher's), from the pod's IP and declared port."""
     urls = {}
     for pod in jobs.pods(NAME):
-        ports = [p for c in pod.spec.init_containers or [] for p in c.ports or []
-                 if p.name == "sidecar-api"]
+        containers = [*(pod.spec.init_containers or []), *(pod.spec.containers or [])]
+        ports = [p for c in containers for p in c.ports or [] if p.name == port]
         assert len(ports) == 1 and pod.status.pod_ip, pod
         urls[pod.metadata.name] = f"http://{pod.status.pod_ip}:{ports[0].container_port}/metrics"
     return urls
@@ -148,6 +149,16 @@ def test_live_scrapes_count_one_recovery_and_cover_the_dashboard(
     wait_for(lambda: all(Scrape.of(u).value("gemini_local_version") >= restored + 3
                          for u in urls.values()), 180, "training to go on after the restart")
     sidecars_after = {pod: Scrape.of(url) for pod, url in urls.items()}
+    # Every launcher (the crashed rank's is a new one: its container restarted) runs the
+    # recovery's epoch, and reports how long its process took to its first heartbeat.
+    launchers = {pod: Scrape.of(url) for pod, url in sidecar_urls(jobs, "launcher").items()}
+    assert len(launchers) == 2
+    for pod, scrape in launchers.items():
+        assert scrape.value("gemini_launcher_epoch") == last["epoch"], pod
+        assert scrape.value("gemini_launcher_training_running") == 1, pod
+        assert scrape.value("gemini_launcher_restarts_total") >= 1, pod
+        assert scrape.value("gemini_launcher_start_seconds") >= 0, pod
+        assert scrape.value("gemini_launcher_progress_step") > restored, pod
 
     def delta(name: str, **labels: str) -> float:
         return operator_after.value(name, **labels) - operator_before.value(name, **labels)
@@ -192,7 +203,8 @@ def test_live_scrapes_count_one_recovery_and_cover_the_dashboard(
         assert after.value("gemini_s3_failures_total") == 0, pod
         assert after.value("gemini_peer_refused_total") == 0, pod
 
-    seen = operator_after.names().union(*(s.names() for s in sidecars_after.values()))
+    seen = operator_after.names().union(*(s.names() for s in sidecars_after.values()),
+                                        *(s.names() for s in launchers.values()))
     missing = dashboard_metrics() - seen
     assert not missing, f"the dashboard queries series no live endpoint exports: {missing}"
 

@@ -16,8 +16,10 @@ survives). The operator drives it over a small HTTP API:
                     The epoch must grow: the same epoch again is a no-op (200, "already"), an
                     older one is refused (409), so a retried request cannot restart twice.
     POST /stop      stops the process; the launcher then exits with 0.
+    GET  /metrics   Prometheus text (gemini_launcher_*: restarts, epoch, running, last exit
+                    code, warm start, start-up seconds, heartbeat step and age); no token.
 
-Every request needs ``Authorization: Bearer <GEMINI_AUTH_TOKEN>`` when a token is set
+Every other request needs ``Authorization: Bearer <GEMINI_AUTH_TOKEN>`` when a token is set
 (compared in constant time); others get 401. It listens on GEMINI_LAUNCHER_HOST (default
 127.0.0.1; the pod IP so the operator can reach it) and GEMINI_LAUNCHER_PORT (default 7071;
 0 picks a free port, written to the status file).
@@ -62,6 +64,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from gemini_trainer import launcher_metrics
 from gemini_trainer import standby as warm
 from gemini_trainer.standby import PythonCommand, Standby
 
@@ -199,6 +202,9 @@ class Launcher:
         self._warm = False
         # next to the heartbeat: on the pod's memory volume, it outlives a container restart
         self._modules_file = self.heartbeat_file.parent / warm.MODULES_FILE
+        self.metrics = launcher_metrics.make_registry(
+            self.status, self._base_env.get("GEMINI_JOB", ""),
+            self._base_env.get("GEMINI_RANK") or self._base_env.get("RANK", ""))
         self._server = ThreadingHTTPServer((config.host, config.port), _handler_for(self))
         self._server.daemon_threads = True
 
@@ -486,6 +492,14 @@ def _handler_for(launcher: Launcher) -> type[BaseHTTPRequestHandler]:
             return False
 
         def do_GET(self) -> None:
+            if self.path == "/metrics":  # open, like the sidecar's: Prometheus has no token
+                data = launcher_metrics.render(launcher.metrics)
+                self.send_response(HTTPStatus.OK)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+                return
             if not self._guard():
                 return
             if self.path == "/status":

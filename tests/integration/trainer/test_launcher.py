@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gemini_trainer.launcher import Launcher, LauncherConfig
 
@@ -185,6 +186,23 @@ def test_progress_comes_from_the_heartbeat_file(start: Any) -> None:
     running = start("-1", "42")
     status = running.until(lambda s: s["progress"] is not None)
     assert status["progress"]["step"] == 42 and status["progress"]["age_s"] < 60
+
+
+def test_metrics_are_served_without_a_token_and_follow_restarts(start: Any) -> None:
+    running = start("-1", "42", GEMINI_JOB="train", GEMINI_RANK="1")
+    running.until(lambda s: s["progress"] is not None)
+    assert running.call("POST", "/restart", {"epoch": 2})[0] == 200
+    running.until(lambda s: s["epoch"] == 2 and s["progress"] is not None)
+    url = f"http://127.0.0.1:{running.launcher.port}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:  # no Authorization header
+        text = resp.read().decode()
+    samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+    assert samples["gemini_launcher_restarts_total"].value == 1
+    assert samples["gemini_launcher_epoch"].value == 2
+    assert samples["gemini_launcher_training_running"].value == 1
+    assert samples["gemini_launcher_progress_step"].value == 42
+    assert samples["gemini_launcher_start_seconds"].value >= 0
+    assert samples["gemini_launcher_epoch"].labels == {"job": "train", "rank": "1"}
 
 
 def test_the_cli_runs_the_command_and_exits_with_its_code_when_asked(tmp_path: Path) -> None:

@@ -32,10 +32,19 @@ def _operator() -> CollectorRegistry:
     return OperatorMetrics().registry
 
 
+def _launcher() -> CollectorRegistry:
+    from gemini_trainer.launcher_metrics import make_registry
+
+    status = {"state": "running", "epoch": 2, "restarts": 2, "exit_code": 1, "warm": True,
+              "started_at": 10.0, "progress": {"step": 3, "unix": 12.0, "age_s": 0.5}}
+    return make_registry(lambda: status, job="job", rank="0")
+
+
 # Module (as a path under the repository) -> how its component builds its registry.
 ADAPTERS: dict[str, Callable[[], CollectorRegistry]] = {
     "trainer_sidecar/gemini_sidecar/metrics.py": _sidecar,
     "operator/gemini_operator/metrics.py": _operator,
+    "trainer_sidecar/gemini_trainer/launcher_metrics.py": _launcher,
 }
 
 # The sample names each family type exposes (prometheus_client's text format).

@@ -1,0 +1,81 @@
+"""Prometheus metrics of one launcher, read from its status at scrape time; labels job and
+rank only, as the sidecar's (Prometheus adds the namespace and pod target labels).
+
+A collector rather than counters kept beside the state: the status is the one source of truth,
+so a scrape can never disagree with GET /status.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+StatusSource = Callable[[], Mapping[str, Any]]
+
+
+LABELS = ("job", "rank")
+
+
+def start_seconds(status: Mapping[str, Any]) -> float:
+    """Seconds from the current training process's start to its first heartbeat of this run
+    (NaN until it beats): the restart cost a recovery pays on this rank."""
+    started, progress = status.get("started_at"), status.get("progress") or {}
+    beat = progress.get("unix")
+    if started is None or beat is None or beat < started:
+        return math.nan
+    return float(beat) - float(started)
+
+
+class LauncherCollector(Collector):
+    def __init__(self, status: StatusSource, job: str, rank: str) -> None:
+        self._status = status
+        self._labels = [job, rank]
+
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=LABELS)
+        family.add_metric(self._labels, value)
+        return family
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        s = self._status()
+        progress = s.get("progress") or {}
+        exit_code = s.get("exit_code")
+        restarts = CounterMetricFamily(
+            "gemini_launcher_restarts", "training process starts requested through /restart",
+            labels=LABELS)
+        restarts.add_metric(self._labels, int(s.get("restarts") or 0))
+        yield restarts
+        _gauge = self._gauge
+        yield _gauge("gemini_launcher_epoch", "restart epoch the training process runs",
+                     int(s.get("epoch") or 0))
+        yield _gauge("gemini_launcher_training_running",
+                     "1 while the training process runs", 1 if s.get("state") == "running" else 0)
+        yield _gauge("gemini_launcher_last_exit_code",
+                     "exit code of the last training process (NaN: none exited)",
+                     math.nan if exit_code is None else int(exit_code))
+        yield _gauge("gemini_launcher_warm_start",
+                     "1 if the current training process started from the warm standby",
+                     1 if s.get("warm") else 0)
+        yield _gauge("gemini_launcher_start_seconds",
+                     "seconds from the current process's start to its first heartbeat",
+                     start_seconds(s))
+        yield _gauge("gemini_launcher_progress_step", "step of the last heartbeat (NaN: none)",
+                     math.nan if "step" not in progress else int(progress["step"]))
+        yield _gauge("gemini_launcher_heartbeat_age_seconds",
+                     "seconds since the last heartbeat (NaN: none)",
+                     math.nan if "age_s" not in progress else float(progress["age_s"]))
+
+
+def make_registry(status: StatusSource, job: str = "", rank: str = "") -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(LauncherCollector(status, job, rank))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return generate_latest(registry)
