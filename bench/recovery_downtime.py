@@ -38,7 +38,7 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
         result = subprocess.run(
             [sys.executable, "-m", "gemini.cli", "demo", "--workers", str(args.workers),
              "--replicas", str(args.replicas), "--failures", args.failures, "--state-dir",
-             str(state), "--output", "json"],
+             str(state), "--output", "json", *(["--warm-standby"] if args.warm_standby else [])],
             cwd=REPO, capture_output=True, text=True, timeout=1200, check=False, env=env)
     finally:
         subprocess.run([sys.executable, "-m", "gemini.cli", "local", "--state-dir", str(state),
@@ -56,6 +56,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--failures", default="trainer-crash,node-loss,group-loss")
+    parser.add_argument("--warm-standby", action="store_true",
+                        help="run the demo with the launchers' warm standby")
     args = parser.parse_args()
     downtimes: dict[str, list[float]] = defaultdict(list)
     breakdowns: dict[str, list[dict[str, float]]] = defaultdict(list)

@@ -32,6 +32,7 @@ class DemoConfig:
     failures: tuple[str, ...] = FAILURE_KINDS
     step_sleep: float = 0.5  # idle per step: stretches the run so failures land mid-training
     seed: int = 1234
+    warm_standby: bool = False  # launchers keep a pre-imported interpreter for restarts
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.failures if f not in FAILURE_KINDS]
@@ -98,7 +99,9 @@ def job_manifest(config: DemoConfig, script: str, s3_url: str, bucket: str,
                 "command": ["python", script],
                 "args": trainer_args(config),
                 "env": [{"name": "OMP_NUM_THREADS", "value": "1"},
-                        {"name": "PYTHONUNBUFFERED", "value": "1"}],
+                        {"name": "PYTHONUNBUFFERED", "value": "1"},
+                        *([{"name": "GEMINI_LAUNCHER_STANDBY", "value": "1"}]
+                          if config.warm_standby else [])],
             },
             "checkpoint": {"replicas": config.replicas, "intervalIterations": 1},
             "persistence": {
