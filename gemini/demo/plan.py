@@ -99,9 +99,7 @@ def job_manifest(config: DemoConfig, script: str, s3_url: str, bucket: str,
                 "command": ["python", script],
                 "args": trainer_args(config),
                 "env": [{"name": "OMP_NUM_THREADS", "value": "1"},
-                        {"name": "PYTHONUNBUFFERED", "value": "1"},
-                        *([{"name": "GEMINI_LAUNCHER_STANDBY", "value": "1"}]
-                          if config.warm_standby else [])],
+                        {"name": "PYTHONUNBUFFERED", "value": "1"}],
             },
             "checkpoint": {"replicas": config.replicas, "intervalIterations": 1},
             "persistence": {
@@ -112,7 +110,8 @@ def job_manifest(config: DemoConfig, script: str, s3_url: str, bucket: str,
                 "keep": 2,
             },
             "failurePolicy": {"maxRestarts": 20, "hangTimeoutSeconds": 120,
-                              "spareNodes": spare_nodes(config)},
+                              "spareNodes": spare_nodes(config),
+                              "warmStandby": config.warm_standby},
         },
     }
 

@@ -135,6 +135,7 @@ class FailurePolicy:
     hang_timeout_seconds: int = 600
     spare_nodes: int = 0
     rules: tuple[FailureRule, ...] = ()
+    warm_standby: bool = False  # launchers keep a pre-imported interpreter for restarts
 
 
 @dataclass(frozen=True)
@@ -301,7 +302,15 @@ def _failure_policy(raw: Mapping[str, Any]) -> FailurePolicy:
         ),
         spare_nodes=_int(raw, "spareNodes", "spec.failurePolicy.spareNodes", 0, minimum=0),
         rules=tuple(_rule(item, i) for i, item in enumerate(raw.get("rules") or ())),
+        warm_standby=_flag(raw, "warmStandby", "spec.failurePolicy.warmStandby"),
     )
+
+
+def _flag(raw: Mapping[str, Any], key: str, path: str) -> bool:
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise SpecError(path, f"must be true or false, got {value!r}")
+    return value
 
 
 def _rule(raw: Mapping[str, Any], index: int) -> FailureRule:

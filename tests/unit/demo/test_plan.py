@@ -70,13 +70,13 @@ def test_the_job_checkpoints_every_iteration_and_persists_to_the_local_s3() -> N
     assert spec["failurePolicy"]["spareNodes"] == 3
 
 
-def test_the_warm_standby_is_turned_on_through_the_trainer_env_only_when_asked() -> None:
-    def env(config: DemoConfig) -> dict[str, str]:
+def test_the_warm_standby_is_turned_on_only_when_asked() -> None:
+    def policy(config: DemoConfig) -> dict[str, object]:
         job = plan.job_manifest(config, "/s.py", "http://s3", "b", "p")
-        return {e["name"]: e["value"] for e in job["spec"]["template"]["env"]}
+        return dict(job["spec"]["failurePolicy"])
 
-    assert "GEMINI_LAUNCHER_STANDBY" not in env(DemoConfig())
-    assert env(DemoConfig(warm_standby=True))["GEMINI_LAUNCHER_STANDBY"] == "1"
+    assert policy(DemoConfig())["warmStandby"] is False
+    assert policy(DemoConfig(warm_standby=True))["warmStandby"] is True
 
 
 def test_failure_targets_come_from_the_placement() -> None:

@@ -129,3 +129,13 @@ def test_peer_secret_holds_the_given_token():
     assert secret["metadata"]["name"] == "train-peer-auth"
     assert base64.b64decode(secret["data"]["token"]).decode() == "s3cr3t-token-0123456789"
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_the_warm_standby_is_asked_of_the_launcher_only_when_the_policy_says_so():
+    def trainer_env(builder):
+        trainer = next(c for c in _pod(builder)["spec"]["containers"] if c["name"] == "trainer")
+        return _env(trainer)
+
+    assert "GEMINI_LAUNCHER_STANDBY" not in trainer_env(make_job())
+    assert trainer_env(make_job().set("failurePolicy.warmStandby", True))[
+        "GEMINI_LAUNCHER_STANDBY"] == "1"

@@ -148,3 +148,10 @@ def test_every_example_parses(path):
     for body in yaml.safe_load_all(path.read_text()):
         validate_job_name(body["metadata"]["name"])
         assert parse_spec(body["spec"], IMAGE).num_nodes >= 1
+
+
+def test_warm_standby_defaults_off_and_must_be_a_boolean():
+    assert parse_spec(make_job().spec(), "img").failure_policy.warm_standby is False
+    with pytest.raises(SpecError) as info:
+        parse_spec(make_job().set("failurePolicy.warmStandby", "yes").spec(), "img")
+    assert str(info.value) == "spec.failurePolicy.warmStandby: must be true or false, got 'yes'"
