@@ -186,7 +186,8 @@ def test_valid_minimal_manifest_gets_the_defaults(
         "replicas": 2, "placement": "DomainAware", "intervalIterations": 1,
         "trafficScheduling": "Interleaved",
     }
-    assert spec["failurePolicy"] == {"maxRestarts": 10, "hangTimeoutSeconds": 600, "spareNodes": 0}
+    assert spec["failurePolicy"] == {"maxRestarts": 10, "hangTimeoutSeconds": 600, "spareNodes": 0,
+                                     "warmStandby": False}
     assert spec["template"]["imagePullPolicy"] == "IfNotPresent"
     assert "persistence" not in spec
 
