@@ -1,4 +1,4 @@
-"""Payload checksums of the peer data path.
+"""Payload checksums of the peer data path: CRC-32 everywhere.
 
 Replication (PUT_CHUNK) verifies with CRC-32, the checksum the trainer already writes in its
 slot header: the receiver takes the CRC-32 of each chunk as it lands, the chunk CRCs combine
@@ -8,49 +8,21 @@ receiver, with the data still in cache. CRC-32 catches every error burst up to 3
 1-bit error and every 2-bit error less than 2^32-1 bits apart, where any additive sum misses a
 bit set in one word and cleared at the same position in another.
 
-Fetch replies (DATA) carry a 64-bit word sum (`checksum`, numpy, tens of GiB/s) to find the
-corrupt chunk at once; a fetch then checks the whole payload against the CRC-32 as well.
-Neither is a MAC: authenticity comes from the HMAC over each frame header (protocol.py).
+Fetch replies (DATA) carry their chunk's CRC-32, so a corrupt chunk is found at once and
+fetched again elsewhere; the fetcher combines the chunk CRCs into the whole payload's and
+compares it with the source's slot CRC, again without a second pass. CRC-32 is not a MAC:
+authenticity comes from the HMAC over each frame header (protocol.py).
 """
 
 from __future__ import annotations
 
 import functools
 
-import numpy as np
 from isal import isal_zlib
 
-_MASK = (1 << 64) - 1
-_LENGTH_MIX = 0x9E3779B97F4A7C15
 _CRC_POLY = 0xEDB88320  # CRC-32 (zlib, IEEE 802.3), reflected
 
 
-def word_sum(data: memoryview | bytes | bytearray) -> int:
-    """Sum of the little-endian uint64 words of `data` (tail zero-padded), modulo 2**64."""
-    view = memoryview(data).cast("B")
-    whole = len(view) - len(view) % 8
-    total = int(np.frombuffer(view[:whole], dtype="<u8").sum(dtype=np.uint64)) if whole else 0
-    if whole < len(view):
-        total += int.from_bytes(bytes(view[whole:]).ljust(8, b"\0"), "little")
-    return total & _MASK
-
-
-def finish(words: int, length: int) -> int:
-    """Fold the length into a word sum, so that truncation or zero-padding is caught."""
-    return (words + length * _LENGTH_MIX) & _MASK
-
-
-def checksum(data: memoryview | bytes | bytearray) -> int:
-    """The checksum of one buffer: finish(word_sum(data), len(data))."""
-    return finish(word_sum(data), memoryview(data).nbytes)
-
-
-def combine(word_sums: list[int]) -> int:
-    """Word sum of a buffer from the word sums of its 8-byte-aligned consecutive pieces."""
-    return sum(word_sums) & _MASK
-
-
-# -- CRC-32 ----------------------------------------------------------------------------------
 def crc32(data: memoryview | bytes | bytearray, crc: int = 0) -> int:
     """CRC-32 (the trainer's slot checksum; zlib's values, ISA-L's speed), continued from
     `crc`. Releases the GIL."""

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from gemini_sidecar.checksum import crc32
+from gemini_sidecar.checksum import crc32_of_pieces
 from gemini_sidecar.config import PeerAddress
 from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.peer_client import FetchFailed, connect
@@ -27,7 +27,6 @@ from gemini_sidecar.protocol import (
     PeerRefused,
     ProtocolError,
 )
-from gemini_trainer.shm import payload_checksum
 
 log = logging.getLogger(__name__)
 REPLY_TIMEOUT_S = 120.0
@@ -67,32 +66,12 @@ async def _info(chan: Channel, rank: int, version: int | None) -> tuple[int, int
     return reply.version, reply.total, reply.checksum
 
 
-class _RunningCrc:
-    """CRC-32 of the payload prefix received so far, taken while each chunk is still in
-    cache; chunks out of order (refetched elsewhere) leave it short, and the whole payload
-    is then checked in one pass at the end instead."""
-
-    def __init__(self) -> None:
-        self.upto = 0
-        self.crc = 0
-
-    def add(self, dest: memoryview, offset: int, size: int) -> None:
-        if offset == self.upto:
-            self.crc = payload_checksum_update(dest[offset : offset + size], self.crc)
-            self.upto += size
-
-
-def payload_checksum_update(data: memoryview, crc: int) -> int:
-    """The shm slot checksum (CRC-32, gemini_trainer.shm.payload_checksum), continued."""
-    return crc32(data, crc)
-
-
 async def _pull(
     chan: Channel, rank: int, version: int, dest: memoryview, chunks: list[tuple[int, int]],
-    window: int, done: set[int], running: _RunningCrc,
+    window: int, done: dict[int, int],
 ) -> None:
-    """Request `chunks` pipelined; the offsets of those that arrive intact go into `done`
-    (also when the holder fails half-way, so the next holder only fetches the rest)."""
+    """Request `chunks` pipelined; those that arrive intact go into `done` as offset -> their
+    CRC-32 (also when the holder fails half-way, so the next holder only fetches the rest)."""
     queue = list(chunks)
     in_flight: list[tuple[int, int]] = []
     while queue or in_flight:
@@ -107,12 +86,9 @@ async def _pull(
         if reply.type != FrameType.DATA or (reply.offset, reply.length) != (off, size):
             raise ProtocolError(f"expected DATA at {off}, got {reply.type.name}")
         try:
-            await chan.recv_into(reply, dest[off : off + size])
+            done[off] = await chan.recv_into(reply, dest[off : off + size])
         except ChecksumMismatch as err:
             log.warning("%s; will refetch it from another holder", err)
-            continue
-        done.add(off)
-        running.add(dest, off, size)
 
 
 async def fetch(req: FetchRequest, allocate: Allocate, metrics: SidecarMetrics) -> Fetched:
@@ -139,8 +115,8 @@ async def _fetch_once(
     dest: memoryview | None = None
     version, length, crc = req.version, 0, 0
     remaining: list[tuple[int, int]] = []
-    done: set[int] = set()
-    running = _RunningCrc()
+    done: dict[int, int] = {}
+    chunks: list[tuple[int, int]] = []
     used: list[str] = []
     for holder in order:
         try:
@@ -155,11 +131,12 @@ async def _fetch_once(
                 version, length, crc = got_version, got_length, got_crc
                 dest = allocate(got_version, got_length, got_crc)
                 step = max(8, req.chunk_bytes // 8 * 8)
-                remaining = [(o, min(step, length - o)) for o in range(0, length, step)]
+                chunks = [(o, min(step, length - o)) for o in range(0, length, step)]
+                remaining = list(chunks)
             elif (got_version, got_length, got_crc) != (version, length, crc):
                 raise PeerRefused(f"{holder} holds another copy of version {version}")
             used.append(str(holder))
-            await _pull(chan, req.rank, got_version, dest, remaining, req.window, done, running)
+            await _pull(chan, req.rank, got_version, dest, remaining, req.window, done)
         except (PeerRefused, ProtocolError, OSError, TimeoutError) as err:
             metrics.fetch_failures.inc()
             log.warning("fetch of rank %d from %s failed: %s", req.rank, holder, err)
@@ -170,10 +147,8 @@ async def _fetch_once(
         if remaining:
             metrics.fetch_failures.inc()
             continue
-        if running.upto == length:
-            actual = running.crc
-        else:
-            actual = await asyncio.to_thread(payload_checksum, dest)
+        # the chunk CRCs, each taken as its bytes landed, combine into the whole payload's
+        actual = crc32_of_pieces([(done[off], size) for off, size in chunks])
         if actual != crc:
             raise _CorruptWhole(f"rank {req.rank} v{version} from {used}: CRC-32 {actual:#x} "
                                 f"!= {crc:#x}")

@@ -13,7 +13,7 @@ import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gemini_sidecar.checksum import checksum
+from gemini_sidecar.checksum import crc32
 from gemini_sidecar.local import LocalShard, LocalShardError
 from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.protocol import (
@@ -187,6 +187,6 @@ class PeerServer:
             return
         piece = data[frame.offset : end]
         reply = Frame(
-            FrameType.DATA, frame.rank, frame.version, frame.offset, len(piece), checksum(piece)
+            FrameType.DATA, frame.rank, frame.version, frame.offset, len(piece), crc32(piece)
         )
         await chan.send(reply, piece)

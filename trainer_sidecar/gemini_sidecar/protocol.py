@@ -8,7 +8,8 @@ carries a direction, a per-direction sequence number and an HMAC-SHA256 over
 Payload bytes are not MACed (HMAC-SHA256 runs at ~2 GiB/s, slower than loopback TCP); they are
 covered by checksums the authenticated frames carry: a replicated chunk's CRC-32 goes back to
 the sender in its authenticated ACK, and the chunk CRCs must combine into the trainer's CRC-32
-of the whole shard, which the authenticated PUT_BEGIN/PUT_END carry (see checksum.py).
+of the whole shard, which the authenticated PUT_BEGIN/PUT_END carry; a fetched chunk (DATA)
+carries its own CRC-32 in its header, and other payloads (HELLO, ERROR) theirs (checksum.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from gemini_sidecar.checksum import checksum, crc32, finish, word_sum
+from gemini_sidecar.checksum import crc32
 
 MAGIC = b"GMN1"
 CHALLENGE_MAGIC = b"GMNS"
@@ -47,7 +48,7 @@ class FrameType(enum.IntEnum):
     GET_INFO = 20
     INFO = 21
     GET = 22
-    DATA = 23
+    DATA = 23  # checksum: the CRC-32 of the payload
 
 
 FLAG_COMPLETE = 1  # INFO/ACK: the version is complete
@@ -109,11 +110,11 @@ def _unpack(raw: bytes) -> tuple[Frame, int]:
 
 BULK_BYTES = 64 * 1024  # payloads at least this large move on a worker thread
 BULK_TIMEOUT_S = 120.0
-SUM_PIECE_BYTES = 1 << 20  # received bytes are checksummed in pieces of about L2 size
+CRC_PIECE_BYTES = 1 << 20  # received bytes are checksummed in pieces of about L2 size
 # Bulk transfers block their thread until the peer keeps up; a pool of their own keeps them
 # from starving (or deadlocking, with several sidecars in one process) the default executor.
 _BULK_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="gemini-bulk")
-# Checksums run beside the transfer on threads of their own (ISA-L and numpy release the GIL):
+# Checksums run beside the transfer on threads of their own (ISA-L releases the GIL):
 # in line, they would lengthen every chunk's receive by the time of the checksum.
 _SUM_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gemini-sum")
 
@@ -183,12 +184,12 @@ class Channel:
         self._bulk.sendall(head)
         self._bulk.sendall(payload)
 
-    def _recv_bulk(self, view: memoryview, summing: bool) -> int:
-        """Receive into `view` on a worker thread; returns its word sum, or its CRC-32 when
-        not `summing`. Each piece that landed is checksummed on a checksum thread while the
-        next one is received (the piece is still in the shared cache)."""
+    def _recv_bulk(self, view: memoryview) -> int:
+        """Receive into `view` on a worker thread; returns its CRC-32. Each piece that landed
+        is checksummed on a checksum thread while the next one is received (the piece is
+        still in the shared cache)."""
         pieces: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
-        running = _SUM_POOL.submit(_sum_stream if summing else _crc_stream, pieces)
+        running = _SUM_POOL.submit(_crc_stream, pieces)
         got = queued = 0
         try:
             while got < len(view):
@@ -196,10 +197,9 @@ class Channel:
                 if n == 0:
                     raise ConnectionError("peer closed the connection mid-frame")
                 got += n
-                upto = got if got == len(view) else got - got % 8
-                if upto - queued >= SUM_PIECE_BYTES or upto == len(view):
-                    pieces.put(view[queued:upto])
-                    queued = upto
+                if got - queued >= CRC_PIECE_BYTES or got == len(view):
+                    pieces.put(view[queued:got])
+                    queued = got
         finally:
             pieces.put(None)  # the checksum thread ends also when receiving failed
             result = running.result()  # and the view must outlive it
@@ -224,20 +224,6 @@ class Channel:
             )
         return frame
 
-    async def recv_into(self, frame: Frame, view: memoryview) -> int:
-        """Receive the payload of `frame` into `view` and verify it against the word-sum
-        checksum in its header (fetch replies); returns its word sum."""
-        if len(view) != frame.length:
-            raise ProtocolError(f"payload view of {len(view)} bytes for {frame.length}")
-        if len(view) < BULK_BYTES:
-            await self._recv_exact(view)
-            words = word_sum(view)
-        else:
-            words = await self._loop.run_in_executor(_BULK_POOL, self._recv_bulk, view, True)
-        if finish(words, frame.length) != frame.checksum:
-            raise ChecksumMismatch(frame)
-        return words
-
     async def recv_crc_into(self, frame: Frame, view: memoryview) -> int:
         """Receive the payload of `frame` into `view`; returns its CRC-32 (replicated chunks:
         the receiver checks the chunk CRCs against the whole version's at PUT_END)."""
@@ -246,11 +232,19 @@ class Channel:
         if len(view) < BULK_BYTES:
             await self._recv_exact(view)
             return crc32(view)
-        return await self._loop.run_in_executor(_BULK_POOL, self._recv_bulk, view, False)
+        return await self._loop.run_in_executor(_BULK_POOL, self._recv_bulk, view)
+
+    async def recv_into(self, frame: Frame, view: memoryview) -> int:
+        """Receive the payload of `frame` into `view` and verify it against the CRC-32 in its
+        header (fetch replies); returns that CRC-32."""
+        crc = await self.recv_crc_into(frame, view)
+        if crc != frame.checksum:
+            raise ChecksumMismatch(frame)
+        return crc
 
     async def recv_payload(self, frame: Frame) -> bytes:
         data = await self.recv_bytes(frame.length)
-        if checksum(data) != frame.checksum:
+        if crc32(data) != frame.checksum:
             raise ChecksumMismatch(frame)
         return data
 
@@ -264,7 +258,7 @@ class Channel:
 
     async def send_error(self, message: str, flags: int = 0) -> None:
         data = message.encode()[:4096]
-        error = Frame(FrameType.ERROR, length=len(data), checksum=checksum(data), flags=flags)
+        error = Frame(FrameType.ERROR, length=len(data), checksum=crc32(data), flags=flags)
         await self.send(error, data)
 
     # -- handshake -------------------------------------------------------------------------
@@ -283,7 +277,7 @@ class Channel:
         if peer_job != job:
             raise AuthError(f"peer of job {peer_job!r} refused (this sidecar serves {job!r})")
         expected = _mac(self._token, self._nonces, self._recv_dir, raw[: _FIELDS.size])
-        if not hmac.compare_digest(expected, raw[_FIELDS.size :]) or checksum(
+        if not hmac.compare_digest(expected, raw[_FIELDS.size :]) or crc32(
             payload
         ) != frame.checksum:
             raise AuthError(f"peer claiming job {job!r} failed authentication (wrong token)")
@@ -299,7 +293,7 @@ class Channel:
         client_nonce = os.urandom(NONCE_BYTES)
         payload = client_nonce + job.encode()
         self._nonces = server_nonce
-        hello = Frame(FrameType.HELLO, length=len(payload), checksum=checksum(payload))
+        hello = Frame(FrameType.HELLO, length=len(payload), checksum=crc32(payload))
         await self.send(hello, payload)
         self._nonces = server_nonce + client_nonce
         reply = await self.recv()
@@ -311,14 +305,6 @@ class Channel:
     def close(self) -> None:
         self._bulk.close()
         self.sock.close()
-
-
-def _sum_stream(pieces: queue.SimpleQueue[memoryview | None]) -> int:
-    """Word sum of the 8-byte-aligned pieces put into `pieces` until None."""
-    words = 0
-    while (piece := pieces.get()) is not None:
-        words += word_sum(piece)
-    return words & ((1 << 64) - 1)
 
 
 class ChecksumMismatch(ProtocolError):

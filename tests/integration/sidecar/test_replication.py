@@ -8,7 +8,7 @@ from functools import partial
 import pytest
 
 from gemini_sidecar.app import Sidecar
-from gemini_sidecar.checksum import checksum
+from gemini_sidecar.checksum import crc32
 from gemini_sidecar.config import PeerAddress
 from gemini_sidecar.pacing import profile_from_json
 from gemini_sidecar.peer_client import FetchFailed, connect
@@ -168,7 +168,7 @@ async def test_a_half_sent_version_is_never_complete_and_the_previous_one_stays(
         await chan.send(Frame(FrameType.PUT_BEGIN, 0, 2, total=len(second), checksum=0))
         await chan.recv()
         half = second[: 1 << 20]
-        await chan.send(Frame(FrameType.PUT_CHUNK, 0, 2, 0, len(half), checksum(half)), half)
+        await chan.send(Frame(FrameType.PUT_CHUNK, 0, 2, 0, len(half), crc32(half)), half)
         await chan.recv()
         chan.close()
         inv = {(r.version, r.complete, r.received_bytes) for r in b.store.inventory()}

@@ -1,4 +1,4 @@
-"""The frame checksum and the authenticated framing, over a real socket pair."""
+"""The payload checksum (CRC-32) and the authenticated framing, over a real socket pair."""
 
 from __future__ import annotations
 
@@ -8,19 +8,12 @@ import os
 import socket
 import zlib
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemini_sidecar.checksum import (
-    checksum,
-    combine,
-    crc32,
-    crc32_combine,
-    crc32_of_pieces,
-    finish,
-    word_sum,
-)
+from gemini_sidecar.checksum import crc32, crc32_combine, crc32_of_pieces
 from gemini_sidecar.protocol import (
     AuthError,
     Channel,
@@ -33,22 +26,22 @@ from gemini_sidecar.protocol import (
 TOKEN = b"unit-test-token-0123456789"
 
 
-def test_word_sums_of_aligned_pieces_add_up_to_the_whole():
+def test_crcs_of_pieces_combine_into_the_whole():
     data = os.urandom((1 << 20) + 13)
-    cuts = [0, 8, 4096, 777 * 8, 1 << 19, len(data)]
-    pieces = [word_sum(data[a:b]) for a, b in itertools.pairwise(cuts)]
-    assert finish(combine(pieces), len(data)) == checksum(data)
+    cuts = [0, 8, 4096, 777 * 8 + 3, 1 << 19, len(data)]
+    pieces = [(crc32(data[a:b]), b - a) for a, b in itertools.pairwise(cuts)]
+    assert crc32_of_pieces(pieces) == crc32(data)
 
 
 def test_any_single_byte_change_and_any_truncation_change_the_checksum():
     data = bytearray(os.urandom(4096))
-    reference = checksum(data)
+    reference = crc32(data)
     for pos in (0, 7, 8, 2049, 4095):
         data[pos] ^= 0x40
-        assert checksum(data) != reference
+        assert crc32(data) != reference
         data[pos] ^= 0x40
-    assert checksum(data[:-8]) != reference
-    assert checksum(bytes(data) + b"\0" * 8) != reference
+    assert crc32(data[:-8]) != reference
+    assert crc32(bytes(data) + b"\0" * 8) != reference
 
 
 @settings(max_examples=60, deadline=None)
@@ -62,13 +55,18 @@ def test_crc32_of_pieces_is_the_crc32_of_their_concatenation(data, cuts):
 def test_crc32_combine_over_long_pieces_and_bit_errors_a_word_sum_misses():
     head, tail = os.urandom(1 << 20), os.urandom((3 << 20) + 5)
     assert crc32_combine(crc32(head), crc32(tail), len(tail)) == zlib.crc32(head + tail)
-    # bit 5 set in one word and cleared in another: the word sum cannot tell, CRC-32 can
+    # bit 5 set in one word and cleared in another: a word sum cannot tell, CRC-32 can
     data = bytearray(16)
     data[0], data[8] = 0x00, 0x20
     flipped = bytearray(data)
     flipped[0], flipped[8] = 0x20, 0x00
-    assert word_sum(data) == word_sum(flipped)
+    assert _word_sum(data) == _word_sum(flipped)
     assert crc32(data) != crc32(flipped)
+
+
+def _word_sum(data: bytes | bytearray) -> int:
+    """What the data path checked with before CRC-32: the sum of the uint64 words."""
+    return int(np.frombuffer(data, dtype="<u8").sum(dtype=np.uint64))
 
 
 async def _pair(job_server: str = "j", job_client: str = "j", token_client: bytes = TOKEN):
@@ -91,14 +89,14 @@ async def test_frames_round_trip_with_payloads_verified():
     server, client, results = await _pair()
     assert results == [None, None]
     data = os.urandom(300_000)
-    frame = Frame(FrameType.PUT_CHUNK, 3, 9, 64, len(data), checksum(data))
+    frame = Frame(FrameType.DATA, 3, 9, 64, len(data), crc32(data))
     send = asyncio.create_task(client.send(frame, memoryview(data)))
     got = await server.recv()
     buf = bytearray(got.length)
-    words = await server.recv_into(got, memoryview(buf))
+    crc = await server.recv_into(got, memoryview(buf))
     await send
     assert (got.rank, got.version, got.offset) == (3, 9, 64)
-    assert bytes(buf) == data and finish(words, len(data)) == frame.checksum
+    assert bytes(buf) == data and crc == frame.checksum
     await server.send_error("nope")
     reply = await client.recv()
     assert reply.type == FrameType.ERROR and await client.recv_payload(reply) == b"nope"
@@ -124,7 +122,7 @@ async def test_a_replicated_chunk_is_received_with_the_crc32_of_what_landed():
 async def test_a_payload_that_does_not_match_its_checksum_is_reported():
     server, client, _ = await _pair()
     data = os.urandom(1000)
-    await client.send(Frame(FrameType.PUT_CHUNK, 0, 1, 0, len(data), checksum(data) ^ 1), data)
+    await client.send(Frame(FrameType.DATA, 0, 1, 0, len(data), crc32(data) ^ 1), data)
     got = await server.recv()
     with pytest.raises(ChecksumMismatch):
         await server.recv_into(got, memoryview(bytearray(got.length)))
