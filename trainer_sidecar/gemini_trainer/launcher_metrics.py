@@ -31,44 +31,50 @@ def start_seconds(status: Mapping[str, Any]) -> float:
     return float(beat) - float(started)
 
 
+def _or_nan(value: Any) -> float:
+    return math.nan if value is None else float(value)
+
+
+def gauge_values(s: Mapping[str, Any]) -> dict[str, tuple[str, float]]:
+    """Gauge name -> (help, value) from one launcher status."""
+    progress = s.get("progress") or {}
+    return {
+        "gemini_launcher_epoch": ("restart epoch the training process runs",
+                                  int(s.get("epoch") or 0)),
+        "gemini_launcher_training_running": ("1 while the training process runs",
+                                             int(s.get("state") == "running")),
+        "gemini_launcher_last_exit_code": (
+            "exit code of the last training process (NaN: none exited)",
+            _or_nan(s.get("exit_code"))),
+        "gemini_launcher_warm_start": (
+            "1 if the current training process started from the warm standby",
+            int(bool(s.get("warm")))),
+        "gemini_launcher_start_seconds": (
+            "seconds from the current process's start to its first heartbeat",
+            start_seconds(s)),
+        "gemini_launcher_progress_step": ("step of the last heartbeat (NaN: none)",
+                                          _or_nan(progress.get("step"))),
+        "gemini_launcher_heartbeat_age_seconds": ("seconds since the last heartbeat (NaN: none)",
+                                                  _or_nan(progress.get("age_s"))),
+    }
+
+
 class LauncherCollector(Collector):
     def __init__(self, status: StatusSource, job: str, rank: str) -> None:
         self._status = status
         self._labels = [job, rank]
 
-    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(name, doc, labels=LABELS)
-        family.add_metric(self._labels, value)
-        return family
-
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self._status()
-        progress = s.get("progress") or {}
-        exit_code = s.get("exit_code")
         restarts = CounterMetricFamily(
             "gemini_launcher_restarts", "training process starts requested through /restart",
             labels=LABELS)
         restarts.add_metric(self._labels, int(s.get("restarts") or 0))
         yield restarts
-        _gauge = self._gauge
-        yield _gauge("gemini_launcher_epoch", "restart epoch the training process runs",
-                     int(s.get("epoch") or 0))
-        yield _gauge("gemini_launcher_training_running",
-                     "1 while the training process runs", 1 if s.get("state") == "running" else 0)
-        yield _gauge("gemini_launcher_last_exit_code",
-                     "exit code of the last training process (NaN: none exited)",
-                     math.nan if exit_code is None else int(exit_code))
-        yield _gauge("gemini_launcher_warm_start",
-                     "1 if the current training process started from the warm standby",
-                     1 if s.get("warm") else 0)
-        yield _gauge("gemini_launcher_start_seconds",
-                     "seconds from the current process's start to its first heartbeat",
-                     start_seconds(s))
-        yield _gauge("gemini_launcher_progress_step", "step of the last heartbeat (NaN: none)",
-                     math.nan if "step" not in progress else int(progress["step"]))
-        yield _gauge("gemini_launcher_heartbeat_age_seconds",
-                     "seconds since the last heartbeat (NaN: none)",
-                     math.nan if "age_s" not in progress else float(progress["age_s"]))
+        for name, (doc, value) in gauge_values(s).items():
+            family = GaugeMetricFamily(name, doc, labels=LABELS)
+            family.add_metric(self._labels, value)
+            yield family
 
 
 def make_registry(status: StatusSource, job: str = "", rank: str = "") -> CollectorRegistry:
