@@ -30,9 +30,9 @@ from gemini_operator.sidecars import (
     DELIVERY_TIMEOUT_SECONDS,
     SidecarAddress,
     SidecarError,
-    call,
     call_all,
     call_each,
+    persist_and_commit,
     placement_bodies,
 )
 from gemini_operator.spec import JobSpec, Persistence, SpecError, parse_spec
@@ -243,14 +243,10 @@ class CheckpointPoller:
         if now - self._persist_tried.get(key, 0.0) < PERSIST_RETRY_SECONDS and not requested:
             return found
         self._persist_tried[key] = now
-        ports = self.config.render
+        port = self.config.render.sidecar_api_port
         try:
-            bodies = {r: {"version": version} for r in pods}
-            call_all({r: (p.ip, ports.sidecar_api_port) for r, p in pods.items()}, "/persist",
-                     token, bodies, PERSIST_TIMEOUT_SECONDS)
-            zero = pods[min(pods)]
-            call(zero.ip, ports.sidecar_api_port, "/commit", token, {"version": version},
-                 PERSIST_TIMEOUT_SECONDS)
+            persist_and_commit({r: (p.ip, port) for r, p in pods.items()}, token, version,
+                               PERSIST_TIMEOUT_SECONDS)
         except SidecarError as err:
             log.warning("persisting step %s of %s/%s failed (retrying): %s", version, *key, err)
             return replace(found, checkpoint=replace(

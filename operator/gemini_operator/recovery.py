@@ -42,9 +42,9 @@ from gemini_operator.reconcile import JobView, ReconcileConfig, Recover
 from gemini_operator.sidecars import (
     INVENTORY_TIMEOUT_SECONDS,
     SidecarError,
-    call,
     call_all,
     call_each,
+    persist_and_commit,
 )
 from gemini_operator.spares import prefer_nodes, spare_nodes
 from gemini_operator.spec import Persistence, parse_spec
@@ -280,11 +280,7 @@ class RecoveryExecutor:
             if persisted is not None and version <= persisted:
                 return Outcome(events=[("SuspendCheckpointSaved", (
                     f"nothing newer than the committed step in memory: {kept}"), False)])
-            call_all(self._sidecars(pods), "/persist", token,
-                     {r: {"version": version} for r in pods}, SUSPEND_PERSIST_SECONDS)
-            zero = pods[min(pods)]
-            call(zero.ip, self.config.render.sidecar_api_port, "/commit", token,
-                 {"version": version}, SUSPEND_PERSIST_SECONDS)
+            persist_and_commit(self._sidecars(pods), token, version, SUSPEND_PERSIST_SECONDS)
         except (SidecarError, RuntimeError) as err:
             return Outcome(events=[("SuspendCheckpointFailed", (
                 f"could not persist the checkpoint in memory (step {in_memory}) before "

@@ -146,3 +146,12 @@ def call_each(
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(ranks)))) as pool:
         list(pool.map(one, ranks))
     return results, sorted(errors)
+
+
+def persist_and_commit(targets: Mapping[int, tuple[str, int]], token: str, version: int,
+                       timeout: float) -> None:
+    """Every rank's sidecar uploads `version` of its shard, then the lowest rank's commits
+    it (the commit marker makes the step visible only once every shard is in S3)."""
+    call_all(targets, "/persist", token, {r: {"version": version} for r in targets}, timeout)
+    ip, port = targets[min(targets)]
+    call(ip, port, "/commit", token, {"version": version}, timeout)
