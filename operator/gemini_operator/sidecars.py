@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -32,9 +32,13 @@ class DeliveryError(SidecarError):
     """Some sidecars did not take their placement: how many of how many, and why."""
 
     def __init__(self, errors: list[str], total: int) -> None:
-        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-        super().__init__("; ".join(errors[:3]) + more)
+        super().__init__(_summary(errors))
         self.failed, self.total = len(errors), total
+
+
+def _summary(errors: Sequence[str]) -> str:
+    more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
+    return "; ".join(errors[:3]) + more
 
 
 @dataclass(frozen=True)
@@ -122,8 +126,7 @@ def call_all(
     """`call` for every rank in parallel; raise one SidecarError naming every failure."""
     results, errors = call_each(targets, path, token, bodies, timeout)
     if errors:
-        more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
-        raise SidecarError("; ".join(errors[:3]) + more)
+        raise SidecarError(_summary(errors))
     return results
 
 
