@@ -112,7 +112,6 @@ class Reconciler:
         self._overrides: dict[str, Any] = {}
         self._outcomes: list[Outcome] = []
         self._decided = JobStatus()
-        self._conditions: list[Condition] = []  # set by action handlers (placement delivery)
 
     def reconcile(self, key: JobKey) -> float | None:
         """One reconcile of job `key`; returns seconds until a time-based re-check, if any."""
@@ -139,7 +138,6 @@ class Reconciler:
             snap = self._refresh(key, snap, _failed_ranks(decision))
             decision = reconcile(self._observe(key, job, snap), self.config)
         self._overrides, self._outcomes, self._decided = {}, [], decision.status
-        self._conditions = []
         for action in decision.actions:
             if isinstance(action, Recover) and any(
                 e.reason == RECOVERY_NEEDED.reason for e in decision.events
@@ -177,10 +175,10 @@ class Reconciler:
         """The decided status with what the recovery steps wrote or finished on top."""
         new = decision.status.to_dict()
         conditions = decision.status.conditions
-        for extra in self._conditions:
-            conditions = upsert(conditions, extra)
         for outcome in self._outcomes:
             self._overrides.update(outcome.status)
+            for extra in outcome.conditions:
+                conditions = upsert(conditions, extra)
             if outcome.finished is not None:
                 conditions = upsert(conditions, RECOVERY_FINISHED.condition(
                     _now_text(self._clock()), job.generation,
@@ -319,14 +317,13 @@ class Reconciler:
             self._delivery[key] = (failures + 1, time.monotonic() + delay)
             new = SIDECARS_UNREACHABLE.condition(now, job.generation, failed=err.failed,
                                                  ranks=err.total, detail=str(err)[:2000])
-            self._outcomes.append(Outcome(requeue_after=delay,
+            self._outcomes.append(Outcome(requeue_after=delay, conditions=[new],
                                           events=self._changed(new, warning=True)))
-            self._conditions.append(new)
             return
         self._delivery.pop(key, None)
         new = PLACEMENT_DELIVERED.condition(now, job.generation, ranks=len(addresses))
-        self._outcomes.append(Outcome(events=self._changed(new, warning=False)))
-        self._conditions.append(new)
+        self._outcomes.append(Outcome(conditions=[new],
+                                      events=self._changed(new, warning=False)))
 
     def _changed(self, new: Condition, warning: bool) -> list[tuple[str, str, bool]]:
         """An event for a condition an action handler sets, when its reason changes."""

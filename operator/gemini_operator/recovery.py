@@ -34,6 +34,7 @@ from gemini.domain.recovery import (
 )
 from gemini_operator import naming, render
 from gemini_operator.cache import Snapshot
+from gemini_operator.conditions import Condition
 from gemini_operator.failures import describe
 from gemini_operator.kube import KubeClient
 from gemini_operator.observed import PodView, pod_view
@@ -80,6 +81,7 @@ class Outcome:
     events: list[tuple[str, str, bool]] = field(default_factory=list)
     finished: Mapping[str, Any] | None = None  # the lastRecovery document when one finished
     unrecoverable: tuple[str, str] | None = None  # (cause, why): the job fails
+    conditions: list[Condition] = field(default_factory=list)  # set on top of the decided
 
 
 def rendezvous(
