@@ -80,13 +80,13 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         uid=str(meta.get("uid", "")),
         phase=str(status.get("phase") or "Pending"),
         node_name=str((pod.get("spec") or {}).get("nodeName") or ""),
-        ready=_condition_true(status, "Ready"),
+        ready=condition_true(status, "Ready"),
         deleting=meta.get("deletionTimestamp") is not None,
         status_reason=str(status.get("reason") or ""),
         disruption_reason=_disruption_reason(status),
         trainer_exit=_trainer_exit(status),
         ip=str(status.get("podIP") or ""),
-        owner_uid=_controller_uid(meta),
+        owner_uid=controller_uid(meta),
         trainer_restarts=_trainer_restarts(status),
         trainer_last_exit=_trainer_exit(status, "lastState"),
         trainer_finished_at=_trainer_finished_at(status),
@@ -100,7 +100,7 @@ def node_view(node: Mapping[str, Any]) -> NodeView:
     labels = dict(meta.get("labels") or {})
     return NodeView(
         name=str(meta.get("name", "")),
-        ready=_condition_true(node.get("status") or {}, "Ready"),
+        ready=condition_true(node.get("status") or {}, "Ready"),
         zone=labels.get(ZONE_LABEL, ""),
         rack=labels.get(RACK_LABEL, ""),
         labels=labels,
@@ -178,14 +178,14 @@ def _trainer_finished_at(status: Mapping[str, Any]) -> datetime | None:
     return None
 
 
-def _controller_uid(meta: Mapping[str, Any]) -> str:
+def controller_uid(meta: Mapping[str, Any]) -> str:
     for ref in meta.get("ownerReferences") or ():
         if ref.get("controller"):
             return str(ref.get("uid") or "")
     return ""
 
 
-def _condition_true(status: Mapping[str, Any], kind: str) -> bool:
+def condition_true(status: Mapping[str, Any], kind: str) -> bool:
     return any(
         c.get("type") == kind and c.get("status") == "True" for c in status.get("conditions") or ()
     )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gemini_operator import naming
-from gemini_operator.observed import NodeView
+from gemini_operator.observed import NodeView, condition_true, controller_uid
 from gemini_operator.render import JobRef, RenderConfig, one_pod_per_node, owner_reference
 from gemini_operator.spec import JobSpec
 
@@ -91,17 +91,15 @@ def spare_view(pod: Mapping[str, Any]) -> SpareView | None:
     unschedulable = ""
     if scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
         unschedulable = str(scheduled.get("message") or "no node fits")
-    owner: Mapping[str, Any] = next(
-        (r for r in meta.get("ownerReferences") or () if r.get("controller")), {})
     return SpareView(
         name=str(meta.get("name", "")),
         index=index,
         uid=str(meta.get("uid", "")),
         phase=str(status.get("phase") or "Pending"),
         node_name=str((pod.get("spec") or {}).get("nodeName") or ""),
-        ready=(conditions.get("Ready") or {}).get("status") == "True",
+        ready=condition_true(status, "Ready"),
         deleting=meta.get("deletionTimestamp") is not None,
-        owner_uid=str(owner.get("uid") or ""),
+        owner_uid=controller_uid(meta),
         unschedulable=unschedulable,
     )
 
