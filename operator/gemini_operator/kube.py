@@ -13,13 +13,14 @@ import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from gemini_operator import naming
+from gemini_operator.apitime import api_time
 
 Obj = dict[str, Any]
 CONNECTIONS = 32
@@ -160,7 +161,7 @@ class KubeClient:
         self, job: Mapping[str, str], reason: str, message: str, warning: bool, now: datetime,
     ) -> None:
         """A core/v1 Event about the GeminiJob `job` (name, namespace, uid)."""
-        stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = api_time(now)
         body: Any = {
             "metadata": {"generateName": f"{job['name']}.", "namespace": job["namespace"]},
             "involvedObject": {"apiVersion": naming.API_VERSION, "kind": naming.KIND,

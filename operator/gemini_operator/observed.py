@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from gemini_operator import naming
+from gemini_operator.apitime import parse_api_time
 
 ZONE_LABEL = "topology.kubernetes.io/zone"
 RACK_LABEL = "topology.gemini.io/rack"
@@ -141,26 +142,19 @@ def detection_lags(failures: Iterable[tuple[int, str]], pods: Mapping[int, PodVi
     return {cause: max(0.0, (acted - seen).total_seconds()) for cause, seen in first.items()}
 
 
-def _time(text: object) -> datetime | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
-    except ValueError:
-        return None
 
 
 def _condition_time(status: Mapping[str, Any], kind: str, true_only: bool = False
                     ) -> datetime | None:
     for cond in status.get("conditions") or ():
         if cond.get("type") == kind and (cond.get("status") == "True" or not true_only):
-            return _time(cond.get("lastTransitionTime"))
+            return parse_api_time(cond.get("lastTransitionTime"))
     return None
 
 
 def _delete_requested_at(meta: Mapping[str, Any]) -> datetime | None:
     """deletionTimestamp is the end of the grace period; the request came that much earlier."""
-    when = _time(meta.get("deletionTimestamp"))
+    when = parse_api_time(meta.get("deletionTimestamp"))
     if when is None:
         return None
     return when - timedelta(seconds=int(meta.get("deletionGracePeriodSeconds") or 0))
@@ -171,7 +165,7 @@ def _trainer_finished_at(status: Mapping[str, Any]) -> datetime | None:
         if container.get("name") != naming.TRAINER_CONTAINER:
             continue
         for key in ("state", "lastState"):
-            finished = _time(((container.get(key) or {}).get("terminated") or {}).get(
+            finished = parse_api_time(((container.get(key) or {}).get("terminated") or {}).get(
                 "finishedAt"))
             if finished is not None:
                 return finished

@@ -20,6 +20,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from gemini_operator import naming
+from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.cache import ClusterCache, JobKey
 from gemini_operator.conditions import ConditionType, is_true
 from gemini_operator.failures import Progress
@@ -253,7 +254,7 @@ class CheckpointPoller:
                 ckpt, persist_error=f"step {version}: {err}"[:1024]))
         if request:
             self._handled_request[key] = request
-        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        stamp = api_time(datetime.now(UTC))
         log.info("persisted step %s of %s/%s to %s", version, *key, persistence.uri)
         return replace(found, checkpoint=replace(
             ckpt, persisted_step=version, persisted_time=stamp, persist_error=None,
@@ -265,6 +266,5 @@ def _launch_epoch(status: JobStatus) -> int | None:
 
 
 def _unix(text: str | None) -> float | None:
-    if not text:
-        return None
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+    when = parse_api_time(text)
+    return None if when is None else when.timestamp()

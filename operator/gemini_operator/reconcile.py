@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from gemini.domain.placement import Machine, Placement, domain_aware_placement, mixed_placement
 from gemini.domain.recovery import FailureKind, worst_failure
 from gemini_operator import conditions as cond
 from gemini_operator import render, spares
+from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.conditions import ConditionType, Reason
 from gemini_operator.failures import (
     Progress,
@@ -171,7 +172,7 @@ class _Plan:
 
     def __init__(self, observed: Observed, status: JobStatus) -> None:
         self.observed = observed
-        self.now = _timestamp(observed.now)
+        self.now = api_time(observed.now)
         self.generation = observed.job.generation
         self.status = status
         self.actions: list[Action] = []
@@ -256,7 +257,7 @@ def _finished(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: 
         return False
     plan.actions.extend(_delete_active(observed, "the job has finished"))
     ttl = spec.ttl_seconds_after_finished
-    finished_at = _parse_time(plan.status.completion_time)
+    finished_at = parse_api_time(plan.status.completion_time)
     if ttl is not None and finished_at is not None:
         left = (finished_at + timedelta(seconds=ttl) - observed.now).total_seconds()
         if left <= 0:
@@ -297,7 +298,7 @@ def _suspended(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan:
 
 
 def _deadline(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
-    started = _parse_time(plan.status.start_time)
+    started = parse_api_time(plan.status.start_time)
     if spec.active_deadline_seconds is None or started is None:
         return False
     left = (started + timedelta(seconds=spec.active_deadline_seconds) - observed.now)
@@ -577,11 +578,3 @@ def _ranks(ranks: list[int], limit: int = 8) -> str:
     return f"rank{'s' if len(ranks) != 1 else ''} {shown}{more}"
 
 
-def _timestamp(now: datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _parse_time(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)

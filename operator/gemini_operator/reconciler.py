@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from gemini_operator import naming, render
+from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.cache import ClusterCache, JobKey, Snapshot
 from gemini_operator.conditions import (
     FAILURE_POLICY_FAIL_JOB,
@@ -158,10 +159,9 @@ class Reconciler:
             self._send_events(job, [_Ev(r, m, w) for r, m, w in outcome.events])
         self.metrics.job_state(key, state_of(conditions))
         self.metrics.replica_coverage(key, decision.status.checkpoint.replica_coverage)
-        persisted = decision.status.checkpoint.persisted_time
-        if persisted:
-            age = (self._clock() - datetime.strptime(persisted, "%Y-%m-%dT%H:%M:%SZ")
-                   .replace(tzinfo=UTC)).total_seconds()
+        persisted = parse_api_time(decision.status.checkpoint.persisted_time)
+        if persisted is not None:
+            age = (self._clock() - persisted).total_seconds()
             self.metrics.persist_age.labels(job=f"{job.namespace}/{job.name}").set(age)
         self.metrics.reconcile_seconds.observe(time.monotonic() - started)
         waits = [o.requeue_after for o in self._outcomes if o.requeue_after is not None]
@@ -181,13 +181,13 @@ class Reconciler:
                 conditions = upsert(conditions, extra)
             if outcome.finished is not None:
                 conditions = upsert(conditions, RECOVERY_FINISHED.condition(
-                    _now_text(self._clock()), job.generation,
+                    api_time(self._clock()), job.generation,
                     cause=outcome.finished.get("message") or outcome.finished.get("cause"),
                     step=outcome.finished.get("restoredStep", "none (fresh start)")))
                 self.metrics.observe_recovery(outcome.finished)
             if outcome.unrecoverable is not None:
                 cause, why = outcome.unrecoverable
-                now = _now_text(self._clock())
+                now = api_time(self._clock())
                 for reason, values in ((UNRECOVERABLE, {"cause": cause, "plan": why}),
                                        (JOB_FINISHED, {})):
                     conditions = upsert(conditions, reason.condition(now, job.generation,
@@ -309,7 +309,7 @@ class Reconciler:
             rank: SidecarAddress(rank, pod.ip, ports.sidecar_api_port, ports.sidecar_port)
             for rank, pod in snap.pods.items()
         }
-        now = _now_text(self._clock())
+        now = api_time(self._clock())
         try:
             deliver_placement(action.placement, addresses, token, DELIVERY_TIMEOUT_SECONDS)
         except DeliveryError as err:
@@ -373,8 +373,6 @@ class _Ev:
     warning: bool = False
 
 
-def _now_text(now: datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _replans(decision: Decision) -> bool:

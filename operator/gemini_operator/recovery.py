@@ -33,6 +33,7 @@ from gemini.domain.recovery import (
     plan_recovery,
 )
 from gemini_operator import naming, render
+from gemini_operator.apitime import api_time
 from gemini_operator.cache import Snapshot
 from gemini_operator.conditions import Condition
 from gemini_operator.failures import describe
@@ -247,7 +248,7 @@ class RecoveryExecutor:
             "epoch": int((status.launch or {}).get("epoch", 0)) + 1,
             "phase": "Fetching", "kind": RESUME,
             "cause": "the job was suspended (its pods and their memory were deleted)",
-            "failedRanks": [], "detectedAt": _ts(now), "startedAt": _ts(now),
+            "failedRanks": [], "detectedAt": api_time(now), "startedAt": api_time(now),
             "startedUnix": time.time(), "marks": {"planning": 0.0, "replacing": 0.0},
             "plan": plan,
         }
@@ -288,7 +289,7 @@ class RecoveryExecutor:
                 f"could not persist the checkpoint in memory (step {in_memory}) before "
                 f"deleting the pods: {err}; {kept}")[:1024], True)])
         checkpoint = {**status.checkpoint.to_dict(), "persistedStep": version,
-                      "persistedTime": _ts(self._clock())}
+                      "persistedTime": api_time(self._clock())}
         checkpoint.pop("persistError", None)
         return Outcome(status={"checkpoint": checkpoint}, events=[(
             "SuspendCheckpointSaved", f"persisted and committed step {version} before deleting "
@@ -343,8 +344,8 @@ class RecoveryExecutor:
             "kind": FailureKind.HARDWARE.value if lost else kind,
             "cause": describe(action.failures) or str(before.get("cause", "a failure")),
             "failedRanks": failed,
-            "detectedAt": before.get("detectedAt", _ts(now)),
-            "startedAt": before.get("startedAt", _ts(now)),
+            "detectedAt": before.get("detectedAt", api_time(now)),
+            "startedAt": before.get("startedAt", api_time(now)),
             "startedUnix": float(before.get("startedUnix", time.time())),
             "marks": {},  # cumulative seconds at the end of each phase (a re-plan restarts them)
             "plan": {"lostRanks": lost},
@@ -508,7 +509,7 @@ class RecoveryExecutor:
             "stepsLost": lost_steps,
             "startTime": rec.get("startedAt"),
             "detectedAt": rec.get("detectedAt"),
-            "completionTime": _ts(self._clock()),
+            "completionTime": api_time(self._clock()),
             "durationSeconds": round(duration, 3),
             "durationMilliseconds": int(duration * 1000),
             "epoch": int(rec["epoch"]),
@@ -627,5 +628,3 @@ def _breakdown(marks: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-def _ts(now: datetime) -> str:
-    return now.strftime("%Y-%m-%dT%H:%M:%SZ")
