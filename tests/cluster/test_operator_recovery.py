@@ -20,7 +20,8 @@ from kubernetes import client
 from gemini.local import faults
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.fixtures.operator import OperatorThread
-from tests.fixtures.trainers import EXAMPLE, TrainingRun
+from tests.fixtures.s3 import create_credentials_secret, persistence_spec
+from tests.fixtures.trainers import EXAMPLE, reference_losses
 from tests.unit.operator.builders import make_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -68,13 +69,7 @@ def newest_step(state_dir: Path, namespace: str, pod: str) -> int:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     """Rank 0's losses of an uninterrupted run on loopback (same arguments, same world)."""
-    run = TrainingRun(tmp_path_factory.mktemp("reference"), 2, ARGS,
-                      env={"OMP_NUM_THREADS": "1"}).start()
-    try:
-        run.wait_ok(300)
-    finally:
-        run.kill()
-    return run.losses(0)
+    return reference_losses(tmp_path_factory.mktemp("reference"), 2, ARGS, 300)
 
 
 def test_a_killed_trainer_is_restarted_in_place_from_local_memory(
@@ -223,15 +218,10 @@ def test_losing_every_holder_of_a_shard_restores_the_committed_s3_step(
 ) -> None:
     jobs = Jobs(kube_api, job_namespace)
     endpoint = s3_server.endpoint
-    secret: Any = {"metadata": {"name": "s3"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": endpoint.access_key, "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
-        "AWS_REGION": endpoint.region}}
-    jobs.core.create_namespaced_secret(job_namespace, secret)
+    create_credentials_secret(jobs.core, job_namespace, endpoint)
     job = training_job("durable", 2)
     job["spec"]["template"]["command"] = ["python", str(EXAMPLE), *ARGS[:-1], "1.0"]
-    job["spec"]["persistence"] = {
-        "bucketURI": f"s3://{endpoint.bucket}/{s3_prefix.rstrip('/')}",
-        "endpoint": endpoint.url, "credentialsSecretRef": {"name": "s3"}, "intervalSeconds": 30}
+    job["spec"]["persistence"] = persistence_spec(endpoint, s3_prefix, 30)
     jobs.create(job)
     persisted = wait_for(
         lambda: (jobs.get("durable") or {}).get("status", {}).get("checkpoint", {}).get(
@@ -262,18 +252,12 @@ def test_suspend_saves_the_newest_step_to_s3_and_resume_restores_it(
 ) -> None:
     jobs = Jobs(kube_api, job_namespace)
     endpoint = s3_server.endpoint
-    secret: Any = {"metadata": {"name": "s3"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": endpoint.access_key, "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
-        "AWS_REGION": endpoint.region}}
-    jobs.core.create_namespaced_secret(job_namespace, secret)
+    create_credentials_secret(jobs.core, job_namespace, endpoint)
     job = training_job("pause", 2)
     job["spec"]["template"]["command"] = ["python", str(EXAMPLE), *ARGS[:-1], "2.0"]
     # One periodic upload (the first step) and then none: whatever is newer at the suspend
     # is only in memory, and only the save before suspending can keep it.
-    job["spec"]["persistence"] = {
-        "bucketURI": f"s3://{endpoint.bucket}/{s3_prefix.rstrip('/')}",
-        "endpoint": endpoint.url, "credentialsSecretRef": {"name": "s3"},
-        "intervalSeconds": 3600}
+    job["spec"]["persistence"] = persistence_spec(endpoint, s3_prefix, 3600)
     jobs.create(job)
     state = local_cluster.state_dir
     wait_for(lambda: (jobs.get("pause") or {}).get("status", {}).get("checkpoint", {}).get(

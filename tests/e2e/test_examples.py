@@ -26,7 +26,7 @@ from gemini_operator import naming
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import losses, newest_step
 from tests.fixtures.operator import OperatorThread
-from tests.fixtures.s3 import S3Server
+from tests.fixtures.s3 import S3Server, create_credentials_secret
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.s3]
 
@@ -76,12 +76,8 @@ def localize(manifest: dict[str, Any], namespace: str, s3: S3Server, prefix: str
 
 def create_credentials(core: client.CoreV1Api, namespace: str, job: dict[str, Any],
                        s3: S3Server) -> None:
-    endpoint = s3.endpoint
-    body: Any = {"metadata": {"name": job["spec"]["persistence"]["credentialsSecretRef"]["name"]},
-                 "stringData": {"AWS_ACCESS_KEY_ID": endpoint.access_key,
-                                "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
-                                "AWS_REGION": endpoint.region}}
-    core.create_namespaced_secret(namespace, body)
+    create_credentials_secret(core, namespace, s3.endpoint,
+                              job["spec"]["persistence"]["credentialsSecretRef"]["name"])
 
 
 def script_and_args(job: dict[str, Any]) -> tuple[Path, list[str]]:

@@ -31,7 +31,7 @@ from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import ENV, _recovered_after, losses, newest_step
 from tests.fixtures.isolated_nodes import IsolatedNodes
 from tests.fixtures.operator import OperatorThread
-from tests.fixtures.trainers import EXAMPLE, TrainingRun
+from tests.fixtures.trainers import EXAMPLE, reference_losses
 from tests.unit.operator.builders import make_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -61,13 +61,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     def of(world: int) -> dict[int, str]:
         if world not in cache:
-            run = TrainingRun(tmp_path_factory.mktemp(f"reference{world}"), world, MODEL,
-                              env={"OMP_NUM_THREADS": "1"}).start()
-            try:
-                run.wait_ok(600)  # a loaded machine starts DeepSpeed slowly
-            finally:
-                run.kill()
-            cache[world] = run.losses(0)
+            # a loaded machine starts DeepSpeed slowly
+            cache[world] = reference_losses(tmp_path_factory.mktemp(f"reference{world}"),
+                                            world, MODEL, 600)
         return cache[world]
 
     yield of

@@ -35,7 +35,8 @@ from tests.cluster.test_operator_recovery import (
 )
 from tests.fixtures.isolated_nodes import IsolatedNodes
 from tests.fixtures.operator import OperatorThread
-from tests.fixtures.trainers import EXAMPLE, TrainingRun
+from tests.fixtures.s3 import create_credentials_secret, persistence_spec
+from tests.fixtures.trainers import EXAMPLE, reference_losses
 
 # Each case takes 2-4 minutes on an idle 2-core machine; the limit leaves room for a busy one.
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -44,14 +45,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(1200)]
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     """Rank 0's losses of an uninterrupted 2-rank run on loopback (the recovery tests' ARGS)."""
-    log_dir = tmp_path_factory.mktemp("reference")
-    run = TrainingRun(log_dir, 2, ARGS, env={"OMP_NUM_THREADS": "1",
-                                             "GEMINI_SHM_DIR": str(log_dir)}).start()
-    try:
-        run.wait_ok(400)
-    finally:
-        run.kill()
-    return run.losses(0)
+    return reference_losses(tmp_path_factory.mktemp("reference"), 2, ARGS)
 
 
 def _sleep_args(seconds: float) -> list[str]:
@@ -62,15 +56,7 @@ def _sleep_args(seconds: float) -> list[str]:
 @pytest.fixture(scope="module")
 def reference4(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     """Rank 0's losses of an uninterrupted 4-rank run on loopback."""
-    log_dir = tmp_path_factory.mktemp("reference4")
-    # Its own slot files: reference runs of other sessions on this machine use /dev/shm.
-    run = TrainingRun(log_dir, 4, ARGS, env={"OMP_NUM_THREADS": "1",
-                                              "GEMINI_SHM_DIR": str(log_dir)}).start()
-    try:
-        run.wait_ok(400)
-    finally:
-        run.kill()
-    return run.losses(0)
+    return reference_losses(tmp_path_factory.mktemp("reference4"), 4, ARGS)
 
 
 def _wait_finished(jobs: Jobs, name: str, state: Path, timeout: float = 400) -> None:
@@ -113,16 +99,11 @@ def test_s3_down_while_a_persist_is_due_keeps_training_and_persists_once_it_is_b
     started = time.monotonic()
     jobs = Jobs(kube_api, job_namespace)
     endpoint = s3_server.endpoint
-    secret: Any = {"metadata": {"name": "s3"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": endpoint.access_key, "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
-        "AWS_REGION": endpoint.region}}
-    jobs.core.create_namespaced_secret(job_namespace, secret)
+    create_credentials_secret(jobs.core, job_namespace, endpoint)
     prefix = s3_prefix.rstrip("/")
     job = training_job("s3down", 2)
     job["spec"]["template"]["command"] = _sleep_args(5.0)
-    job["spec"]["persistence"] = {
-        "bucketURI": f"s3://{endpoint.bucket}/{prefix}", "endpoint": endpoint.url,
-        "credentialsSecretRef": {"name": "s3"}, "intervalSeconds": 30}
+    job["spec"]["persistence"] = persistence_spec(endpoint, prefix, 30)
     jobs.create(job)
     state = local_cluster.state_dir
     first = wait_for(lambda: _checkpoint(jobs, "s3down").get("persistedStep"), 300,

@@ -25,7 +25,7 @@ from gemini.local import faults
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import newest_step
 from tests.fixtures.operator import OperatorThread
-from tests.fixtures.s3 import S3Server
+from tests.fixtures.s3 import S3Server, create_credentials_secret, persistence_spec
 from tests.unit.operator.builders import make_job
 from tests.unit.packaging.test_dashboard import metric_names, queries
 
@@ -98,9 +98,7 @@ def metered_job(s3: S3Server, prefix: str) -> dict[str, Any]:
     return (make_job(NAME).with_nodes(2).with_replicas(2)
             .set("template.command", ["python", str(SCRIPT), *ARGS])
             .set("template.env", ENV)
-            .set("persistence", {"bucketURI": f"s3://{endpoint.bucket}/{prefix.rstrip('/')}",
-                                 "endpoint": endpoint.url, "credentialsSecretRef": {"name": "s3"},
-                                 "intervalSeconds": 30})
+            .set("persistence", persistence_spec(endpoint, prefix, 30))
             .obj())
 
 
@@ -109,11 +107,7 @@ def test_live_scrapes_count_one_recovery_and_cover_the_dashboard(
     job_namespace: str, s3_server: S3Server, s3_prefix: str, operator_metrics_url: str,
 ) -> None:
     jobs = Jobs(kube_api, job_namespace)
-    endpoint = s3_server.endpoint
-    secret: Any = {"metadata": {"name": "s3"}, "stringData": {
-        "AWS_ACCESS_KEY_ID": endpoint.access_key, "AWS_SECRET_ACCESS_KEY": endpoint.secret_key,
-        "AWS_REGION": endpoint.region}}
-    jobs.core.create_namespaced_secret(job_namespace, secret)
+    create_credentials_secret(jobs.core, job_namespace, s3_server.endpoint)
     jobs.create(metered_job(s3_server, s3_prefix))
     state = local_cluster.state_dir
     wait_for(lambda: newest_step(state, job_namespace, f"{NAME}-worker-0") >= 4, 300,

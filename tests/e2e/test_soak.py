@@ -30,7 +30,7 @@ from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import ARGS, ENV, _recovered_after, losses
 from tests.fixtures.isolated_nodes import IsolatedNodes
 from tests.fixtures.operator import OperatorThread
-from tests.fixtures.trainers import EXAMPLE, TrainingRun
+from tests.fixtures.trainers import EXAMPLE, reference_losses
 from tests.unit.operator.builders import make_job
 
 # About 10 minutes on an idle 2-core machine; the limit leaves room for a busy one.
@@ -50,15 +50,7 @@ EXPECTED = {"trainer": ("software", "Local"), "node": ("hardware", "Peers")}
 @pytest.fixture(scope="module")
 def soak_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
     """Rank 0's losses of the same training, uninterrupted, without the idle time per step."""
-    log_dir = tmp_path_factory.mktemp("soak-reference")
-    # Its own slot files: reference runs of other sessions on this machine use /dev/shm.
-    run = TrainingRun(log_dir, WORKERS, SOAK_ARGS, env={"OMP_NUM_THREADS": "1",
-                                                        "GEMINI_SHM_DIR": str(log_dir)}).start()
-    try:
-        run.wait_ok(400)
-    finally:
-        run.kill()
-    return run.losses(0)
+    return reference_losses(tmp_path_factory.mktemp("soak-reference"), WORKERS, SOAK_ARGS)
 
 
 def job_processes(namespace: str) -> set[tuple[str, str]]:
