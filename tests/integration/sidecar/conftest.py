@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import PeerAddress, SidecarConfig, make_placement
 from gemini_trainer.shm import ShardSlots, SlotInfo, shard_path
 
@@ -115,3 +116,9 @@ class SidecarProcess:
         if self.proc.poll() is None:
             self.proc.terminate()
             self.proc.wait(20)
+
+
+def replica_complete(sidecar: Sidecar, rank: int, version: int) -> bool:
+    """Whether `sidecar` holds `version` of `rank`'s shard, complete."""
+    return any(r.rank == rank and r.version == version and r.complete
+               for r in sidecar.store.inventory())

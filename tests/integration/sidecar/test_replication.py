@@ -26,16 +26,12 @@ from tests.integration.sidecar.conftest import (
     free_port,
     make_config,
     payload,
+    replica_complete,
     wait_for,
     write_local,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def _complete(sidecar: Sidecar, rank: int, version: int) -> bool:
-    return any(r.rank == rank and r.version == version and r.complete
-               for r in sidecar.store.inventory())
 
 
 async def test_new_local_version_is_replicated_bit_exactly_with_two_versions_kept(tmp_path):
@@ -49,7 +45,7 @@ async def test_new_local_version_is_replicated_bit_exactly_with_two_versions_kep
             data = payload(version, 3 * (1 << 20) + 13)
             info = write_local(a.cfg, version, data)
             a.notify(version, 0.01)
-            await wait_for(partial(_complete, b, 0, version), what=f"v{version} at rank 1")
+            await wait_for(partial(replica_complete, b, 0, version), what=f"v{version} at rank 1")
             replica, view = b.store.get(0, version)
             assert bytes(view) == data
             assert replica.checksum == info.checksum
@@ -109,7 +105,7 @@ async def test_bad_peers_are_refused_and_logged_while_the_sidecar_keeps_serving(
         data = payload(7, 5 << 20)
         write_local(a.cfg, 7, data)
         a.notify(7, None)
-        await wait_for(lambda: _complete(b, 0, 7), what="replication after refusals")
+        await wait_for(lambda: replica_complete(b, 0, 7), what="replication after refusals")
         assert bytes(b.store.get(0, 7)[1]) == data
     finally:
         await a.stop()
@@ -134,7 +130,7 @@ async def test_a_version_over_the_memory_budget_is_refused_and_the_last_one_kept
         first = payload(1, size)
         write_local(a.cfg, 1, first)
         a.notify(1, None)
-        await wait_for(lambda: _complete(b, 0, 1), what="v1")
+        await wait_for(lambda: replica_complete(b, 0, 1), what="v1")
         write_local(a.cfg, 2, payload(2, size))
         a.notify(2, None)
         await wait_for(lambda: a.replicator.status.peers[1].last_error != "", what="refusal")
@@ -161,7 +157,7 @@ async def test_a_half_sent_version_is_never_complete_and_the_previous_one_stays(
         first = payload(1, 2 << 20)
         write_local(a.cfg, 1, first)
         a.notify(1, None)
-        await wait_for(partial(_complete, b, 0, 1), what="v1")
+        await wait_for(partial(replica_complete, b, 0, 1), what="v1")
         # the sender dies after half of version 2
         second = payload(2, 2 << 20)
         chan = await connect(PeerAddress("127.0.0.1", b.peer_port), JOB, TOKEN, 1 << 30)
@@ -196,7 +192,7 @@ async def test_interleaved_mode_sends_in_the_profiled_idle_spans(tmp_path):
         write_local(a.cfg, 3, data)
         started = asyncio.get_running_loop().time()
         a.notify(3, None)
-        await wait_for(partial(_complete, b, 0, 3), what="interleaved replication")
+        await wait_for(partial(replica_complete, b, 0, 3), what="interleaved replication")
         assert asyncio.get_running_loop().time() - started >= 0.2  # waited for the first gap
         assert bytes(b.store.get(0, 3)[1]) == data
         status = a.replicator.status

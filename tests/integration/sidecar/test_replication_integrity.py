@@ -17,17 +17,13 @@ from tests.integration.sidecar.conftest import (
     free_port,
     make_config,
     payload,
+    replica_complete,
     wait_for,
     write_local,
 )
 
 pytestmark = pytest.mark.integration
 _LENGTH_AT = 4 + 1 + 1 + 2 + 4 + 8 + 8  # ">4sBBHIQQ..." : magic, type, flags, pad, rank, ...
-
-
-def _complete(sidecar: Sidecar, rank: int, version: int) -> bool:
-    return any(r.rank == rank and r.version == version and r.complete
-               for r in sidecar.store.inventory())
 
 
 class _FlipFirstChunk:
@@ -87,7 +83,7 @@ async def test_a_chunk_corrupted_on_the_way_is_caught_by_crc32_and_resent(tmp_pa
         data = payload(4, 3 * (1 << 20) + 40)  # four chunks of 1 MiB (the last one short)
         info = write_local(a.cfg, 4, data)
         a.notify(4, None)
-        await wait_for(partial(_complete, b, 0, 4), what="v4 complete at rank 1")
+        await wait_for(partial(replica_complete, b, 0, 4), what="v4 complete at rank 1")
         assert flipper.flipped == 1, "the proxy corrupted nothing"
         assert bytes(b.store.get(0, 4)[1]) == data
         assert b.store.get(0, 4)[0].checksum == info.checksum
