@@ -22,18 +22,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from gemini.local.processes import venv_tools_env
+
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"trainer-crash": 10.0, "node-loss": 30.0}
 
 
 def one_run(args: argparse.Namespace) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="gbench-", dir="/tmp"))
-    # The venv's tools first, as in the local cluster's pods: the reference run and the pods
-    # then use the same ninja for DeepSpeed's JIT op check. With two ninja versions (the
-    # venv's and the system's) each sees "command line changed" in the other's build log and
-    # rebuilds the op for minutes, holding the lock every rank's start-up waits on.
-    env = {**os.environ,
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    # the reference run and the pods use the same ninja and JIT folder (see venv_tools_env)
+    env = venv_tools_env(sys.executable, os.environ)
     try:
         result = subprocess.run(
             [sys.executable, "-m", "gemini.cli", "demo", "--workers", str(args.workers),

@@ -29,6 +29,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from gemini.local.processes import venv_tools_env
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_gpt_zero3.py"
 MODEL = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seed", "1234"]
@@ -47,19 +49,14 @@ class Rank:
         self.dir.mkdir(parents=True)
         self.log = self.dir / "out.log"
         self.status_file = self.dir / "status.json"
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
+        env = {**venv_tools_env(sys.executable, os.environ),  # ninja and JIT folder as pods'
+               "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",
                "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                "GEMINI_SHM_DIR": str(work / "shm"), "GEMINI_LAUNCHER_HOLD": "1",
                "GEMINI_LAUNCHER_HOST": "127.0.0.1", "GEMINI_LAUNCHER_PORT": "0",
                "GEMINI_LAUNCHER_STATUS_FILE": str(self.status_file),
                "GEMINI_HEARTBEAT_FILE": str(self.dir / "heartbeat"), "GEMINI_AUTH_TOKEN": TOKEN,
-               "GEMINI_LAUNCHER_STANDBY": "1" if standby else "0",
-               # as in the local cluster's pods: the venv's tools (ninja for DeepSpeed's JIT
-               # op check) first; another ninja version would rebuild the op every time
-               "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-               # a private JIT cache: other users of the shared one (another ninja, another
-               # mount namespace) make DeepSpeed rebuild its op for minutes, mid-measurement
-               "TORCH_EXTENSIONS_DIR": str(work.parent / "torch_extensions")}
+               "GEMINI_LAUNCHER_STANDBY": "1" if standby else "0"}
         cmd = [sys.executable, "-m", "gemini.cli", "launch", "--",
                str(Path(sys.executable).parent / "python"), str(EXAMPLE), "--engine",
                "deepspeed", "--steps", "100000", *MODEL, "--step-sleep", "0.3"]

@@ -2,15 +2,11 @@
 
 import os
 import sys
-from pathlib import Path
 
-# Every process the tests start finds this environment's tools first: torch builds DeepSpeed's
-# JIT ops with the `ninja` on PATH, and two ninja versions (the venv's and Debian's) disagree on
-# the build log's command hashes, so alternating between them rebuilds the op on every start.
-os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-# One JIT build directory per checkout (as ./dev sets it): checkouts sharing one rebuild it.
-os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.executable).parent.parent
-                                                  / "torch-extensions"))
+from gemini.local.processes import venv_tools_env
+
+# Every process the tests start finds this environment's tools (ninja) and JIT builds first.
+os.environ.update(venv_tools_env(sys.executable, os.environ))
 
 pytest_plugins: list[str] = [
     "tests.fixtures.cluster",

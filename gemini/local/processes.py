@@ -95,3 +95,20 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return True
     return False
+
+
+def torch_extensions_dir(venv_bin: str | os.PathLike[str]) -> str:
+    """Where torch builds JIT ops (DeepSpeed's) for the environment of `venv_bin`: one folder
+    per checkout, as ./dev sets it; builds from other paths in a shared one rebuild it."""
+    return str(Path(venv_bin).parent / "torch-extensions")
+
+
+def venv_tools_env(python: str, base: Mapping[str, str]) -> dict[str, str]:
+    """`base` with the tools of `python`'s environment first on PATH and its JIT build folder:
+    torch builds DeepSpeed's ops with the `ninja` on PATH, and two ninja versions (the venv's
+    and Debian's) disagree on the build log's command hashes, so mixing them rebuilds the op
+    (minutes, under a lock every DeepSpeed start waits on)."""
+    bin_dir = Path(python).parent
+    return {**base, "PATH": f"{bin_dir}{os.pathsep}{base.get('PATH', '')}",
+            "TORCH_EXTENSIONS_DIR": base.get("TORCH_EXTENSIONS_DIR")
+            or torch_extensions_dir(bin_dir)}

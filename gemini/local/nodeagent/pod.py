@@ -53,6 +53,7 @@ from gemini.local.nodeagent.volumes import (
     namespaced_argv,
     volume_env,
 )
+from gemini.local.processes import torch_extensions_dir
 
 DEFAULT_GRACE_S = 30.0
 _CONFIG_RETRY_S = 2.0
@@ -340,7 +341,7 @@ class PodWorker:
                     "/sbin:/bin",
             "HOME": str(Path.home()), "LANG": "C.UTF-8",
             # The "image" is the venv: its JIT-built DeepSpeed ops too (see ./dev setup).
-            "TORCH_EXTENSIONS_DIR": str(Path(config.venv_bin).parent / "torch-extensions"),
+            "TORCH_EXTENSIONS_DIR": torch_extensions_dir(config.venv_bin),
             "HOSTNAME": self.pod["spec"].get("hostname") or self.name,
             "KUBERNETES_SERVICE_HOST": target.host,
             "KUBERNETES_SERVICE_PORT": str(target.port),
