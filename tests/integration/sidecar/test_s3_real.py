@@ -20,7 +20,7 @@ from tests.integration.sidecar.conftest import (
     write_local,
 )
 
-pytestmark = pytest.mark.s3
+pytestmark = [pytest.mark.integration, pytest.mark.s3]
 AUTH = {"Authorization": f"Bearer {TOKEN.decode()}"}
 
 
