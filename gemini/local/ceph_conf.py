@@ -127,6 +127,10 @@ def _mon_options(layout: CephLayout) -> dict[str, str]:
         "mon warn on pool no redundancy": "false",
         "mon max pg per osd": "1000",
         "mon osd down out interval": "0",
+        # The monitor refuses to start below 5% free disk by default (CI saw that on a big,
+        # shared disk with 15 GiB free); its store here is a few MB and objects live in memory.
+        "mon data avail crit": "1",
+        "mon data avail warn": "2",
         # Commit map changes (pool creation, OSD boot) without the default 1 s batching.
         "paxos propose interval": "0.05",
     }

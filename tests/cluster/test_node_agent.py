@@ -19,6 +19,7 @@ import pytest
 from kubernetes import client
 
 from gemini.local import faults
+from gemini.local.nodeagent.volumes import mount_namespaces_available
 from tests.fixtures.nodes import LocalCluster, node_ready, wait_until
 
 pytestmark = pytest.mark.cluster
@@ -213,7 +214,11 @@ def test_downward_api_and_config_env(local_cluster, namespace):
         "name": "main", "image": "x", "env": env, "envFrom": [{"configMapRef": {"name": "cfg"},
                                                               "prefix": "CFG_"}],
         "resources": {"limits": {"cpu": "1500m"}},
-        "command": py("import os, json; print(json.dumps(dict(os.environ)))")}],
+        "command": py("""
+            import json, os, socket
+            me = socket.gethostname()
+            print(json.dumps({**os.environ, "_hostname": me, "_me": socket.gethostbyname(me)}))
+        """)}],
         restartPolicy="Never")
     body["metadata"]["labels"] = {"rank": "5"}
     core.create_namespaced_pod(namespace, body)
@@ -229,6 +234,9 @@ def test_downward_api_and_config_env(local_cluster, namespace):
     assert got["CPU_MILLIS"] == "1500"
     assert (got["MODE"], got["TOKEN"], got["CFG_LEVEL"]) == ("fast", "s3cr3t", "3")
     assert got["GREETING"] == f"pod env in {namespace}"
+    assert got["HOSTNAME"] == "env"
+    if mount_namespaces_available():  # as with a kubelet: the pod's name, at the pod's IP
+        assert (got["_hostname"], got["_me"]) == ("env", done["status"]["podIP"])
     # The project's virtual environment comes first on PATH (images are not pulled).
     assert got["PATH"].split(":")[0] == str(Path(sys.executable).parent)
 

@@ -4,7 +4,8 @@ local cluster survives each fault, and rank 0's per-step losses equal an uninter
 Cases: a crashed sidecar (its replicas of peers come back), a hung rank (SIGSTOP, found by the
 hang timeout, restarted in place from local memory), m-1 simultaneous node losses in one group
 (the last holder serves both shards), a node lost while another node's recovery is under way
-(one recovery covers both).
+(one recovery covers both), a node cut off by a network partition and healed later (replaced
+while cut off; once healed, its node agent ends the old pod's processes).
 """
 
 from __future__ import annotations
@@ -270,3 +271,44 @@ def test_a_node_lost_during_another_recovery_joins_that_recovery(
     assert {1, 2} <= set(last["failedRanks"]) and last["stepsLost"] <= 1, last
     job.finish_with(3, reference)
     assert job.finished_recoveries() == 1
+
+
+def _pod_processes_alive(state_dir: Path, namespace: str, pod: str, uid: str) -> list[int]:
+    alive = []
+    for pid_file in state_dir.glob(f"nodes/*/pods/{namespace}_{pod}_{uid}/containers/*.pid"):
+        try:
+            pid = int(pid_file.read_text().split()[0])
+            os.kill(pid, 0)
+            alive.append(pid)
+        except (OSError, ValueError, IndexError):
+            continue
+    return alive
+
+
+def test_a_partitioned_node_is_replaced_and_its_old_pod_stays_gone_after_the_heal(
+    new_job: Any, reference: Any,
+) -> None:
+    job = new_job(job_body("split", 2, 2))
+    job.nodes.add()  # the replacement's node
+    before = job.train_to(4)
+    old = job.pods()[1]
+    node = str(old.spec.node_name)
+    faults.partition_node(job.state_dir, node)
+    try:
+        last = job.recovered_after(before)
+    finally:
+        faults.heal_node(job.state_dir, node)
+    print(f"partition recovery: {last}")
+    assert last["cause"] == "hardware" and last["source"] == "Peers", last
+    assert last["stepsLost"] <= 1, last
+    assert job.pods()[1].metadata.uid != old.metadata.uid
+    core = job.cluster.core
+    wait_for(lambda: any(c.type == "Ready" and c.status == "True"
+                         for c in core.read_node(node).status.conditions or ()), 60,
+             f"node {node} Ready again after the heal")
+    wait_for(lambda: not _pod_processes_alive(job.state_dir, job.ns, "split-worker-1",
+                                              old.metadata.uid), 60,
+             "the healed node to stop the old pod's containers")
+    status = job.finish_with(2, reference)
+    assert job.pods()[1].metadata.uid != old.metadata.uid
+    assert status["lastRecovery"]["epoch"] == last["epoch"]  # nothing disturbed the job again

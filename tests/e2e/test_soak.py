@@ -1,8 +1,10 @@
 """Soak: one DeepSpeed job on the local cluster through 20 failures of random kinds.
 
 Each failure is injected as soon as the previous recovery finished (plus a random 0-2 s):
-a killed trainer (recovered in place from local memory) or a lost node (a spare added first;
-recovered from the peers' replicas). Every one must be recovered from memory, the final
+a killed trainer (recovered in place from local memory), a lost node (a spare added first;
+recovered from the peers' replicas) or a node cut off by a network partition (a spare added
+first; replaced like a lost node, then healed: its agent ends the old pod's processes and the
+node stays as a spare). Every one must be recovered from memory, the final
 per-step losses equal an uninterrupted run's, and nothing leaks: after every recovery the
 job's processes on the machine are exactly those of its current pods, and once the job is
 deleted no pod, no process and no memory-backed emptyDir of its pods is left on a live node.
@@ -41,10 +43,11 @@ WORKERS = 2
 STEPS = 200
 SOAK_ARGS = [*ARGS[:ARGS.index("--steps")], "--steps", str(STEPS),
              *ARGS[ARGS.index("--steps") + 2:ARGS.index("--step-sleep")]]
-# Not in the mix yet: a sidecar crash ends in no recovery (status.lastRecovery) this loop
-# could wait for, so it needs its own completion check; partition+heal is untried here.
-KINDS = ("trainer", "node")
-EXPECTED = {"trainer": ("software", "Local"), "node": ("hardware", "Peers")}
+# Not in the mix: a sidecar crash ends in no recovery (status.lastRecovery) this loop could
+# wait for; test_fault_matrix_a covers it.
+KINDS = ("trainer", "node", "partition")
+EXPECTED = {"trainer": ("software", "Local"), "node": ("hardware", "Peers"),
+            "partition": ("hardware", "Peers")}
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +96,7 @@ class Soak:
                  rng: random.Random) -> None:
         self.jobs, self.name, self.cluster, self.nodes, self.rng = jobs, name, cluster, nodes, rng
         self.lost: list[str] = []
+        self.partitioned: list[str] = []
         self.uids: set[str] = set()
 
     def pods(self) -> dict[int, Any]:
@@ -104,17 +108,26 @@ class Soak:
         pod = self.pods()[rank]
         self.uids |= {p.metadata.uid for p in self.pods().values()}
         state = self.cluster.state_dir
-        if kind == "node":
+        if kind != "trainer":
             self.nodes.add("zone-0")  # the spare the replacement pod will run on
 
         def fire() -> None:
             if kind == "trainer":
                 faults.kill_container(state, self.jobs.ns, pod.metadata.name,
                                       naming.TRAINER_CONTAINER)
-            else:
+            elif kind == "node":
                 faults.lose_node(state, pod.spec.node_name)
                 self.lost.append(pod.spec.node_name)
+            else:
+                faults.partition_node(state, pod.spec.node_name)
+                self.partitioned.append(pod.spec.node_name)
         return fire
+
+    def heal(self) -> None:
+        """Heal the partitioned nodes (after their recovery): they rejoin as spares."""
+        for node in self.partitioned:
+            faults.heal_node(self.cluster.state_dir, node)
+        self.partitioned.clear()
 
     def recovered_after(self, before: dict[str, Any]) -> Callable[[], Any]:
         return lambda: _recovered_after(self.jobs, self.name, before)
@@ -151,8 +164,12 @@ def test_twenty_random_failures_are_all_recovered_with_identical_losses_and_noth
         assert before["state"] == "Running", f"failure {i}: the job is {before['state']}"
         fire()
         at = time.monotonic()
-        last = wait_for(soak.recovered_after(before), 300, f"recovery {i} ({kind} of rank {rank})")
-        took = time.monotonic() - at
+        try:
+            last = wait_for(soak.recovered_after(before), 300,
+                            f"recovery {i} ({kind} of rank {rank})")
+            took = time.monotonic() - at
+        finally:
+            soak.heal()
         log.append(f"{i:2d} {kind:7s} rank {rank}: {last['cause']}/{last['source']} step "
                    f"{last.get('restoredStep')} lost {last['stepsLost']} in {took:.1f} s")
         print(log[-1])
@@ -161,8 +178,9 @@ def test_twenty_random_failures_are_all_recovered_with_identical_losses_and_noth
         # A killed trainer can take its peers' processes down with it (gloo sees the socket
         # close) and the operator may see one of theirs exit first; a lost node is its rank.
         assert rank in last["failedRanks"] or (kind != "node" and last["failedRanks"]), last
-        # Only the current pods' processes run: none of a lost node's or a replaced pod's.
-        wait_for(lambda: job_processes(job_namespace) == pod_incarnations(jobs, name), 30,
+        # Only the current pods' processes run: none of a lost node's or a replaced pod's
+        # (a healed node's agent ends those of its pod once it sees the pod deleted).
+        wait_for(lambda: job_processes(job_namespace) == pod_incarnations(jobs, name), 60,
                  f"the processes to match the pods after recovery {i}")
     wait_for(lambda: jobs.state(name) in ("Succeeded", "Failed"), 600, "the job to finish")
     status = jobs.get(name)["status"]

@@ -33,6 +33,7 @@ from gemini.local.nodeagent.container import (
     stop_process,
     terminated_state,
 )
+from gemini.local.nodeagent.hosts import hosts_file, mounts_etc_hosts, pod_hostname
 from gemini.local.nodeagent.kubeapi import ApiError, KubeApi
 from gemini.local.nodeagent.podspec import (
     ConfigError,
@@ -48,6 +49,7 @@ from gemini.local.nodeagent.podspec import (
     should_restart,
 )
 from gemini.local.nodeagent.volumes import (
+    Mount,
     container_mounts,
     materialize,
     namespaced_argv,
@@ -195,6 +197,7 @@ class PodWorker:
                 facts = self._facts()
                 self.dirs = await materialize(self.pod, self.dir, self.shm_dir, facts,
                                               self.objects, self._token)
+                (self.dir / "etc-hosts").write_text(hosts_file(self.pod, self.pod_ip))
                 self.prepared = True
                 self.dirty.set()
                 return
@@ -329,9 +332,16 @@ class PodWorker:
         workdir = spec.get("workingDir") or str(self.dir / "workdir")
         if self.ctx.mountns:
             mounts = container_mounts(spec, self.dirs)
-            return namespaced_argv(argv, mounts, workdir), env, self.dir
+            if self._own_network() and not mounts_etc_hosts(spec):
+                mounts.append(Mount(self.dir / "etc-hosts", "/etc/hosts", read_only=False))
+            hostname = pod_hostname(self.pod) if self._own_network() else None
+            return namespaced_argv(argv, mounts, workdir, hostname), env, self.dir
         Path(workdir).mkdir(parents=True, exist_ok=True)
         return argv, env, Path(workdir)
+
+    def _own_network(self) -> bool:
+        """hostNetwork pods keep the node's hostname and /etc/hosts, as with a kubelet."""
+        return not self.pod["spec"].get("hostNetwork")
 
     def _base_env(self) -> dict[str, str]:
         config = self.ctx.config
@@ -342,7 +352,7 @@ class PodWorker:
             "HOME": str(Path.home()), "LANG": "C.UTF-8",
             # The "image" is the venv: its JIT-built DeepSpeed ops too (see ./dev setup).
             "TORCH_EXTENSIONS_DIR": torch_extensions_dir(config.venv_bin),
-            "HOSTNAME": self.pod["spec"].get("hostname") or self.name,
+            "HOSTNAME": pod_hostname(self.pod) if self._own_network() else config.spec.name,
             "KUBERNETES_SERVICE_HOST": target.host,
             "KUBERNETES_SERVICE_PORT": str(target.port),
             "KUBERNETES_SERVICE_PORT_HTTPS": str(target.port),

@@ -176,9 +176,14 @@ def volume_env(container: Obj, dirs: Mapping[str, Path]) -> dict[str, str]:
             if m["name"] in dirs}
 
 
-def namespaced_argv(argv: list[str], mounts: list[Mount], workdir: str) -> list[str]:
-    """`argv` run in a private mount namespace with each mount bound at its target."""
+def namespaced_argv(
+    argv: list[str], mounts: list[Mount], workdir: str, hostname: str | None = None
+) -> list[str]:
+    """`argv` run in a private mount namespace with each mount bound at its target; with a
+    `hostname`, in its own UTS namespace too, where that is the host's name (the pod's)."""
     lines = ["set -e"]
+    if hostname is not None:
+        lines.append(f"printf %s {shlex.quote(hostname)} > /proc/sys/kernel/hostname")
     for mount in sorted(mounts, key=lambda m: len(Path(m.target).parts)):
         target = shlex.quote(mount.target)
         if mount.source.is_dir():
@@ -191,8 +196,9 @@ def namespaced_argv(argv: list[str], mounts: list[Mount], workdir: str) -> list[
     lines.append(f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)}")
     lines.append('exec "$@"')
     script = "\n".join(lines)
-    return ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script, "sh",
-            *argv]
+    uts = ["--uts"] if hostname is not None else []
+    return ["unshare", "--mount", *uts, "--propagation", "private", "/bin/sh", "-c", script,
+            "sh", *argv]
 
 
 def mount_namespaces_available() -> bool:
