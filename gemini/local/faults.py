@@ -5,7 +5,8 @@
   the Node stops heart-beating and the control plane notices on its own.
 - partition_node / heal_node: nftables rules that drop every packet between the node's
   processes (agent and containers, recognised by the node's group id, and its /24 of loopback
-  addresses) and the rest; the agent's API traffic is cut with it. Needs root and `nft`.
+  addresses) and the rest; the agent's API traffic is cut with it. Needs root and `nft`, and
+  connection tracking on from the node's start (track_connections, done by start_node_agent).
 - add_node: start a fresh node agent (a spare) and wait until its Node is registered.
 """
 
@@ -79,9 +80,9 @@ def partition_node(state_dir: Path, node: str) -> None:
 table inet {table} {{
   chain output {{
     type filter hook output priority -10; policy accept;
-    meta skgid {gid} ct direction original ip daddr != {net.cidr} drop
-    ip daddr {net.cidr} ip saddr != {net.cidr} meta skgid != {gid} drop
-    meta nfproto ipv6 meta skgid {gid} drop
+    meta skgid {gid} ct direction original ip daddr != {net.cidr} counter drop
+    ip daddr {net.cidr} ip saddr != {net.cidr} meta skgid != {gid} counter drop
+    meta nfproto ipv6 meta skgid {gid} counter drop
   }}
 }}
 """
@@ -89,6 +90,37 @@ table inet {table} {{
     result = _nft(["-f", "-"], rules)
     if result.returncode != 0:
         raise FaultError(f"nft refused the partition rules: {result.stderr.strip()}")
+
+
+def track_connections(state_dir: Path, node: str) -> bool:
+    """Turn connection tracking on for the node's life (call before its processes connect).
+
+    Without a rule that uses conntrack, the kernel tracks nothing; a partition's rules would
+    then pick up established connections mid-stream, taking whichever end sends first for the
+    one that opened it, and let the other end's packets through as replies. False without root
+    or nft (then no partition is possible either).
+    """
+    if os.geteuid() != 0 or shutil.which("nft") is None:
+        return False
+    table = _table(state_dir, node)[0] + "_track"
+    rules = f"""
+table inet {table} {{
+  chain output {{
+    type filter hook output priority -20; policy accept;
+    ct state new counter
+  }}
+}}
+"""
+    _nft(["delete", "table", "inet", table])
+    result = _nft(["-f", "-"], rules)
+    if result.returncode != 0:
+        raise FaultError(f"nft refused the connection-tracking table: {result.stderr.strip()}")
+    return True
+
+
+def untrack_connections(state_dir: Path, node: str) -> None:
+    if shutil.which("nft") is not None:
+        _nft(["delete", "table", "inet", _table(state_dir, node)[0] + "_track"])
 
 
 def heal_node(state_dir: Path, node: str, missing_ok: bool = True) -> bool:

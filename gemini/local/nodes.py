@@ -65,6 +65,8 @@ def start_node_agent(kubeconfig: Path, pki: Pki, state_dir: Path, spec: NodeSpec
 
     Use `wait_for_node_agents` to wait until it has registered its Node.
     """
+    from gemini.local.faults import track_connections  # faults imports this module
+
     folder = node_dir(state_dir, spec.name)
     if running_agent_pid(state_dir, spec.name) is not None:
         raise NodeAgentError(f"node {spec.name!r} already has a running agent; stop it first")
@@ -73,6 +75,7 @@ def start_node_agent(kubeconfig: Path, pki: Pki, state_dir: Path, spec: NodeSpec
     config = _config(kubeconfig, pki, state_dir, spec)
     config.save(folder / "agent.json")
     (folder / READY_MARKER).unlink(missing_ok=True)
+    track_connections(state_dir, spec.name)  # before any of its processes connects
     argv = [sys.executable, "-m", "gemini.local.nodeagent", "--config", str(folder / "agent.json")]
     with open(folder / "agent.log", "ab") as log:
         proc = subprocess.Popen(
@@ -176,12 +179,13 @@ def kill_node_processes(state_dir: Path, name: str) -> int:
 
 def stop_node_agent(state_dir: Path, name: str) -> bool:
     """Stop the agent and all its containers, lift any partition; False if it was not running."""
-    from gemini.local.faults import heal_node
+    from gemini.local.faults import heal_node, untrack_connections
 
     was_running = running_agent_pid(state_dir, name) is not None
     kill_node_processes(state_dir, name)
     (node_dir(state_dir, name) / f"{_AGENT}.pid").unlink(missing_ok=True)
     heal_node(state_dir, name, missing_ok=True)
+    untrack_connections(state_dir, name)
     shm_dir = Path(node_config(state_dir, name).shm_dir)
     shutil.rmtree(shm_dir, ignore_errors=True)
     with contextlib.suppress(OSError):

@@ -288,13 +288,17 @@ def _pod_processes_alive(state_dir: Path, namespace: str, pod: str, uid: str) ->
 def test_a_partitioned_node_is_replaced_and_its_old_pod_stays_gone_after_the_heal(
     new_job: Any, reference: Any,
 ) -> None:
-    job = new_job(job_body("split", 2, 2))
+    job = new_job(job_body("split", 2, 2, step_sleep=1.5))
     job.nodes.add()  # the replacement's node
     before = job.train_to(4)
     old = job.pods()[1]
     node = str(old.spec.node_name)
     faults.partition_node(job.state_dir, node)
     try:
+        # The cut is real: rank 0 cannot finish a step without rank 1 (gloo's traffic is cut).
+        cut_at = newest_step(job.state_dir, job.ns, "split-worker-0")
+        time.sleep(6)
+        assert newest_step(job.state_dir, job.ns, "split-worker-0") <= cut_at + 1
         last = job.recovered_after(before)
     finally:
         faults.heal_node(job.state_dir, node)
