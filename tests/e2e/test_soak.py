@@ -1,6 +1,7 @@
 """Soak: one DeepSpeed job on the local cluster through 20 failures of random kinds.
 
-Each failure is injected as soon as the previous recovery finished (plus a random 0-2 s):
+Each failure is injected once training runs again after the previous recovery (rank 0 printed
+a step past both the restored one and any printed before that failure), plus a random 0-2 s:
 a killed trainer (recovered in place from local memory), a lost node (a spare added first;
 recovered from the peers' replicas) or a node cut off by a network partition (a spare added
 first; replaced like a lost node, then healed: its agent ends the old pod's processes and the
@@ -40,7 +41,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.soak, pytest.mar
 
 FAILURES = 20
 WORKERS = 2
-STEPS = 200
+STEPS = 240
 SOAK_ARGS = [*ARGS[:ARGS.index("--steps")], "--steps", str(STEPS),
              *ARGS[ARGS.index("--steps") + 2:ARGS.index("--step-sleep")]]
 # Not in the mix: a sidecar crash ends in no recovery (status.lastRecovery) this loop could
@@ -98,6 +99,19 @@ class Soak:
         self.lost: list[str] = []
         self.partitioned: list[str] = []
         self.uids: set[str] = set()
+        self.seen: dict[int, str] = {}
+
+    def rank0_losses(self) -> dict[int, str]:
+        """Rank 0's losses so far: kept here, since a healed node deletes the logs of its
+        replaced pod as a kubelet would. A step printed again must print the same loss."""
+        got, conflicts = losses(self.cluster.state_dir, self.jobs.ns, f"{self.name}-worker-0")
+        assert not conflicts
+        for step, loss in got.items():
+            assert self.seen.setdefault(step, loss) == loss, (step, self.seen[step], loss)
+        return self.seen
+
+    def newest_step(self) -> int:
+        return max(self.rank0_losses(), default=0)
 
     def pods(self) -> dict[int, Any]:
         return {int(p.metadata.labels[naming.LABEL_RANK]): p
@@ -125,6 +139,7 @@ class Soak:
 
     def heal(self) -> None:
         """Heal the partitioned nodes (after their recovery): they rejoin as spares."""
+        self.rank0_losses()
         for node in self.partitioned:
             faults.heal_node(self.cluster.state_dir, node)
         self.partitioned.clear()
@@ -162,6 +177,7 @@ def test_twenty_random_failures_are_all_recovered_with_identical_losses_and_noth
         time.sleep(delay)  # a random moment after the previous recovery finished
         before = jobs.get(name)["status"]
         assert before["state"] == "Running", f"failure {i}: the job is {before['state']}"
+        printed = soak.newest_step()
         fire()
         at = time.monotonic()
         try:
@@ -182,12 +198,13 @@ def test_twenty_random_failures_are_all_recovered_with_identical_losses_and_noth
         # (a healed node's agent ends those of its pod once it sees the pod deleted).
         wait_for(lambda: job_processes(job_namespace) == pod_incarnations(jobs, name), 60,
                  f"the processes to match the pods after recovery {i}")
+        # The next failure comes once training runs again, past what was printed before.
+        past = max(printed, int(last["restoredStep"]))
+        wait_for(lambda past=past: soak.newest_step() > past, 300, f"training past step {past}")
     wait_for(lambda: jobs.state(name) in ("Succeeded", "Failed"), 600, "the job to finish")
     status = jobs.get(name)["status"]
     assert status["state"] == "Succeeded", status
-    got, conflicts = losses(local_cluster.state_dir, job_namespace, f"{name}-worker-0")
-    assert not conflicts
-    assert got == soak_reference
+    assert soak.rank0_losses() == soak_reference
     soak.uids |= {p.metadata.uid for p in soak.pods().values()}
     jobs.delete(name)
     for node in soak.lost:  # what the cloud does with a machine that is gone
