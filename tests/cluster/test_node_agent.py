@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import textwrap
@@ -470,8 +471,15 @@ def test_partitioned_node_is_cut_off_and_heals(local_cluster, namespace):
         pytest.skip("partitions need root and nftables")
     core = local_cluster.core
     spare = local_cluster.add_spare()
-    server = py("""
-        import os, socket
+    # The pod serves on its IP, and echoes on a connection it opened to us before the cut.
+    outside = socket.create_server(("127.0.0.1", 0))
+    server = py(f"""
+        import os, socket, threading
+        def echo():
+            c = socket.create_connection(("127.0.0.1", {outside.getsockname()[1]}))
+            while True:
+                c.sendall(c.recv(4))
+        threading.Thread(target=echo, daemon=True).start()
         s = socket.socket(); s.bind((os.environ['GEMINI_POD_IP'], 7001)); s.listen()
         while True:
             c, _ = s.accept(); c.sendall(b'pong'); c.close()
@@ -491,9 +499,19 @@ def test_partitioned_node_is_cut_off_and_heals(local_cluster, namespace):
         except OSError:
             return False
     wait_until(reachable, 5, "the pod's server")
+    outside.settimeout(10)
+    opened, _ = outside.accept()
+    opened.settimeout(2)
+    opened.sendall(b"ping")
+    assert opened.recv(4) == b"ping"
     faults.partition_node(local_cluster.state_dir, spare.name)
     try:
         assert not reachable()
+        # We speak first after the cut; the pod's answer must still be dropped (it opened the
+        # connection: the rules need the node's connection tracking to know that).
+        opened.sendall(b"ping")
+        with pytest.raises(TimeoutError):
+            opened.recv(4)
         wait_until(lambda: node_ready(core, spare.name) == "Unknown", 15, "node Ready=Unknown")
         wait_until(lambda: cond(get_pod(core, namespace, "island"), "Ready") == "False", 10,
                    "the node controller to mark the cut-off pod not ready")
