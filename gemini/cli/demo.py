@@ -10,7 +10,7 @@ from typing import Any
 
 from gemini.cli import CliError
 from gemini.cli.output import add_output_flag, emit
-from gemini.demo.plan import FAILURE_KINDS, MODEL_SIZES, DemoConfig
+from gemini.demo.plan import DEFAULT_FAILURES, FAILURE_KINDS, MODEL_SIZES, DemoConfig
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -32,8 +32,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--step-sleep", type=float, default=0.5,
                         help="seconds each step idles, so failures land mid-training "
                         "(default 0.5; the losses do not depend on it)")
-    parser.add_argument("--failures", default=",".join(FAILURE_KINDS),
-                        help=f"comma-separated, in order (default {','.join(FAILURE_KINDS)})")
+    parser.add_argument("--failures", default=",".join(DEFAULT_FAILURES),
+                        help=f"comma-separated, in order, from {','.join(FAILURE_KINDS)} "
+                             f"(default {','.join(DEFAULT_FAILURES)})")
     parser.add_argument("--warm-standby", action="store_true",
                         help="launchers keep a pre-imported Python (torch, DeepSpeed) ready, "
                         "so in-place restarts skip the imports (0.3-0.7 GB more per worker)")

@@ -324,6 +324,9 @@ class Demo:
                              f"{current.resumed[0].step} after "
                              f"{current.resumed[0].seen_at - current.at:.1f}s")
                     baseline_step = current.resumed[0].step + plan.STEPS_BETWEEN
+                    if current.kind == "partition":
+                        faults.heal_node(self.state_dir, current.target)
+                        self.say(f"HEAL partition: {current.target} (it rejoins as a spare)")
                     current = None
                 elif self.now() - current.at > RECOVERY_TIMEOUT_S:
                     raise DemoError(self.stuck(f"{current.kind} on {current.target} was not "
@@ -370,6 +373,9 @@ class Demo:
         elif kind == "node-loss":
             target = plan.node_loss_target(placement, self.config.workers)
             faults.lose_node(self.state_dir, target)
+        elif kind == "partition":
+            target = plan.node_loss_target(placement, self.config.workers)
+            faults.partition_node(self.state_dir, target)
         else:
             lost = plan.group_loss_nodes(placement)
             for node in lost:

@@ -45,6 +45,15 @@ def test_spares_cover_every_node_the_failures_take_away() -> None:
     assert plan.spare_nodes(DemoConfig(failures=("trainer-crash",))) == 2
     assert plan.spare_nodes(DemoConfig()) == 1 + 2
     assert plan.spare_nodes(DemoConfig(workers=6, replicas=3)) == 1 + 3
+    # a partitioned node is replaced too (healed later, it only then becomes a spare again)
+    assert plan.spare_nodes(DemoConfig(failures=(*plan.DEFAULT_FAILURES, "partition"))) == 4
+
+
+def test_the_default_failures_are_the_three_of_the_issue_and_a_partition_is_opt_in() -> None:
+    assert DemoConfig().failures == ("trainer-crash", "node-loss", "group-loss")
+    assert DemoConfig(failures=("partition",)).failures == ("partition",)
+    with pytest.raises(ValueError, match="unknown failure kind"):
+        DemoConfig(failures=("split-brain",))
 
 
 def test_the_reference_gets_the_same_arguments_except_the_idling() -> None:
