@@ -99,9 +99,10 @@ def test_pod_runs_then_succeeds_or_fails_with_its_exit_code(local_cluster, names
     core.create_namespaced_pod(namespace, pod("ok", [
         {"name": "main", "image": "busybox", "command": py("import time; time.sleep(1.5)")}],
         restartPolicy="Never"))
+    # No volume at all (no service-account token either): nothing else makes its directory.
     core.create_namespaced_pod(namespace, pod("bad", [
         {"name": "main", "image": "busybox", "command": ["sh", "-c", "exit 3"]}],
-        restartPolicy="Never"))
+        restartPolicy="Never", automountServiceAccountToken=False))
     wait_phase(core, namespace, "ok", "Running")
     done = wait_phase(core, namespace, "ok", "Succeeded")
     terminated = statuses(done)["main"]["state"]["terminated"]

@@ -197,6 +197,7 @@ class PodWorker:
                 facts = self._facts()
                 self.dirs = await materialize(self.pod, self.dir, self.shm_dir, facts,
                                               self.objects, self._token)
+                self.dir.mkdir(parents=True, exist_ok=True)  # a pod without volumes has none yet
                 (self.dir / "etc-hosts").write_text(hosts_file(self.pod, self.pod_ip))
                 self.prepared = True
                 self.dirty.set()
