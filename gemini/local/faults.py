@@ -67,6 +67,19 @@ def _nft(args: list[str], stdin: str | None = None) -> subprocess.CompletedProce
                           check=False)
 
 
+def _replace_table(table: str, rules: list[str], what: str) -> None:
+    """(Re)create `inet <table>` with one output chain of `rules`."""
+    chain = "".join(f"    {rule}\n" for rule in rules)
+    _nft(["delete", "table", "inet", table])
+    result = _nft(["-f", "-"], f"table inet {table} {{\n  chain output {{\n{chain}  }}\n}}\n")
+    if result.returncode != 0:
+        raise FaultError(f"nft refused the {what}: {result.stderr.strip()}")
+
+
+def _track_table(state_dir: Path, node: str) -> str:
+    return _table(state_dir, node)[0] + "_track"
+
+
 def partition_node(state_dir: Path, node: str) -> None:
     """Cut the node off: its processes reach nothing outside its /24, nothing reaches them."""
     table, net, gid = _table(state_dir, node)
@@ -76,51 +89,31 @@ def partition_node(state_dir: Path, node: str) -> None:
     # Packets leaving the node's processes for elsewhere are dropped (replies inside
     # connections that other node-local processes opened stay allowed), and so are packets
     # from anyone else to the node's addresses; the node's processes get no IPv6 (::1) at all.
-    rules = f"""
-table inet {table} {{
-  chain output {{
-    type filter hook output priority -10; policy accept;
-    meta skgid {gid} ct direction original ip daddr != {net.cidr} counter drop
-    ip daddr {net.cidr} ip saddr != {net.cidr} meta skgid != {gid} counter drop
-    meta nfproto ipv6 meta skgid {gid} counter drop
-  }}
-}}
-"""
-    _nft(["delete", "table", "inet", table])
-    result = _nft(["-f", "-"], rules)
-    if result.returncode != 0:
-        raise FaultError(f"nft refused the partition rules: {result.stderr.strip()}")
+    _replace_table(table, [
+        "type filter hook output priority -10; policy accept;",
+        f"meta skgid {gid} ct direction original ip daddr != {net.cidr} counter drop",
+        f"ip daddr {net.cidr} ip saddr != {net.cidr} meta skgid != {gid} counter drop",
+        f"meta nfproto ipv6 meta skgid {gid} counter drop",
+    ], "partition rules")
 
 
-def track_connections(state_dir: Path, node: str) -> bool:
+def track_connections(state_dir: Path, node: str) -> None:
     """Turn connection tracking on for the node's life (call before its processes connect).
 
     Without a rule that uses conntrack, the kernel tracks nothing; a partition's rules would
     then pick up established connections mid-stream, taking whichever end sends first for the
-    one that opened it, and let the other end's packets through as replies. False without root
-    or nft (then no partition is possible either).
+    one that opened it, and let the other end's packets through as replies. Nothing happens
+    without root or nft (then no partition is possible either).
     """
-    if os.geteuid() != 0 or shutil.which("nft") is None:
-        return False
-    table = _table(state_dir, node)[0] + "_track"
-    rules = f"""
-table inet {table} {{
-  chain output {{
-    type filter hook output priority -20; policy accept;
-    ct state new counter
-  }}
-}}
-"""
-    _nft(["delete", "table", "inet", table])
-    result = _nft(["-f", "-"], rules)
-    if result.returncode != 0:
-        raise FaultError(f"nft refused the connection-tracking table: {result.stderr.strip()}")
-    return True
+    if os.geteuid() == 0 and shutil.which("nft") is not None:
+        _replace_table(_track_table(state_dir, node), [
+            "type filter hook output priority -20; policy accept;", "ct state new counter",
+        ], "connection-tracking table")
 
 
 def untrack_connections(state_dir: Path, node: str) -> None:
     if shutil.which("nft") is not None:
-        _nft(["delete", "table", "inet", _table(state_dir, node)[0] + "_track"])
+        _nft(["delete", "table", "inet", _track_table(state_dir, node)])
 
 
 def heal_node(state_dir: Path, node: str, missing_ok: bool = True) -> bool:
