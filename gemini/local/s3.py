@@ -247,31 +247,15 @@ def _bootstrap(layout: CephLayout, deadline: float) -> None:
          deadline, layout)
     _run(["ceph-mon", "-c", conf, "--mkfs", "-i", MON_ID, "--monmap", str(layout.monmap)],
          deadline, layout)
+    _spawn(layout.root, "mon", ["ceph-mon", "-c", conf, "-f", "-i", MON_ID])
     _run(["ceph-osd", "-c", conf, "--no-mon-config", "--mkfs", "-i", str(OSD_ID),
           "--osd-uuid", osd_uuid], deadline, layout)
-    _start_monitor(layout, deadline)
+    _wait_until(lambda: _tcp_open(layout.mon_port), deadline, "the monitor to listen",
+                layout.root, ("mon",))
     _run(["ceph", "-c", conf, "--connect-timeout", "10", "osd", "new", osd_uuid, str(OSD_ID)],
          deadline, layout)
     _spawn(layout.root, "osd", ["ceph-osd", "-c", conf, "-f", "-i", str(OSD_ID)])
     _spawn(layout.root, "rgw", _rgw_argv(layout.conf))
-
-
-def _start_monitor(layout: CephLayout, deadline: float, attempts: int = 3) -> None:
-    """Spawn the monitor until it listens: a monitor that dies silently at start-up (seen once
-    on a loaded machine, no line in its log) is started again rather than failing the run."""
-    argv = ["ceph-mon", "-c", str(layout.conf), "-f", "-i", MON_ID]
-    for attempt in range(1, attempts + 1):
-        _spawn(layout.root, "mon", argv)
-        try:
-            _wait_until(lambda: _tcp_open(layout.mon_port), deadline, "the monitor to listen",
-                        layout.root, ("mon",))
-            return
-        except S3StartFailed as error:
-            if attempt == attempts or time.monotonic() > deadline:
-                mon_log = _tail(layout.log_dir / f"mon.{MON_ID}.log")
-                raise S3StartFailed(f"{error}; ceph's log: {mon_log}") from error
-            log.warning("the monitor exited before listening (attempt %d): starting it again",
-                        attempt)
 
 
 def _provision(layout: CephLayout, bucket: str, deadline: float) -> S3Endpoint:
