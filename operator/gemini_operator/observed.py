@@ -142,8 +142,6 @@ def detection_lags(failures: Iterable[tuple[int, str]], pods: Mapping[int, PodVi
     return {cause: max(0.0, (acted - seen).total_seconds()) for cause, seen in first.items()}
 
 
-
-
 def _condition_time(status: Mapping[str, Any], kind: str, true_only: bool = False
                     ) -> datetime | None:
     for cond in status.get("conditions") or ():

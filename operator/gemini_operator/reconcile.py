@@ -576,5 +576,3 @@ def _ranks(ranks: list[int], limit: int = 8) -> str:
     shown = ", ".join(str(r) for r in ranks[:limit])
     more = f" and {len(ranks) - limit} more" if len(ranks) > limit else ""
     return f"rank{'s' if len(ranks) != 1 else ''} {shown}{more}"
-
-

@@ -626,5 +626,3 @@ def _breakdown(marks: Mapping[str, float]) -> dict[str, float]:
             out[phase] = round(max(0.0, float(marks[phase]) - before), 3)
             before = float(marks[phase])
     return out
-
-
