@@ -333,9 +333,11 @@ class PodWorker:
         workdir = spec.get("workingDir") or str(self.dir / "workdir")
         if self.ctx.mountns:
             mounts = container_mounts(spec, self.dirs)
-            if self._own_network() and not mounts_etc_hosts(spec):
-                mounts.append(Mount(self.dir / "etc-hosts", "/etc/hosts", read_only=False))
-            hostname = pod_hostname(self.pod) if self._own_network() else None
+            hostname = None
+            if self._own_network():  # the pod's name, resolving to the pod IP
+                hostname = pod_hostname(self.pod)
+                if not mounts_etc_hosts(spec):
+                    mounts.append(Mount(self.dir / "etc-hosts", "/etc/hosts", read_only=False))
             return namespaced_argv(argv, mounts, workdir, hostname), env, self.dir
         Path(workdir).mkdir(parents=True, exist_ok=True)
         return argv, env, Path(workdir)
