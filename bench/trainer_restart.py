@@ -151,10 +151,6 @@ def main() -> None:
                         help="steps trained before each crash (the standby warms meanwhile)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gbench-restart-", dir="/tmp"))
-    shared = Path.home() / ".cache" / "torch_extensions"
-    if shared.is_dir():  # a head start: the first start (not timed) checks, maybe rebuilds
-        shutil.copytree(shared, root / "torch_extensions", symlinks=True,
-                        ignore=shutil.ignore_patterns("lock"))
     cold, _ = one_mode(root, False, args.workers, args.crashes, args.steps_between)
     warm, used = one_mode(root, True, args.workers, args.crashes, args.steps_between)
     shutil.rmtree(root, ignore_errors=True)  # kept when it failed, for its logs
