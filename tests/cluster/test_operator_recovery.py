@@ -41,18 +41,24 @@ def training_job(name: str, workers: int) -> dict[str, Any]:
             .obj())
 
 
-def log_files(state_dir: Path, namespace: str, pod: str) -> list[Path]:
-    """Every trainer log of the pod (all its restarts, every pod of that name), oldest first."""
-    files = state_dir.glob(f"nodes/*/pods/{namespace}_{pod}_*/**/trainer/*.log")
-    return sorted(files, key=lambda p: p.stat().st_mtime)
+def log_texts(state_dir: Path, namespace: str, pod: str) -> list[str]:
+    """Every trainer log of the pod (all its restarts, every pod of that name), oldest first.
+    A log can vanish while it is read: a healed node's agent deletes its replaced pod's files."""
+    dated = []
+    for path in state_dir.glob(f"nodes/*/pods/{namespace}_{pod}_*/**/trainer/*.log"):
+        try:
+            dated.append((path.stat().st_mtime, path.read_text(errors="replace")))
+        except FileNotFoundError:
+            continue
+    return [text for _, text in sorted(dated, key=lambda item: item[0])]
 
 
 def losses(state_dir: Path, namespace: str, pod: str) -> tuple[dict[int, str], list[str]]:
     """step -> loss (the last value printed for it), and every conflicting re-print."""
     seen: dict[int, str] = {}
     conflicts = []
-    for path in log_files(state_dir, namespace, pod):
-        for line in path.read_text(errors="replace").splitlines():
+    for text in log_texts(state_dir, namespace, pod):
+        for line in text.splitlines():
             match = STEP_LINE.match(line.strip())
             if match:
                 step, loss = int(match.group(1)), match.group(2)
