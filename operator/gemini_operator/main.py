@@ -53,6 +53,7 @@ def build_runtime(options: OperatorOptions) -> handlers.Runtime:
     elector = LeaderElector(kube, options.lease_namespace, options.lease_name,
                             options.identity or default_identity())
     queue = WorkQueue(reconciler.reconcile, elector.leads, metrics, workers=options.workers)
+    reconciler.sidecar_calls.wake = queue.add_threadsafe
     return handlers.Runtime(kube, cache, reconciler, queue, elector, metrics)
 
 

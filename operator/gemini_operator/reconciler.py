@@ -13,6 +13,7 @@ replica leads.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import secrets
 import time
@@ -24,6 +25,7 @@ from typing import Any
 
 from gemini_operator import naming, render
 from gemini_operator.apitime import api_time, parse_api_time
+from gemini_operator.background import BackgroundCalls, Finished, Running
 from gemini_operator.cache import ClusterCache, JobKey, Snapshot
 from gemini_operator.conditions import (
     FAILURE_POLICY_FAIL_JOB,
@@ -95,6 +97,8 @@ class Reconciler:
         self._children: set[tuple[str, str]] = set()  # (job uid, kind) known to exist
         self._delivery: dict[JobKey, tuple[int, float]] = {}  # failures, monotonic next try
         self._listed: dict[JobKey, float] = {}  # monotonic time of the last re-list of pods
+        # Set `sidecar_calls.wake` to queue a job when its background call ended.
+        self.sidecar_calls = BackgroundCalls()
         self._handlers: dict[type, Handler] = {
             CreateSecret: self._create_secret,
             CreateService: self._create_service,
@@ -120,6 +124,7 @@ class Reconciler:
         if snap is None or (snap.job.get("metadata") or {}).get("deletionTimestamp"):
             self._expected.pop(key, None)
             self._delivery.pop(key, None)
+            self.sidecar_calls.forget(key)
             self._listed.pop(key, None)
             self.metrics.job_state(key, None)
             self.metrics.replica_coverage(key, None)
@@ -139,6 +144,10 @@ class Reconciler:
             snap = self._refresh(key, snap, _failed_ranks(decision))
             decision = reconcile(self._observe(key, job, snap), self.config)
         self._overrides, self._outcomes, self._decided = {}, [], decision.status
+        if _new_failure(decision):
+            # On record before it is acted on: planning may wait seconds on sidecars, and
+            # the failure must show (Recovering, restarts) within a second of the API event.
+            self._patch_status(key, job, self._final_status(job, decision)[0])
         for action in decision.actions:
             if isinstance(action, Recover) and any(
                 e.reason == RECOVERY_NEEDED.reason for e in decision.events
@@ -147,13 +156,7 @@ class Reconciler:
                 self._record_detection(job, snap, decision)
             self._handlers[type(action)](job, snap, action)
         new, conditions = self._final_status(job, decision)
-        current = self.cache.snapshot(key)
-        old = current.job.get("status") if current is not None else job.status
-        patch = status_patch(old, new)
-        if patch is not None:
-            updated = self.kube.patch_job_status(job.namespace, job.name, patch)
-            self.cache.update_job(updated, deleted=False)
-            self.metrics.status_writes.inc()
+        self._patch_status(key, job, new)
         self._send_events(job, decision.events)
         for outcome in self._outcomes:
             self._send_events(job, [_Ev(r, m, w) for r, m, w in outcome.events])
@@ -202,6 +205,16 @@ class Reconciler:
         new["conditions"] = [c.to_dict() for c in conditions]
         new["state"] = state_of(conditions).value
         return new, conditions
+
+    def _patch_status(self, key: JobKey, job: JobView, new: Mapping[str, Any]) -> None:
+        """Write what differs between `new` and the status last seen, if anything."""
+        current = self.cache.snapshot(key)
+        old = current.job.get("status") if current is not None else job.status
+        patch = status_patch(old, dict(new))
+        if patch is not None:
+            updated = self.kube.patch_job_status(job.namespace, job.name, patch)
+            self.cache.update_job(updated, deleted=False)
+            self.metrics.status_writes.inc()
 
     def _write_status(self, job: JobView, patch: Mapping[str, Any]) -> None:
         """A recovery step's record, written before the step acts; kept for the final write."""
@@ -292,11 +305,27 @@ class Reconciler:
         _parallel(lambda name: self.kube.delete_pod(job.namespace, name), action.names)
 
     def _deliver_placement(self, job: JobView, snap: Snapshot, action: DeliverPlacement) -> None:
-        """POST the published placement to every sidecar; the outcome goes to the
-        PlacementDelivered condition. Sidecars that do not answer (not started yet, a cut-off
-        node, fake nodes) leave the status written and are retried with backoff."""
+        """POST the published placement to every sidecar, in the background (a reconcile never
+        waits on sidecars); its end wakes the job, whose next reconcile records the outcome in
+        the PlacementDelivered condition. Sidecars that do not answer (not started yet, a
+        cut-off node, fake nodes) leave the status written and are retried with backoff."""
         key = (job.namespace, job.name)
-        failures, due = self._delivery.get(key, (0, 0.0))
+        ports = self.config.render
+        addresses = {
+            rank: SidecarAddress(rank, pod.ip, ports.sidecar_api_port, ports.sidecar_port)
+            for rank, pod in snap.pods.items()
+        }
+        # A result counts only for the placement and the pods it was sent to.
+        what = json.dumps([action.placement, {r: a.ip for r, a in addresses.items()}],
+                          sort_keys=True)
+        call = self.sidecar_calls.take(key, what)
+        if isinstance(call, Running):  # its end wakes the job; the requeue is a safety net
+            self._outcomes.append(Outcome(requeue_after=DELIVERY_TIMEOUT_SECONDS + 1.0))
+            return
+        if isinstance(call, Finished):
+            self._delivered(job, call)
+            return
+        _, due = self._delivery.get(key, (0, 0.0))
         if due > time.monotonic():
             self._outcomes.append(Outcome(requeue_after=due - time.monotonic()))
             return
@@ -304,26 +333,33 @@ class Reconciler:
                                        naming.SECRET_TOKEN_KEY)
         if token is None:
             raise RuntimeError(f"the peer-auth Secret of {job.namespace}/{job.name} is missing")
-        ports = self.config.render
-        addresses = {
-            rank: SidecarAddress(rank, pod.ip, ports.sidecar_api_port, ports.sidecar_port)
-            for rank, pod in snap.pods.items()
-        }
-        now = api_time(self._clock())
-        try:
+
+        def deliver() -> int:
             deliver_placement(action.placement, addresses, token, DELIVERY_TIMEOUT_SECONDS)
-        except DeliveryError as err:
-            delay = min(DELIVERY_RETRY_SECONDS * 2 ** failures, DELIVERY_RETRY_MAX_SECONDS)
-            self._delivery[key] = (failures + 1, time.monotonic() + delay)
-            new = SIDECARS_UNREACHABLE.condition(now, job.generation, failed=err.failed,
-                                                 ranks=err.total, detail=str(err)[:2000])
-            self._outcomes.append(Outcome(requeue_after=delay, conditions=[new],
-                                          events=self._changed(new, warning=True)))
+            return len(addresses)
+
+        self.sidecar_calls.start(key, what, deliver)
+
+    def _delivered(self, job: JobView, call: Finished) -> None:
+        """Record how a finished delivery went; a failed one is retried after a backoff."""
+        key = (job.namespace, job.name)
+        now = api_time(self._clock())
+        error = call.error
+        if error is None:
+            self._delivery.pop(key, None)
+            new = PLACEMENT_DELIVERED.condition(now, job.generation, ranks=call.value)
+            self._outcomes.append(Outcome(conditions=[new],
+                                          events=self._changed(new, warning=False)))
             return
-        self._delivery.pop(key, None)
-        new = PLACEMENT_DELIVERED.condition(now, job.generation, ranks=len(addresses))
-        self._outcomes.append(Outcome(conditions=[new],
-                                      events=self._changed(new, warning=False)))
+        if not isinstance(error, DeliveryError):
+            raise error
+        failures, _ = self._delivery.get(key, (0, 0.0))
+        delay = min(DELIVERY_RETRY_SECONDS * 2 ** failures, DELIVERY_RETRY_MAX_SECONDS)
+        self._delivery[key] = (failures + 1, time.monotonic() + delay)
+        new = SIDECARS_UNREACHABLE.condition(now, job.generation, failed=error.failed,
+                                             ranks=error.total, detail=str(error)[:2000])
+        self._outcomes.append(Outcome(requeue_after=delay, conditions=[new],
+                                      events=self._changed(new, warning=True)))
 
     def _changed(self, new: Condition, warning: bool) -> list[tuple[str, str, bool]]:
         """An event for a condition an action handler sets, when its reason changes."""
@@ -437,6 +473,7 @@ class WorkQueue:
         self._timers: dict[JobKey, asyncio.TimerHandle] = {}
         self._workers = workers
         self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def add(self, key: JobKey, delay: float = 0.0) -> None:
         if delay > 0:
@@ -448,7 +485,13 @@ class WorkQueue:
             self._queued.add(key)
             self._queue.put_nowait(key)
 
+    def add_threadsafe(self, key: JobKey) -> None:
+        """`add` from another thread (the queue belongs to the event loop)."""
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.add, key)
+
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._tasks = [asyncio.create_task(self._worker()) for _ in range(self._workers)]
 
     async def stop(self) -> None:
