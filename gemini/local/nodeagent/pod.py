@@ -558,6 +558,9 @@ class PodWorker:
         sidecars_ready = all(r.ready for r in self.inits if r.kind == "sidecar")
         phase = pod_phase(self.restart_policy, self.initialized, self.init_failed,
                           [r.state for r in self.mains], [r.restarting for r in self.mains])
+        if phase in ("Succeeded", "Failed") and not (self.finished or self.stopping):
+            # As a kubelet (1.27+): terminal only once every container, sidecars too, stopped.
+            phase = "Running" if self.initialized else "Pending"
         ready = mains_ready and sidecars_ready and phase == "Running"
         not_ready_reason = ("PodCompleted" if phase in ("Succeeded", "Failed")
                             else "ContainersNotReady")
