@@ -36,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client, config, watch
+from kubernetes import client, config
 
 from gemini.local import cluster, faults
 from gemini.local.controlplane import REPO_ROOT
+from gemini.local.watcher import Watcher
 
 CRD = REPO_ROOT / "crds" / "geminijob.yaml"
 EXAMPLE = REPO_ROOT / "examples" / "train_gpt_zero3.py"
@@ -146,31 +147,6 @@ class Bench:
     def close(self) -> None:
         self.operator.stop()
         cluster.down(self.state_dir)
-
-
-class Watcher:
-    """Monotonic arrival times of watch events that satisfy a test, in a thread."""
-
-    def __init__(self, list_fn: Any, *args: Any, **kwargs: Any) -> None:
-        self.events: list[tuple[float, Any]] = []
-        self._lock = threading.Lock()
-        self._watch = watch.Watch()
-        threading.Thread(target=self._run, args=(list_fn, args, kwargs), daemon=True).start()
-
-    def _run(self, list_fn: Any, args: Any, kwargs: Any) -> None:
-        try:
-            for event in self._watch.stream(list_fn, *args, **kwargs):
-                with self._lock:
-                    self.events.append((time.monotonic(), event["object"]))
-        except Exception:  # the stream breaks when stopped; a dead watcher just sees no more
-            return
-
-    def first(self, test: Any, after: float) -> float | None:
-        with self._lock:
-            return next((t for t, obj in self.events if t >= after and test(obj)), None)
-
-    def stop(self) -> None:
-        self._watch.stop()
 
 
 def trainer_restarts(pod: Any) -> int:

@@ -10,15 +10,12 @@ result.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from gemini_operator.cache import JobKey
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,9 +35,9 @@ class BackgroundCalls:
     """At most one call per job in flight; a result belongs to the input (`what`) it was
     started for, so a result for an input that changed since is dropped, never applied."""
 
-    def __init__(self, wake: Callable[[JobKey], None] | None = None, workers: int = 8) -> None:
+    def __init__(self, wake: Callable[[JobKey], None] | None = None) -> None:
         self.wake = wake or (lambda key: None)
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sidecar-call")
+        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sidecar-call")
         self._calls: dict[JobKey, tuple[str, Future[Any]]] = {}
 
     def start(self, key: JobKey, what: str, call: Callable[[], Any]) -> None:
@@ -66,6 +63,3 @@ class BackgroundCalls:
 
     def forget(self, key: JobKey) -> None:
         self._calls.pop(key, None)
-
-    def shutdown(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -212,16 +212,17 @@ class Reconciler:
         old = current.job.get("status") if current is not None else job.status
         patch = status_patch(old, dict(new))
         if patch is not None:
-            updated = self.kube.patch_job_status(job.namespace, job.name, patch)
-            self.cache.update_job(updated, deleted=False)
-            self.metrics.status_writes.inc()
+            self._send_patch(job, patch)
 
     def _write_status(self, job: JobView, patch: Mapping[str, Any]) -> None:
         """A recovery step's record, written before the step acts; kept for the final write."""
+        self._send_patch(job, patch)
+        self._overrides.update(patch)
+
+    def _send_patch(self, job: JobView, patch: Mapping[str, Any]) -> None:
         updated = self.kube.patch_job_status(job.namespace, job.name, dict(patch))
         self.cache.update_job(updated, deleted=False)
         self.metrics.status_writes.inc()
-        self._overrides.update(patch)
 
     def _record_detection(self, job: JobView, snap: Snapshot, decision: Decision) -> None:
         self.metrics.detections.inc()

@@ -3,15 +3,15 @@ worker pods stay Pending, which is all these tests need)."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gemini.local.watcher import Watcher
 from gemini_operator import naming
 from tests.fixtures.operator import OperatorThread
 from tests.unit.operator.builders import make_job
@@ -155,17 +155,25 @@ def test_a_deleted_worker_pod_is_acted_on_within_a_second(jobs: Jobs) -> None:
     wait_for(lambda: len(jobs.pods("watched")) == 2, 10, "two worker pods")
     wait_for(lambda: jobs.condition("watched", "Created"), 10, "the Created condition")
     time.sleep(0.5)  # let the pods' creation settle in the operator's cache
-    pod_gone = _WatchFor(jobs.core.list_namespaced_pod, jobs.ns, "watched-worker-1",
-                         lambda event: event["type"] == "DELETED"
-                         or bool(event["object"]["metadata"].get("deletionTimestamp")))
-    recovering = _WatchFor(
-        jobs.custom.list_namespaced_custom_object, naming.GROUP, naming.VERSION, jobs.ns,
-        naming.PLURAL, "watched",
-        lambda event: any(c["type"] == "Recovering" for c in
-                          (event["object"].get("status") or {}).get("conditions") or []))
-    started = time.monotonic()
-    jobs.core.delete_namespaced_pod("watched-worker-1", jobs.ns, grace_period_seconds=0)
-    deleted_at, recovering_at = pod_gone.wait(10), recovering.wait(10)
+    pods = Watcher(jobs.core.list_namespaced_pod, jobs.ns,
+                   field_selector="metadata.name=watched-worker-1", timeout_seconds=30)
+    job = Watcher(jobs.custom.list_namespaced_custom_object, naming.GROUP, naming.VERSION,
+                  jobs.ns, naming.PLURAL, field_selector="metadata.name=watched",
+                  timeout_seconds=30)
+    try:
+        wait_for(lambda: pods.events and job.events, 10, "both watches to run")
+        started = time.monotonic()
+        jobs.core.delete_namespaced_pod("watched-worker-1", jobs.ns, grace_period_seconds=0)
+        deleted_at = wait_for(lambda: pods.first(
+            lambda p: p.metadata.deletion_timestamp is not None, started)
+            or pods.first(lambda p: True, started, types=("DELETED",)), 10, "the deletion")
+        recovering_at = wait_for(lambda: job.first(
+            lambda j: any(c["type"] == "Recovering"
+                          for c in (j.get("status") or {}).get("conditions") or []),
+            started), 10, "Recovering in the job watch")
+    finally:
+        pods.stop()
+        job.stop()
     elapsed = recovering_at - deleted_at
     print(f"pod deletion in the API -> Recovering in the API: {elapsed * 1000:.0f} ms "
           f"(delete request -> Recovering: {(recovering_at - started) * 1000:.0f} ms)")
@@ -173,39 +181,6 @@ def test_a_deleted_worker_pod_is_acted_on_within_a_second(jobs: Jobs) -> None:
     assert "rank 1: the pod was deleted" in condition["message"]
     assert jobs.get("watched")["status"]["restarts"] == 1
     assert elapsed < 1.0, f"the failure was recorded {elapsed:.2f} s after the pod was deleted"
-
-
-class _WatchFor:
-    """A watch on one named object, in a thread, that notes when an event first matched."""
-
-    def __init__(self, lister: Callable[..., Any], *args: Any) -> None:
-        *list_args, self.name, self.matches = args
-        self.at: float | None = None
-        self.ready = threading.Event()
-        self.done = threading.Event()
-        thread = threading.Thread(target=self._run, args=(lister, list_args), daemon=True)
-        thread.start()
-        assert self.ready.wait(10), f"the watch on {self.name} did not start"
-
-    def _run(self, lister: Callable[..., Any], list_args: list[Any]) -> None:
-        stream = watch.Watch()
-        # Without a resourceVersion the watch first replays the object as it is (ADDED): the
-        # sign that it runs.
-        for event in stream.stream(lister, *list_args, field_selector=f"metadata.name={self.name}",
-                                   timeout_seconds=15):
-            if not self.ready.is_set():
-                self.ready.set()
-                continue
-            if self.matches({"type": event["type"], "object": event["raw_object"]}):
-                self.at = time.monotonic()
-                break
-        stream.stop()
-        self.ready.set()
-        self.done.set()
-
-    def wait(self, timeout: float) -> float:
-        assert self.done.wait(timeout) and self.at is not None, f"no matching event for {self.name}"
-        return self.at
 
 
 def test_two_operator_replicas_never_both_act(
