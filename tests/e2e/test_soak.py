@@ -184,6 +184,8 @@ def test_twenty_random_failures_are_all_recovered_with_identical_losses_and_noth
             last = wait_for(soak.recovered_after(before), 300,
                             f"recovery {i} ({kind} of rank {rank})")
             took = time.monotonic() - at
+        except AssertionError as err:  # say where the job got stuck
+            raise AssertionError(f"{err}; the job's status: {jobs.get(name)['status']}") from err
         finally:
             soak.heal()
         log.append(f"{i:2d} {kind:7s} rank {rank}: {last['cause']}/{last['source']} step "

@@ -15,6 +15,7 @@ carries its own CRC-32 in its header, and other payloads (HELLO, ERROR) theirs (
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import hashlib
 import hmac
@@ -303,6 +304,9 @@ class Channel:
             raise ProtocolError(f"expected WELCOME, got {reply.type.name}")
 
     def close(self) -> None:
+        # Wakes a worker thread blocked in a bulk send or receive (OSError: not connected).
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         self._bulk.close()
         self.sock.close()
 

@@ -3,6 +3,8 @@
 Notifications coalesce: if versions arrive faster than they can be sent, the newest one is
 sent next and the ones in between are skipped (the checkpoint interval then stretches, and
 the inventory says so). A send is void if the trainer reused the slot while it was read.
+A placement change abandons the send in flight (its peer may be a pod cut off by a partition,
+which would hold it until the reply timeout) and sends that version again to the new peers.
 """
 
 from __future__ import annotations
@@ -64,6 +66,8 @@ class Replicator:
         self._wake = asyncio.Event()
         self._channels: dict[int, Channel] = {}
         self._task: asyncio.Task[None] | None = None
+        self._sending: asyncio.Task[None] | None = None
+        self._queued: int | None = None  # the version notified and not started yet
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -71,21 +75,31 @@ class Replicator:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        self.reset_channels()
+        for task in (self._task, self._sending):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._close_channels()
 
     def reset_channels(self) -> None:
-        """Drop peer connections (after a placement change they may point at dead pods)."""
+        """After a placement change: drop peer connections (they may point at dead pods) and
+        send the version in flight, if any, again to the new peers."""
+        if self._sending is not None and not self._sending.done():
+            self._sending.cancel()
+            if self._queued is None:
+                self._queued = self.status.notified_version
+            self._wake.set()
+        self._close_channels()
+
+    def _close_channels(self) -> None:
         for chan in self._channels.values():
             chan.close()
         self._channels.clear()
 
     def notify(self, version: int) -> None:
-        if self._wake.is_set():  # the version notified before has not started: superseded
+        if self._queued is not None:  # the version notified before has not started: superseded
             self.status.skipped_versions += 1
-        self.status.notified_version = version
+        self._queued = self.status.notified_version = version
         self.idle.clear()
         self._wake.set()
 
@@ -93,12 +107,21 @@ class Replicator:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            try:
-                await self._replicate(self.status.notified_version)
-            except Exception:  # keep replicating later versions whatever went wrong here
-                log.exception("replication of version %d failed", self.status.notified_version)
+            version, self._queued = self._queued, None
+            if version is not None:
+                await self._replicate_once(version)
             if not self._wake.is_set():
                 self.idle.set()
+
+    async def _replicate_once(self, version: int) -> None:
+        self._sending = asyncio.create_task(self._replicate(version))
+        await asyncio.wait([self._sending])  # returns also when a placement change cancels it
+        if self._sending.cancelled():
+            log.info("sending version %d again: the placement changed", version)
+        elif (err := self._sending.exception()) is not None:
+            # keep replicating later versions whatever went wrong here
+            log.error("replication of version %d failed", version, exc_info=err)
+        self._sending = None
 
     async def _replicate(self, version: int) -> None:
         targets = self._placement().send_to

@@ -9,9 +9,9 @@ import pytest
 
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.checksum import crc32
-from gemini_sidecar.config import PeerAddress
+from gemini_sidecar.config import PeerAddress, make_placement
 from gemini_sidecar.pacing import profile_from_json
-from gemini_sidecar.peer_client import FetchFailed, connect
+from gemini_sidecar.peer_client import REPLY_TIMEOUT_S, FetchFailed, connect
 from gemini_sidecar.protocol import (
     CHALLENGE_BYTES,
     HEADER_BYTES,
@@ -177,6 +177,75 @@ async def test_a_half_sent_version_is_never_complete_and_the_previous_one_stays(
     finally:
         await a.stop()
         await b.stop()
+
+
+class FreezingProxy:
+    """A TCP relay that, once frozen, swallows every byte both ways and closes nothing: to
+    the sender, a peer cut off by a network partition."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.frozen = False
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
+                             return_exceptions=True)
+
+    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        while data := await src.read(1 << 16):
+            if not self.frozen:
+                dst.write(data)
+                await dst.drain()
+
+
+async def test_a_send_stuck_on_a_cut_off_peer_is_resent_to_the_new_one_on_a_placement_change(
+    tmp_path,
+):
+    ports = {0: free_port(), 1: free_port()}
+    b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,)))
+    await b.start()
+    proxy = FreezingProxy(b.peer_port)
+    await proxy.start()
+    a = Sidecar(make_config(0, 2, tmp_path, {**ports, 1: proxy.port}, send_to=(1,)))
+    c = Sidecar(make_config(1, 2, tmp_path / "c", {0: ports[0], 1: free_port()}, hold=(0,)))
+    await a.start()
+    await c.start()
+    try:
+        write_local(a.cfg, 1, payload(1, 2 << 20))
+        a.notify(1, None)
+        await wait_for(partial(replica_complete, b, 0, 1), what="v1 at the first rank 1")
+        proxy.frozen = True  # rank 1's node is cut off while version 2 is on its way
+        second = payload(2, 2 << 20)
+        write_local(a.cfg, 2, second)
+        a.notify(2, None)
+        await wait_for(lambda: a.replicator.status.peers[1].sending_version == 2, what="v2 sent")
+        await asyncio.sleep(0.5)
+        # The operator replaces rank 1 and delivers the new placement.
+        started = asyncio.get_running_loop().time()
+        peers = {0: PeerAddress("127.0.0.1", ports[0]), 1: PeerAddress("127.0.0.1", c.peer_port)}
+        a.set_placement(make_placement(peers, (), (1,), 0, 2))
+        await wait_for(partial(replica_complete, c, 0, 2), timeout=10, what="v2 at the new rank 1")
+        assert asyncio.get_running_loop().time() - started < REPLY_TIMEOUT_S / 10
+        assert bytes(c.store.get(0, 2)[1]) == second
+        write_local(a.cfg, 3, payload(3, 2 << 20))
+        a.notify(3, None)
+        await wait_for(partial(replica_complete, c, 0, 3), what="v3 at the new rank 1")
+        assert a.replicator.status.skipped_versions == 0
+    finally:
+        for car in (a, b, c):
+            await car.stop()
+        await proxy.stop()
 
 
 async def test_interleaved_mode_sends_in_the_profiled_idle_spans(tmp_path):
