@@ -324,10 +324,15 @@ def _memory_gap(missing: Mapping[int, int], usable: _Copies, ranks: Sequence[int
         return "no complete checkpoint in surviving memory"
     version, count = next(iter(missing.items()))
     absent = [r for r in ranks if r not in usable[version]]
+    held = [f"rank {r} at {_versions_of(r, usable) or 'none'}" for r in absent[:3]]
     return (
         f"no version is complete in surviving memory for every rank (version {version} lacks "
-        f"{count} ranks: {_short(absent)})"
+        f"{count} ranks: {_short(absent)}; complete copies of {', '.join(held)})"
     )
+
+
+def _versions_of(rank: int, usable: _Copies) -> str:
+    return ", ".join(str(v) for v in sorted(usable, reverse=True) if rank in usable[v])
 
 
 def _short(ranks: Sequence[int], limit: int = 8) -> str:

@@ -459,7 +459,9 @@ class RecoveryExecutor:
                      timeout=120)
         refetch = {int(r): h for r, h in (plan.get("refetch") or {}).items()}
         if refetch:
-            bodies = {r: {"holders": {}} for r in refetch}
+            # The version restored, not the newest: survivors may hold newer ones of the
+            # abandoned run, and the replacement's replicas must match what everyone restores.
+            bodies = {r: {"holders": {}, "version": plan["version"]} for r in refetch}
             call_all(self._sidecars({r: pods[r] for r in refetch}), "/fetch-replicas", token,
                      bodies, timeout=120)
 

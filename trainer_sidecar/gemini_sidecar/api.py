@@ -172,11 +172,12 @@ async def fetch(request: web.Request) -> web.Response:
 
 
 async def fetch_replicas(request: web.Request) -> web.Response:
-    """{"holders": {"<rank>": [rank | "host:port", ...]}} (optional): re-pull every held rank."""
+    """{"holders": {"<rank>": [rank | "host:port", ...]}, "version": v|null} (both optional):
+    re-pull every held rank, at that version (default: the newest complete)."""
     doc = await _body(request)
     given = {int(r): [h if isinstance(h, str) else int(h) for h in hs]
              for r, hs in dict(doc.get("holders") or {}).items()}
-    results = await request.app[SIDECAR_KEY].refill(given)
+    results = await request.app[SIDECAR_KEY].refill(given, _opt_int(doc, "version"))
     status = 200 if all("error" not in r for r in results) else 502
     return web.json_response({"replicas": results}, status=status)
 

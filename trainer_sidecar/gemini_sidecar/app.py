@@ -170,14 +170,17 @@ class Sidecar:
         self._refresh_gauges()
         return result
 
-    async def refill(self, holders: Mapping[int, Sequence[int | str]]) -> list[dict[str, Any]]:
-        """Pull the newest complete version of every held rank (a replacement sidecar does
-        this after its own shard): from the holders given per rank, else from that rank's own
-        sidecar. One failed rank does not stop the others; each gets its result or error."""
+    async def refill(self, holders: Mapping[int, Sequence[int | str]], version: int | None = None
+                     ) -> list[dict[str, Any]]:
+        """Pull `version` (default: the newest complete) of every held rank (a replacement
+        sidecar does this after its own shard; a recovery names the version it restores, which
+        its owner may have newer ones of): from the holders given per rank, else from that
+        rank's own sidecar. One failed rank does not stop the others; each gets its result or
+        error."""
         results: list[dict[str, Any]] = []
         for rank in self.placement.hold_ranks:
             try:
-                got = await self.fetch(rank, None, self.holders_for(rank, holders.get(rank)),
+                got = await self.fetch(rank, version, self.holders_for(rank, holders.get(rank)),
                                        "store")
             except (FetchFailed, ValueError, StoreError) as err:
                 results.append({"rank": rank, "error": str(err)})

@@ -97,6 +97,11 @@ class ReplicaStore:
         for slot in pair:  # restart of a version already in progress
             if slot.version == version and not slot.complete:
                 return slot
+        # The owner restarted from an older step: a copy at or past this version is of the
+        # abandoned run, never the one to keep (the oldest first: no version held twice).
+        superseded = [s for s in pair if s.seq and s.version >= version]
+        if superseded:
+            return min(superseded, key=lambda s: s.version)
         newest = self._newest_complete(pair)
         if newest is None:
             return min(pair, key=lambda s: s.seq)

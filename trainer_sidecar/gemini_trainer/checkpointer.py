@@ -54,6 +54,7 @@ from gemini_trainer.commprof import CommRecorder, phase_path, profile_path
 from gemini_trainer.shm import (
     SLOT_HEADROOM_BYTES,
     ShardSlots,
+    SlotBusy,
     SlotError,
     SlotInfo,
     TensorEntry,
@@ -345,9 +346,19 @@ class Checkpointer:
         info = self._wait_for(slots, version, instr.timeout_s, instr.source)
         step = self._load(slots, info)
         log.info("restored step %d from %s (epoch %d)", step, instr.source, instr.epoch)
+        self._drop_abandoned(slots, info.version)
         if self.recorder is not None:
             self.recorder.iteration_start()
         return step
+
+    def _drop_abandoned(self, slots: ShardSlots, version: int) -> None:
+        try:
+            dropped = slots.drop_newer_than(version)
+        except SlotBusy as err:  # the sidecar is writing the file (a fetch or an S3 restore)
+            log.warning("versions newer than %d stay in %s: %s", version, self.path, err)
+            return
+        if dropped:
+            log.info("dropped versions %s of the abandoned run from %s", dropped, self.path)
 
     def _open_for_restore(self, instr: RestoreInstruction) -> ShardSlots:
         deadline = time.monotonic() + instr.timeout_s

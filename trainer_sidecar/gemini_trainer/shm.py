@@ -422,6 +422,22 @@ class ShardSlots:
         self._unlock()
         return self._info(slot)
 
+    def drop_newer_than(self, version: int) -> list[int]:
+        """Empty the slots that hold a version newer than ``version`` (after restoring it,
+        they belong to the abandoned run: kept, the next write would overwrite ``version``
+        instead, and a recovery could mix them with other ranks' new ones). Returns them."""
+        if self._pending is not None:
+            raise SlotError(f"version {self._pending[1]} is being written to {self.path}")
+        self._lock()
+        try:
+            newer = [i for i in self.slot_info()
+                     if i.version > version and i.state != SlotState.EMPTY]
+            for info in newer:
+                self._write_header(info.index, SlotState.EMPTY, info.version, 0, info.seq, 0, 0)
+        finally:
+            self._unlock()
+        return [i.version for i in newer]
+
     def abort(self) -> None:
         """Give up the version being written; its slot reads as empty."""
         if self._pending is not None:

@@ -129,8 +129,8 @@ def test_zero3_four_ranks_recover_bit_exactly_from_memory_a_peer_and_s3(
     assert "refetch it from another holder" in job.sidecars[1].log_text()
     with ShardSlots(job.slot_file(1)) as slots:
         assert slots.verify(version)
-    refill = job.ok(1, "POST", "/fetch-replicas", {})
-    assert [r["rank"] for r in refill["replicas"]] == [0]
+    refill = job.ok(1, "POST", "/fetch-replicas", {"version": version})
+    assert [(r["rank"], r["version"]) for r in refill["replicas"]] == [(0, version)]
 
     third = job.train("third", [*MODEL, *SLOW], GEMINI_RESTORE_VERSION=str(version),
                       GEMINI_RESTORE_SOURCE="peer", GEMINI_RESTART_EPOCH="2")

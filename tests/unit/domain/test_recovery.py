@@ -111,6 +111,16 @@ def test_no_memory_and_no_s3_is_unrecoverable_with_a_reason() -> None:
     assert plan.mode == "unrecoverable" and not plan.recoverable
     assert plan.version is None and not plan.sources
     assert "lacks 2 ranks: 2, 3" in plan.reason and "S3 has no committed version" in plan.reason
+    assert "complete copies of rank 2 at none, rank 3 at none" in plan.reason
+
+
+def test_an_unrecoverable_reason_names_the_versions_surviving_memory_holds_of_a_lacking_rank(
+) -> None:
+    # Rank 1's node is lost; rank 0 kept version 4 only, rank 0's node holds rank 1's 5 only.
+    held = inventory(P8, [4, 5], skip=[(0, 5, 0), (1, 4, 0)])
+    plan = plan_recovery(2, P8, [1], [1], held, [])
+    assert plan.mode == "unrecoverable"
+    assert "version 5 lacks 1 ranks: 0; complete copies of rank 0 at 4)" in plan.reason
 
 
 def test_nothing_saved_anywhere_is_unrecoverable() -> None:

@@ -95,3 +95,19 @@ def test_buffers_are_reused_once_both_slots_exist():
         _receive(store, 0, version, os.urandom(10_000))
     assert store.used_bytes == 20_000
     assert [r.version for r in store.inventory()] == [4, 5]
+
+
+def test_a_version_from_a_restarted_owner_replaces_the_abandoned_copy_not_the_restored_one():
+    store = ReplicaStore(1 << 20)
+    v49, old50, new50, old51 = (os.urandom(10_000) for _ in range(4))
+    _receive(store, 0, 49, v49)
+    _receive(store, 0, 50, old50)  # then the job restores 49 and trains 50 again
+    store.begin(0, 50, len(new50), 50_000)
+    assert [(r.version, r.complete) for r in store.inventory()] == [(49, True), (50, False)]
+    assert bytes(store.get(0, 49)[1]) == v49
+    other = ReplicaStore(1 << 20)
+    _receive(other, 0, 50, old50)
+    _receive(other, 0, 51, old51)  # both of the abandoned run: never two copies of one version
+    _receive(other, 0, 50, new50)
+    assert bytes(other.get(0, 50)[1]) == new50
+    assert sorted(r.version for r in other.inventory()) == [50, 51]

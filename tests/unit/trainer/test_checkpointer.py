@@ -77,6 +77,8 @@ def test_restore_then_continue_gives_the_same_losses_as_never_stopping(
     ckpt2 = Checkpointer(model2, opt2, sched2, config=config(tmp_path))
     start = ckpt2.restore(RestoreInstruction(version=4))
     assert start == 4 and ckpt2.extra_state == {"cursor": 4, "name": "run"}
+    with ShardSlots(ckpt2.path) as slots:  # step 5 was of the run that stopped: gone
+        assert [(i.version, i.complete) for i in slots.slot_info() if i.complete] == [(4, True)]
     assert opt2.param_groups[0]["lr"] == lrs[3] != 0.01  # the schedule is restored too
     again = [train_step(model2, opt2, sched2, step) for step in range(4, 8)]
     assert again == losses[4:8]

@@ -209,3 +209,23 @@ def test_payload_round_trip_keeps_arrays_dtypes_and_meta(slots: ShardSlots) -> N
 def test_a_payload_without_an_index_is_refused() -> None:
     with pytest.raises(SlotError, match="index"):
         read_payload(b"\x00" * 64)
+
+
+def test_after_restoring_an_older_version_the_newer_one_is_dropped_and_the_restored_kept(
+    slots: ShardSlots,
+) -> None:
+    write_version(slots, 49, 0x49)
+    write_version(slots, 50, 0x50)  # of the run that failed; training restarts from 49
+    assert slots.drop_newer_than(49) == [50]
+    assert slots.find(50) is None and slots.latest_complete().version == 49
+    write_version(slots, 50, 0x51)  # the new run's 50 goes into the emptied slot
+    assert sorted(i.version for i in slots.slot_info() if i.complete) == [49, 50]
+    assert bytes(slots.read(50))[:1] == b"\x51"
+    assert slots.drop_newer_than(50) == []
+
+
+def test_dropping_newer_versions_is_refused_while_one_is_being_written(slots: ShardSlots) -> None:
+    write_version(slots, 1, 0x01)
+    slots.begin(2, 4096).release()
+    with pytest.raises(SlotError, match="version 2 is being written"):
+        slots.drop_newer_than(1)
