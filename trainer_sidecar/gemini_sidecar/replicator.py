@@ -117,7 +117,8 @@ class Replicator:
         self._sending = asyncio.create_task(self._replicate(version))
         await asyncio.wait([self._sending])  # returns also when a placement change cancels it
         if self._sending.cancelled():
-            log.info("sending version %d again: the placement changed", version)
+            log.info("sending of version %d abandoned: the placement changed; version %s goes "
+                     "to the new peers", version, self._queued)
         elif (err := self._sending.exception()) is not None:
             # keep replicating later versions whatever went wrong here
             log.error("replication of version %d failed", version, exc_info=err)
