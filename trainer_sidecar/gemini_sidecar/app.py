@@ -88,7 +88,7 @@ class Sidecar:
             if rank not in placement.hold_ranks:
                 self.store.drop(rank)
         self.placement = placement
-        self.replicator.reset_channels()
+        self.replicator.placement_changed()
         self._refresh_gauges()
 
     def _refresh_gauges(self) -> None:

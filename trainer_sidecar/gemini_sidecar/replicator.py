@@ -81,7 +81,7 @@ class Replicator:
                 await asyncio.gather(task, return_exceptions=True)
         self._close_channels()
 
-    def reset_channels(self) -> None:
+    def placement_changed(self) -> None:
         """After a placement change: drop peer connections (they may point at dead pods) and
         send the version in flight, if any, again to the new peers."""
         if self._sending is not None and not self._sending.done():

@@ -94,14 +94,12 @@ class ReplicaStore:
         slot.complete, slot.seq, slot.received = False, self._seq, {}
 
     def _target(self, pair: tuple[_Slot, _Slot], version: int) -> _Slot:
-        for slot in pair:  # restart of a version already in progress
-            if slot.version == version and not slot.complete:
-                return slot
-        # The owner restarted from an older step: a copy at or past this version is of the
-        # abandoned run, never the one to keep (the oldest first: no version held twice).
-        superseded = [s for s in pair if s.seq and s.version >= version]
+        # A copy at or past this version is either this version's earlier, unfinished try or,
+        # after the owner restarted from an older step, of the abandoned run: never the one to
+        # keep. Overwrite the oldest such (an unfinished try first): no version is held twice.
+        superseded = [s for s in pair if s.version >= version]
         if superseded:
-            return min(superseded, key=lambda s: s.version)
+            return min(superseded, key=lambda s: (s.version, s.complete))
         newest = self._newest_complete(pair)
         if newest is None:
             return min(pair, key=lambda s: s.seq)

@@ -122,3 +122,18 @@ def replica_complete(sidecar: Sidecar, rank: int, version: int) -> bool:
     """Whether `sidecar` holds `version` of `rank`'s shard, complete."""
     return any(r.rank == rank and r.version == version and r.complete
                for r in sidecar.store.inventory())
+
+
+async def relay(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                forward: Callable[[], bool] = lambda: True) -> None:
+    """Copy `src` to `dst` until either end closes (bytes read while `forward()` is false are
+    swallowed: a path that went dark), then close `dst`."""
+    try:
+        while data := await src.read(1 << 16):
+            if forward():
+                dst.write(data)
+                await dst.drain()
+    except ConnectionError:
+        pass
+    finally:
+        dst.close()

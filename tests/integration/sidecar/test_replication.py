@@ -26,6 +26,7 @@ from tests.integration.sidecar.conftest import (
     free_port,
     make_config,
     payload,
+    relay,
     replica_complete,
     wait_for,
     write_local,
@@ -179,34 +180,21 @@ async def test_a_half_sent_version_is_never_complete_and_the_previous_one_stays(
         await b.stop()
 
 
-class FreezingProxy:
-    """A TCP relay that, once frozen, swallows every byte both ways and closes nothing: to
-    the sender, a peer cut off by a network partition."""
+class _Freezer:
+    """Relays to a holder until frozen, then swallows every byte both ways and closes
+    nothing: to the sender, a peer cut off by a network partition."""
 
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.frozen = False
-        self.port = 0
-        self._server: asyncio.Server | None = None
+    def __init__(self, target: int) -> None:
+        self.target, self.frozen = target, False
 
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
+    async def handle(self, client_r: asyncio.StreamReader,
+                     client_w: asyncio.StreamWriter) -> None:
+        server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target)
+        await asyncio.gather(relay(client_r, server_w, self._flowing),
+                             relay(server_r, client_w, self._flowing))
 
-    async def stop(self) -> None:
-        assert self._server is not None
-        self._server.close()
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer),
-                             return_exceptions=True)
-
-    async def _pump(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        while data := await src.read(1 << 16):
-            if not self.frozen:
-                dst.write(data)
-                await dst.drain()
+    def _flowing(self) -> bool:
+        return not self.frozen
 
 
 async def test_a_send_stuck_on_a_cut_off_peer_is_resent_to_the_new_one_on_a_placement_change(
@@ -215,9 +203,10 @@ async def test_a_send_stuck_on_a_cut_off_peer_is_resent_to_the_new_one_on_a_plac
     ports = {0: free_port(), 1: free_port()}
     b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,)))
     await b.start()
-    proxy = FreezingProxy(b.peer_port)
-    await proxy.start()
-    a = Sidecar(make_config(0, 2, tmp_path, {**ports, 1: proxy.port}, send_to=(1,)))
+    freezer = _Freezer(b.peer_port)
+    proxy = await asyncio.start_server(freezer.handle, "127.0.0.1", 0)
+    proxy_port = proxy.sockets[0].getsockname()[1]
+    a = Sidecar(make_config(0, 2, tmp_path, {**ports, 1: proxy_port}, send_to=(1,)))
     c = Sidecar(make_config(1, 2, tmp_path / "c", {0: ports[0], 1: free_port()}, hold=(0,)))
     await a.start()
     await c.start()
@@ -225,7 +214,7 @@ async def test_a_send_stuck_on_a_cut_off_peer_is_resent_to_the_new_one_on_a_plac
         write_local(a.cfg, 1, payload(1, 2 << 20))
         a.notify(1, None)
         await wait_for(partial(replica_complete, b, 0, 1), what="v1 at the first rank 1")
-        proxy.frozen = True  # rank 1's node is cut off while version 2 is on its way
+        freezer.frozen = True  # rank 1's node is cut off while version 2 is on its way
         second = payload(2, 2 << 20)
         write_local(a.cfg, 2, second)
         a.notify(2, None)
@@ -245,7 +234,7 @@ async def test_a_send_stuck_on_a_cut_off_peer_is_resent_to_the_new_one_on_a_plac
     finally:
         for car in (a, b, c):
             await car.stop()
-        await proxy.stop()
+        proxy.close()
 
 
 async def test_interleaved_mode_sends_in_the_profiled_idle_spans(tmp_path):

@@ -17,6 +17,7 @@ from tests.integration.sidecar.conftest import (
     free_port,
     make_config,
     payload,
+    relay,
     replica_complete,
     wait_for,
     write_local,
@@ -52,22 +53,11 @@ class _FlipFirstChunk:
         finally:
             writer.close()
 
-    @staticmethod
-    async def _back(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while data := await reader.read(1 << 16):
-                writer.write(data)
-                await writer.drain()
-        except ConnectionError:
-            pass
-        finally:
-            writer.close()
-
     async def handle(self, client_r: asyncio.StreamReader,
                      client_w: asyncio.StreamWriter) -> None:
         server_r, server_w = await asyncio.open_connection("127.0.0.1", self.target)
         await asyncio.gather(self._client_to_server(client_r, server_w),
-                             self._back(server_r, client_w))
+                             relay(server_r, client_w))
 
 
 async def test_a_chunk_corrupted_on_the_way_is_caught_by_crc32_and_resent(tmp_path, caplog):
