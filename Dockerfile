@@ -5,6 +5,7 @@
 #   docker build --target trainer  -t gemini-trainer:0.1.0  .   a trainer base image with torch and
 #       DeepSpeed whose entrypoint is the launcher (`gemini launch --`): extend it with your
 #       training code and set CMD to your training command (e.g. CMD ["python", "train.py"]).
+# The dev tools (tools/: local cluster, demo) and their `tools` extra stay out of every image.
 # Dependencies come only from requirements.lock (used as pip constraints, so every package is
 # the locked version and nothing else is installed); tests/unit/packaging checks this file.
 
@@ -17,6 +18,7 @@ RUN python -m venv /opt/gemini
 WORKDIR /src
 COPY requirements.lock pyproject.toml README.md ./
 COPY gemini/ gemini/
+COPY cli/ cli/
 COPY operator/ operator/
 COPY trainer_sidecar/ trainer_sidecar/
 

@@ -22,9 +22,9 @@ from typing import Any
 
 from kubernetes import client, config
 
-from gemini.local import faults
-from gemini.local.controlplane import start_control_plane, stop_control_plane
-from gemini.local.nodes import (
+from gemini_local import faults
+from gemini_local.controlplane import start_control_plane, stop_control_plane
+from gemini_local.nodes import (
     NodeSpec,
     start_node_agent,
     stop_all_node_agents,

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from gemini.local import cluster, controlplane
+from gemini_local import cluster, controlplane
 
 RUNS = 3
 TARGET_SECONDS = 20.0

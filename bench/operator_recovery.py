@@ -38,9 +38,9 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from gemini.local import cluster, faults
-from gemini.local.controlplane import REPO_ROOT
-from gemini.local.watcher import Watcher
+from gemini_local import cluster, faults
+from gemini_local.controlplane import REPO_ROOT
+from gemini_local.watcher import Watcher
 
 CRD = REPO_ROOT / "crds" / "geminijob.yaml"
 EXAMPLE = REPO_ROOT / "examples" / "train_gpt_zero3.py"

@@ -42,13 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gemini.local import kwok, processes
-from gemini.local.controlplane import REPO_ROOT, ControlPlane
+from gemini_local import kwok, processes
+from gemini_local.controlplane import REPO_ROOT, ControlPlane
 
 CRD = REPO_ROOT / "crds" / "geminijob.yaml"
-# `python -m gemini.cli` rather than the `gemini` script: the pid file then names the
+# `python -m gemini_cli` rather than the `gemini` script: the pid file then names the
 # interpreter that really runs (processes.running_pid compares it).
-GEMINI = [sys.executable, "-m", "gemini.cli"]
+GEMINI = [sys.executable, "-m", "gemini_cli"]
 GROUP, VERSION, PLURAL = "gemini.io", "v1alpha1", "geminijobs"
 LABEL_JOB, LABEL_RANK = "gemini.io/job-name", "gemini.io/rank"
 NAMESPACE = "scale"

@@ -22,7 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from gemini.local.processes import venv_tools_env
+from gemini_local.processes import venv_tools_env
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"trainer-crash": 10.0, "node-loss": 30.0}
@@ -34,12 +34,12 @@ def one_run(args: argparse.Namespace) -> dict[str, Any]:
     env = venv_tools_env(sys.executable, os.environ)
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "gemini.cli", "demo", "--workers", str(args.workers),
+            [sys.executable, "-m", "gemini_cli", "demo", "--workers", str(args.workers),
              "--replicas", str(args.replicas), "--failures", args.failures, "--state-dir",
              str(state), "--output", "json", *(["--warm-standby"] if args.warm_standby else [])],
             cwd=REPO, capture_output=True, text=True, timeout=1200, check=False, env=env)
     finally:
-        subprocess.run([sys.executable, "-m", "gemini.cli", "local", "--state-dir", str(state),
+        subprocess.run([sys.executable, "-m", "gemini_cli", "local", "--state-dir", str(state),
                         "down"], cwd=REPO, capture_output=True, check=False)
         shutil.rmtree(state, ignore_errors=True)
     if not result.stdout.strip():

@@ -48,7 +48,7 @@ def start_s3_if_installed(state: Path) -> dict[str, str] | None:
     if not shutil.which("radosgw"):
         print("radosgw not installed: S3 path skipped", flush=True)
         return None
-    from gemini.local.s3 import start_s3
+    from gemini_local.s3 import start_s3
 
     ep = start_s3(state, stop_with_pid=os.getpid())
     return {"GEMINI_S3_BUCKET": ep.bucket, "GEMINI_S3_ENDPOINT": ep.url,
@@ -118,7 +118,7 @@ def main() -> None:
             proc.stop()
         shutil.rmtree(root, ignore_errors=True)
         if s3_env:
-            from gemini.local.s3 import stop_s3
+            from gemini_local.s3 import stop_s3
 
             stop_s3(s3_state)
         shutil.rmtree(s3_state, ignore_errors=True)

@@ -1,6 +1,6 @@
 """S3 multipart throughput of the local RADOS Gateway against loopback TCP, in the same run.
 
-Starts the real server (gemini.local.s3) three times to time start-up, then moves a 256 MiB
+Starts the real server (gemini_local.s3) three times to time start-up, then moves a 256 MiB
 object up and down with boto3's multipart transfer, three times each, and compares the medians
 with the loopback TCP throughput measured here too (the physical limit of any local server).
 Also reports the daemons' resident memory with the object stored. Last line: one JSON object.
@@ -26,7 +26,7 @@ import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
-from gemini.local.s3 import S3Endpoint, s3_status, start_s3, stop_s3
+from gemini_local.s3 import S3Endpoint, s3_status, start_s3, stop_s3
 
 MiB = 1 << 20
 PART = 16 * MiB

@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gemini.local.processes import venv_tools_env
+from gemini_local.processes import venv_tools_env
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_gpt_zero3.py"
@@ -57,7 +57,7 @@ class Rank:
                "GEMINI_LAUNCHER_STATUS_FILE": str(self.status_file),
                "GEMINI_HEARTBEAT_FILE": str(self.dir / "heartbeat"), "GEMINI_AUTH_TOKEN": TOKEN,
                "GEMINI_LAUNCHER_STANDBY": "1" if standby else "0"}
-        cmd = [sys.executable, "-m", "gemini.cli", "launch", "--",
+        cmd = [sys.executable, "-m", "gemini_cli", "launch", "--",
                str(Path(sys.executable).parent / "python"), str(EXAMPLE), "--engine",
                "deepspeed", "--steps", "100000", *MODEL, "--step-sleep", "0.3"]
         with open(self.log, "wb") as out:

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from gemini.local.processes import venv_tools_env
+from gemini_local.processes import venv_tools_env
 
 # Every process the tests start finds this environment's tools (ninja) and JIT builds first.
 os.environ.update(venv_tools_env(sys.executable, os.environ))

@@ -58,7 +58,7 @@ class SidecarProc:
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "trainer_sidecar")]),
         })
         env.update(extra or {})
-        code = ("import sys; from gemini.cli import main; "
+        code = ("import sys; from gemini_cli import main; "
                 "sys.exit(main(['sidecar', '--log-level', 'WARNING']))")
         self.proc = subprocess.Popen([sys.executable, "-c", code], env=env,
                                      stdout=subprocess.PIPE, text=True)

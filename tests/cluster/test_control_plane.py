@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client, config
 
-from gemini.local import controlplane
-from gemini.local.controlplane import ControlPlane, ControlPlaneError
+from gemini_local import controlplane
+from gemini_local.controlplane import ControlPlane, ControlPlaneError
 
 pytestmark = pytest.mark.cluster
 
@@ -74,7 +74,7 @@ def test_stop_leaves_nothing_running_and_a_second_stop_reports_nothing(tmp_path:
 
 def test_down_on_a_stopped_cluster_says_so(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "gemini.cli", "local", "--state-dir", str(tmp_path), "down"],
+        [sys.executable, "-m", "gemini_cli", "local", "--state-dir", str(tmp_path), "down"],
         capture_output=True, text=True, check=False,
     )
     assert result.returncode == 0
@@ -85,7 +85,7 @@ def test_a_missing_go_toolchain_is_named_when_binaries_are_not_built(tmp_path: P
     env = {**os.environ, "GEMINI_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}
     result = subprocess.run(
         [sys.executable, "-c",
-         "from gemini.local.controlplane import binaries_dir; binaries_dir()"],
+         "from gemini_local.controlplane import binaries_dir; binaries_dir()"],
         capture_output=True, text=True, env=env, check=False,
     )
     assert result.returncode != 0

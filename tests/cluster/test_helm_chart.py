@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gemini.local.controlplane import ControlPlane, binaries_dir
+from gemini_local.controlplane import ControlPlane, binaries_dir
 from gemini_operator import naming
 from tests.fixtures.helm import CHART, Helm
 from tests.fixtures.nodes import LocalCluster, wait_until

@@ -24,7 +24,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gemini.local.controlplane import binaries_dir
+from gemini_local.controlplane import binaries_dir
 from gemini_operator import naming
 from gemini_operator.observed import node_view, pod_view
 from gemini_operator.reconcile import placement_document

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gemini.local import kwok
-from gemini.local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
+from gemini_local import kwok
+from gemini_local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
 from tests.fixtures.kwok import KWOK_RACKS, KWOK_ZONES, KwokCluster
 from tests.fixtures.operator import OperatorThread
 

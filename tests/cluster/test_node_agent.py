@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gemini.local import faults
-from gemini.local.nodeagent.volumes import mount_namespaces_available
+from gemini_local import faults
+from gemini_local.nodeagent.volumes import mount_namespaces_available
 from tests.fixtures.nodes import LocalCluster, node_ready, wait_until
 
 pytestmark = pytest.mark.cluster

@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gemini.local.watcher import Watcher
+from gemini_local.watcher import Watcher
 from gemini_operator import naming
 from tests.fixtures.operator import OperatorThread
 from tests.unit.operator.builders import make_job

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gemini.local import faults
+from gemini_local import faults
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.fixtures.operator import OperatorThread
 from tests.fixtures.s3 import create_credentials_secret, persistence_spec

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gemini.local import faults
+from gemini_local import faults
 from gemini_operator import naming
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.fixtures.operator import OperatorThread

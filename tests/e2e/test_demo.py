@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gemini.demo.plan import DemoConfig, trainer_args
-from gemini.demo.reference import ReferenceRun
+from gemini_demo.plan import DemoConfig, trainer_args
+from gemini_demo.reference import ReferenceRun
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def demo_dir() -> Iterator[Path]:
     # Short: the control plane's unix sockets live under it.
     path = Path(tempfile.mkdtemp(prefix="gdemo-", dir="/tmp"))
     yield path
-    subprocess.run([sys.executable, "-m", "gemini.cli", "local", "--state-dir", str(path),
+    subprocess.run([sys.executable, "-m", "gemini_cli", "local", "--state-dir", str(path),
                     "down"], cwd=REPO, capture_output=True, check=False)
     shutil.rmtree(path, ignore_errors=True)
 
@@ -35,7 +35,7 @@ def demo_dir() -> Iterator[Path]:
 def test_the_demo_recovers_every_failure_with_the_reference_losses(demo_dir: Path) -> None:
     plot = demo_dir / "demo.png"
     result = subprocess.run(
-        [sys.executable, "-m", "gemini.cli", "demo", "--workers", "4", "--replicas", "2",
+        [sys.executable, "-m", "gemini_cli", "demo", "--workers", "4", "--replicas", "2",
          "--model-size", "tiny", "--failures", "trainer-crash,node-loss,group-loss",
          "--state-dir", str(demo_dir), "--plot", str(plot), "--output", "json"],
         cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
@@ -61,7 +61,7 @@ def test_the_demo_recovers_every_failure_with_the_reference_losses(demo_dir: Pat
     assert report["failures"][0]["source"] in ("local", "peer")
     assert plot.stat().st_size > 10_000
     # Torn down: nothing of the demo's cluster still runs.
-    status = subprocess.run([sys.executable, "-m", "gemini.cli", "local", "--state-dir",
+    status = subprocess.run([sys.executable, "-m", "gemini_cli", "local", "--state-dir",
                              str(demo_dir), "status", "--output", "json"], cwd=REPO,
                             capture_output=True, text=True, check=False)
     assert json.loads(status.stdout)["running"] is False, status.stdout

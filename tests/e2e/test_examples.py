@@ -20,8 +20,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from gemini.demo.reference import ReferenceRun
-from gemini.local import faults
+from gemini_demo.reference import ReferenceRun
+from gemini_local import faults
 from gemini_operator import naming
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import losses, newest_step

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gemini.local import faults
+from gemini_local import faults
 from gemini_operator import naming
 from gemini_operator.render import RenderConfig
 from tests.cluster.test_operator import Jobs, wait_for

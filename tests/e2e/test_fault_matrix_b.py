@@ -2,7 +2,7 @@
 replica, and a whole zone lost at once.
 
 Each case runs examples/train_gpt_zero3.py (DeepSpeed ZeRO-3, a tiny model) as a GeminiJob on
-the local cluster, injects the fault with gemini.local (faults, the S3 gateway's pause), and
+the local cluster, injects the fault with gemini_local (faults, the S3 gateway's pause), and
 checks that training went on and that rank 0's per-step losses equal an uninterrupted run's.
 """
 
@@ -21,7 +21,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from kubernetes import client
 
-from gemini.local import faults
+from gemini_local import faults
 from gemini_operator import naming
 from gemini_operator.render import RenderConfig
 from gemini_sidecar.s3 import S3Store, committed_steps

@@ -21,7 +21,7 @@ from kubernetes import client
 from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
-from gemini.local import faults
+from gemini_local import faults
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import newest_step
 from tests.fixtures.operator import OperatorThread

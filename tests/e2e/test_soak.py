@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gemini.local import faults
-from gemini.local.processes import is_alive
+from gemini_local import faults
+from gemini_local.processes import is_alive
 from gemini_operator import naming
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import ARGS, ENV, _recovered_after, losses
@@ -83,7 +83,7 @@ def pod_incarnations(jobs: Jobs, name: str) -> set[tuple[str, str]]:
 
 def shm_dirs(state_dir: Path, live_nodes: set[str], uids: set[str]) -> list[Path]:
     """Memory-backed emptyDirs of the pods `uids` left on live nodes' tmpfs."""
-    from gemini.local.nodes import node_config
+    from gemini_local.nodes import node_config
 
     out = []
     for node in live_nodes:

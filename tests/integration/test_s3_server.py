@@ -1,4 +1,4 @@
-"""The real S3 server (Ceph RADOS Gateway, gemini.local.s3) against a real boto3 client."""
+"""The real S3 server (Ceph RADOS Gateway, gemini_local.s3) against a real boto3 client."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ConnectionError as BotoConnectionError
 from botocore.exceptions import ConnectTimeoutError, EndpointConnectionError, ReadTimeoutError
 
-from gemini.local import s3 as s3_local
-from gemini.local.s3 import PauseMode, start_s3, stop_s3
+from gemini_local import s3 as s3_local
+from gemini_local.s3 import PauseMode, start_s3, stop_s3
 from tests.fixtures.s3 import S3Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
@@ -56,7 +56,7 @@ def _keys(client: Any, bucket: str, prefix: str) -> list[str]:
 
 
 def _pids_mentioning(path: Path) -> list[int]:
-    """Processes whose command line mentions `path`, found independently of gemini.local.s3."""
+    """Processes whose command line mentions `path`, found independently of gemini_local.s3."""
     needle = str(path.resolve()).encode()
     found = []
     for entry in Path("/proc").iterdir():
@@ -214,7 +214,7 @@ def _start_in_child_then_crash(state_dir: Path, *, with_watchdog: bool) -> None:
     owner = "os.getpid()" if with_watchdog else "None"
     code = (
         "import os, signal, pathlib\n"
-        "from gemini.local.s3 import start_s3\n"
+        "from gemini_local.s3 import start_s3\n"
         f"start_s3(pathlib.Path({str(state_dir)!r}), stop_with_pid={owner})\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )

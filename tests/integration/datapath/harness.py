@@ -32,7 +32,7 @@ from tests.fixtures.trainers import TrainingRun, free_port
 
 JOB = "proof"
 TOKEN = "proof-job-token-0123456789abcdef"
-SIDECAR_CODE = "import sys; from gemini.cli import main; sys.exit(main(['sidecar']))"
+SIDECAR_CODE = "import sys; from gemini_cli import main; sys.exit(main(['sidecar']))"
 
 
 @dataclass

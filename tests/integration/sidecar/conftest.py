@@ -100,7 +100,7 @@ class SidecarProcess:
             "GEMINI_SIDECAR_API_PORT": str(api_port), "GEMINI_SHM_DIR": str(cfg.shm_dir),
             "GEMINI_TRAFFIC_MODE": cfg.traffic_mode, "GEMINI_CHUNK_BYTES": str(cfg.chunk_bytes),
         })
-        code = "import sys; from gemini.cli import main; sys.exit(main(['sidecar']))"
+        code = "import sys; from gemini_cli import main; sys.exit(main(['sidecar']))"
         self.proc = subprocess.Popen([sys.executable, "-c", code], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None

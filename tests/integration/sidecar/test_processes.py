@@ -109,7 +109,7 @@ async def test_two_sidecar_processes_replicate_and_a_replacement_fetches_back(tm
 
 
 def test_a_bad_configuration_exits_with_a_clear_message():
-    code = "import sys; from gemini.cli import main; sys.exit(main(['sidecar']))"
+    code = "import sys; from gemini_cli import main; sys.exit(main(['sidecar']))"
     out = subprocess.run([sys.executable, "-c", code], env={"PATH": "/usr/bin"},
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2

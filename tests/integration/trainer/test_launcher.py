@@ -209,7 +209,7 @@ def test_the_cli_runs_the_command_and_exits_with_its_code_when_asked(tmp_path: P
     cmd = [
         sys.executable,
         "-m",
-        "gemini.cli",
+        "gemini_cli",
         "launch",
         "--port",
         "0",
@@ -385,7 +385,7 @@ def test_a_warm_run_exits_with_the_scripts_code_and_prints_to_the_launchers_outp
     env = {**os.environ, "GEMINI_LAUNCHER_HOLD": "1", "GEMINI_LAUNCHER_PREIMPORT": "fractions",
            "GEMINI_LAUNCHER_STANDBY": "1",
            "RECORD": str(tmp_path / "records"), "GEMINI_AUTH_TOKEN": TOKEN}
-    cmd = [sys.executable, "-m", "gemini.cli", "launch", "--port", "0", "--exit-on-failure",
+    cmd = [sys.executable, "-m", "gemini_cli", "launch", "--port", "0", "--exit-on-failure",
            "--status-file", str(status_file), "--", sys.executable, str(script)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:

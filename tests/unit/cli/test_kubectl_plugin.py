@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
-from gemini.cli import CliError
-from gemini.cli.kubectl_plugin import build_parser
-from gemini.cli.kubectl_views import (
+from gemini.domain.placement import Machine, domain_aware_placement
+from gemini_cli import CliError
+from gemini_cli.kubectl_plugin import build_parser
+from gemini_cli.kubectl_views import (
     FailureRequest,
     job_info,
     node_infos,
@@ -26,7 +27,6 @@ from gemini.cli.kubectl_views import (
     status_report,
     worker_infos,
 )
-from gemini.domain.placement import Machine, domain_aware_placement
 
 NODES = {f"node-{i}": (f"zone-{i // 2}", f"rack-{i % 2}") for i in range(4)}
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gemini.cli import main
+from gemini_cli import main
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gemini.demo.crash import kill_training_process
-from gemini.local.faults import FaultError
+from gemini_demo.crash import kill_training_process
+from gemini_local.faults import FaultError
 
 # A stand-in launcher: starts a child in a session of its own (as gemini launch does), prints
 # the child's pid, and waits for it.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gemini.demo.logs import StepLine, StepLog, resumption
-from gemini.demo.session import downtime_breakdown, iteration_seconds
+from gemini_demo.logs import StepLine, StepLog, resumption
+from gemini_demo.session import downtime_breakdown, iteration_seconds
 
 
 class Clock:
@@ -81,7 +81,7 @@ def test_the_downtime_breaks_down_into_detection_operator_phases_and_trainer_res
 
 
 def test_detection_prefers_the_operators_own_clock_over_what_the_watch_saw() -> None:
-    from gemini.demo.session import RecoveringWatch
+    from gemini_demo.session import RecoveringWatch
 
     watch = RecoveringWatch(custom=None, core=None, clock=lambda: 0.0)
     watch.turned = [3.0, 12.0]  # demo clock: when the watches saw a recovery declared

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gemini.demo import plan
-from gemini.demo.plan import DemoConfig
+from gemini_demo import plan
+from gemini_demo.plan import DemoConfig
 
 PLACEMENT = {
     "groups": [[0, 2], [1, 3]],

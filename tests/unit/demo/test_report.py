@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gemini.demo.report import (
+from gemini_demo.report import (
     FailureRecord,
     failure_row,
     losses_match,

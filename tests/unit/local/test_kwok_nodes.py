@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from gemini.local import kwok, processes
-from gemini.local.controlplane import ControlPlane, Ports
-from gemini.local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
-from gemini.local.pki import Pki
+from gemini_local import kwok, processes
+from gemini_local.controlplane import ControlPlane, Ports
+from gemini_local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
+from gemini_local.pki import Pki
 
 
 def test_nodes_spread_over_racks_and_zones_like_gemini_local() -> None:

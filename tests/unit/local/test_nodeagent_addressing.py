@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gemini.local import nodes
-from gemini.local.nodeagent.addressing import NodeNetwork, PodIpPool
+from gemini_local import nodes
+from gemini_local.nodeagent.addressing import NodeNetwork, PodIpPool
 
 
 def test_each_node_has_its_own_slash_24_and_group():

@@ -5,8 +5,8 @@ import subprocess
 
 import pytest
 
-from gemini.local.nodeagent.hosts import hosts_file, mounts_etc_hosts, pod_hostname
-from gemini.local.nodeagent.volumes import Mount, mount_namespaces_available, namespaced_argv
+from gemini_local.nodeagent.hosts import hosts_file, mounts_etc_hosts, pod_hostname
+from gemini_local.nodeagent.volumes import Mount, mount_namespaces_available, namespaced_argv
 
 
 def _pod(**spec):

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gemini.local.nodeagent.podspec import (
+from gemini_local.nodeagent.podspec import (
     ConfigError,
     PodFacts,
     container_env,

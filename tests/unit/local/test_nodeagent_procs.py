@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from gemini.local.nodeagent import procs
+from gemini_local.nodeagent import procs
 
 pytestmark = pytest.mark.integration
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from gemini.local.nodeagent.logserver import tail
-from gemini.local.nodeagent.podspec import ConfigError, PodFacts
-from gemini.local.nodeagent.volumes import (
+from gemini_local.nodeagent.logserver import tail
+from gemini_local.nodeagent.podspec import ConfigError, PodFacts
+from gemini_local.nodeagent.volumes import (
     container_mounts,
     env_name,
     materialize,
@@ -92,7 +92,7 @@ def test_namespaced_command_sees_the_volume_at_its_mount_path(tmp_path):
     source.mkdir()
     (source / "f").write_text("inside\n")
     target = tmp_path / "mnt" / "here"
-    from gemini.local.nodeagent.volumes import Mount
+    from gemini_local.nodeagent.volumes import Mount
 
     argv = namespaced_argv(["sh", "-c", "cat f; pwd"], [Mount(source, str(target), True)],
                            str(target))

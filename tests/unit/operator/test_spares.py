@@ -275,7 +275,7 @@ def test_only_missing_priority_classes_are_created():
 
 
 def test_the_operator_command_takes_the_priority_class_flags():
-    from gemini.cli import build_parser
+    from gemini_cli import build_parser
 
     args = build_parser().parse_args(["operator", "run", "--no-create-priority-classes",
                                       "--worker-priority-class", "w", "--spare-priority-class",

@@ -8,7 +8,7 @@ import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 
-from gemini.cli import build_parser
+from gemini_cli import build_parser
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -15,8 +15,9 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[3]
-SOURCE_DIRS = (ROOT / "gemini", ROOT / "operator", ROOT / "trainer_sidecar")
-FIRST_PARTY = {"gemini", "gemini_operator", "gemini_sidecar", "gemini_trainer"}
+SOURCE_DIRS = (ROOT / "gemini", ROOT / "operator", ROOT / "trainer_sidecar", ROOT / "cli")
+FIRST_PARTY = {"gemini", "gemini_cli", "gemini_demo", "gemini_local", "gemini_operator",
+               "gemini_sidecar", "gemini_trainer"}
 
 
 def _is_guarded(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:

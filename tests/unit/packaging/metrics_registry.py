@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import Metric
 
 ROOT = Path(__file__).resolve().parents[3]
-SHIPPED = (ROOT / "gemini", ROOT / "operator", ROOT / "trainer_sidecar")
+SHIPPED = (ROOT / "gemini", ROOT / "operator", ROOT / "trainer_sidecar", ROOT / "cli")
 
 
 def _sidecar() -> CollectorRegistry:

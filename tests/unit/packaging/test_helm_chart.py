@@ -81,7 +81,7 @@ def test_the_operator_runs_the_real_command_with_its_real_flags(helm: Helm):
     assert operator["command"] == ["gemini", "operator", "run"]
     argv = [*operator["command"], *operator["args"]]
     assert unknown_part(argv) is None, unknown_part(argv)
-    from gemini.cli import build_parser
+    from gemini_cli import build_parser
 
     args = build_parser().parse_args(argv[1:])  # exits on a flag the command does not have
     assert args.namespace == "team-a"
@@ -156,7 +156,7 @@ def test_the_chart_makes_the_priority_classes_the_operator_names(helm: Helm):
 
 
 def build_run_args(args: list[str]) -> Any:
-    from gemini.cli import build_parser
+    from gemini_cli import build_parser
 
     return build_parser().parse_args(["operator", "run", *args])
 

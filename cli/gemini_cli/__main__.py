@@ -1,0 +1,5 @@
+import sys
+
+from gemini_cli import main
+
+sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from gemini.cli import main
-
-sys.exit(main())

@@ -1,0 +1,95 @@
+"""The uninterrupted reference: the same training script and arguments as N plain local
+processes (no Kubernetes, no failures), whose per-step losses the demo's run must equal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from gemini_demo.report import parse_losses
+
+
+class ReferenceError(RuntimeError):
+    """The reference run failed; the message carries the tail of its output."""
+
+
+@dataclass
+class ReferenceRun:
+    """One process per rank with RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT set."""
+
+    script: Path
+    args: list[str]
+    world: int
+    log_dir: Path
+    procs: list[subprocess.Popen[bytes]] | None = None
+    started_at: float = 0.0
+
+    def start(self) -> ReferenceRun:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        self.procs = []
+        self.started_at = time.monotonic()
+        for rank in range(self.world):
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(self.world),
+                       LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+            # A gemini_trainer Checkpointer with no sidecar configured keeps its snapshots
+            # to itself: the reference shares nothing with the demo's job.
+            for key in [k for k in env if k.startswith("GEMINI_")]:
+                del env[key]
+            shm = self.log_dir / "shm"
+            shm.mkdir(exist_ok=True)
+            env.update(GEMINI_SHM_DIR=str(shm), GEMINI_JOB="reference")
+            with open(self.log_path(rank), "wb") as log:
+                self.procs.append(subprocess.Popen(
+                    [sys.executable, str(self.script), *self.args], env=env, stdout=log,
+                    stderr=subprocess.STDOUT, start_new_session=True))
+        return self
+
+    def log_path(self, rank: int) -> Path:
+        return self.log_dir / f"reference-rank{rank}.log"
+
+    def running(self) -> bool:
+        return any(p.poll() is None for p in self.procs or [])
+
+    def wait(self, timeout: float) -> dict[int, str]:
+        """Rank 0's losses once every rank exited 0; raises with the output otherwise."""
+        deadline = time.monotonic() + timeout
+        for proc in self.procs or []:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.stop()
+                raise ReferenceError(f"the reference run did not finish in {timeout:.0f}s:\n"
+                                     f"{self.tail()}") from None
+        codes = [p.returncode for p in self.procs or []]
+        if any(codes):
+            raise ReferenceError(f"the reference run failed (exit codes {codes}):\n"
+                                 f"{self.tail()}")
+        return dict(parse_losses(self.log_path(0).read_text(errors="replace").splitlines()))
+
+    def stop(self) -> None:
+        for proc in self.procs or []:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def tail(self, lines: int = 15) -> str:
+        out = []
+        for rank in range(self.world):
+            text = self.log_path(rank).read_text(errors="replace").splitlines()
+            out.append(f"--- reference rank {rank} ({self.log_path(rank)})")
+            out += text[-lines:]
+        return "\n".join(out)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
