@@ -141,25 +141,78 @@ def mixed_placement(num_machines: int, replicas: int) -> Placement:
 
 
 def domain_aware_placement(machines: Sequence[Machine], replicas: int) -> Placement:
-    """Groups whose members sit in different zones, racks and nodes when the labels allow it.
+    """Groups whose members sit in different zones, racks and nodes when the labels allow it,
+    and otherwise the paper's shape (never a lower recovery probability than Algorithm 1).
 
     Beyond the paper. Sort machines by (zone, rack, node) so that every domain is a contiguous
     block, then deal them round-robin into g = N // m groups (position i joins group i mod g).
     A domain block of z machines then puts at most ceil(z / g) members into any one group,
     which is the least possible by pigeonhole, for zones, racks and nodes at the same time.
-    The N mod m leftover machines therefore land one per group (groups of m+1 with ring
-    placement inside) instead of all in the last group as in Algorithm 1: one group of m+r
-    members could not avoid sharing domains when there are fewer than m+r of them. For m <= 2
-    or a single leftover this has the paper's shape; otherwise it has a few more distinct
-    holder sets (r(m+1) instead of m+r), a small cost under random failures.
+    That deal spreads the r = N mod m leftover machines over the groups (rings of m+1 or
+    more), which has more holder sets than Algorithm 1's one ring of m+r: with r rings of m+1,
+    (r-1)(m-1) more shards whose holders can all fail together, so a lower recovery
+    probability. So the rings are merged into one, member by member, as far as the spread
+    stays that of the deal at every level with more than one domain: Algorithm 1's shape
+    whenever labels are absent or all alike, and the fewest holder sets otherwise.
     """
     _check_sizes(len(machines), replicas)
     _check_unique_ranks(machines)
     ordered = sorted(machines, key=_sort_key)
     count = len(ordered) // replicas
-    groups = tuple(tuple(m.rank for m in ordered[start::count]) for start in range(count))
-    reason = _describe_spread(ordered, count, replicas)
-    return _from_groups(replicas, groups, STRATEGY_DOMAIN_AWARE, reason)
+    spread_groups = [ordered[start::count] for start in range(count)]
+    groups = _fewest_holder_sets(ordered, spread_groups, replicas)
+    reason = _describe_spread(ordered, groups, replicas)
+    ranks = tuple(tuple(m.rank for m in group) for group in groups)
+    return _from_groups(replicas, ranks, STRATEGY_DOMAIN_AWARE, reason)
+
+
+def _fewest_holder_sets(
+    ordered: Sequence[Machine], spread_groups: list[list[Machine]], replicas: int,
+) -> list[list[Machine]]:
+    """Merge the rings (groups of more than m) into one larger ring, a member at a time, while
+    the spread stays that of `spread_groups` at every level: each ring shrunk to a group of m
+    removes m-1 holder sets."""
+    rings = [i for i, g in enumerate(spread_groups) if len(g) > replicas]
+    if len(rings) < 2:  # m <= 2 or one leftover: already the paper's shape
+        return spread_groups
+    levels = [lv for lv in _LEVELS if len({_domain_key(m, lv) for m in ordered}) > 1]
+    best = _group_spread(spread_groups, levels)
+    chosen = spread_groups
+    for target in rings:
+        groups = [list(g) for g in spread_groups]
+        for donor in (i for i in rings if i != target):
+            while len(groups[donor]) > replicas:
+                move = _least_crowding(groups[target], groups[donor], levels, best)
+                if move is None:
+                    break
+                groups[donor].remove(move)
+                groups[target].append(move)
+        if _holder_sets(groups, replicas) < _holder_sets(chosen, replicas):
+            chosen = groups
+    return chosen
+
+
+def _holder_sets(groups: Sequence[Sequence[Machine]], replicas: int) -> int:
+    return sum(len(g) if len(g) > replicas else 1 for g in groups)
+
+
+def _least_crowding(
+    target: list[Machine], donor: list[Machine], levels: Sequence[str], best: list[int],
+) -> Machine | None:
+    """The donor member whose move into `target` crowds it least, if it keeps the spread."""
+    options = []
+    for machine in donor:
+        spread = _group_spread([[*target, machine]], levels)
+        if all(a <= b for a, b in zip(spread, best, strict=True)):
+            options.append((spread, machine.rank, machine))
+    return min(options)[2] if options else None
+
+
+def _group_spread(groups: Sequence[Sequence[Machine]], levels: Sequence[str]) -> list[int]:
+    """Per level with more than one domain, the most members of one group in one domain
+    (a level with a single domain has nothing to spread, whatever the shape)."""
+    return [max(max(Counter(_domain_key(m, level) for m in g).values()) for g in groups)
+            for level in levels]
 
 
 def domain_spread(placement: Placement, machines: Sequence[Machine]) -> dict[str, int]:
@@ -277,14 +330,18 @@ def _worst_per_level(group: Iterable[Machine]) -> dict[str, int]:
     }
 
 
-def _describe_spread(ordered: Sequence[Machine], count: int, replicas: int) -> str:
-    """Explain the spread. Dealing contiguous domain blocks round-robin into `count` groups
-    gives at most ceil(z / count) members of a domain of size z per group, and exactly that
-    for the largest domain, so the worst case follows from the largest domain per level."""
+def _describe_spread(
+    ordered: Sequence[Machine], groups: Sequence[Sequence[Machine]], replicas: int,
+) -> str:
+    """Explain the spread. The groups spread as well as dealing contiguous domain blocks
+    round-robin into `count` groups, which gives ceil(z / count) members of the largest domain
+    (z machines) per group: the least possible, by pigeonhole."""
     if replicas == 1:
         return "m=1: each machine keeps only its own shard; no groups to spread"
-    sizes = sorted({len(ordered[start::count]) for start in range(min(count, 2))} | {replicas})
-    shape = f"{count} groups of {' or '.join(str(s) for s in sizes)}"
+    count = len(groups)
+    sizes = Counter(len(g) for g in groups)
+    shape = ", ".join(f"{n} group{'s' if n > 1 else ''} of {size}"
+                      for size, n in sorted(sizes.items()))
     parts = []
     counts: dict[str, Counter[object]] = {
         "zone": Counter(m.zone for m in ordered),
@@ -294,9 +351,11 @@ def _describe_spread(ordered: Sequence[Machine], count: int, replicas: int) -> s
     for level in _LEVELS:
         domains = counts[level]
         largest = max(domains.values())
-        worst = -(-largest // count)
+        worst = max(max(Counter(_domain_key(m, level) for m in g).values()) for g in groups)
         if level != "node" and not any(getattr(m, level) for m in ordered):
             parts.append(f"no {level} labels, so {level}s could not be spread")
+        elif len(domains) == 1:
+            parts.append(f"every machine is in one {level}, so {level}s could not be spread")
         elif worst == 1:
             parts.append(f"no two members of a group share a {level}")
         else:

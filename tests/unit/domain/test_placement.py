@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterator
+from fractions import Fraction
+from itertools import combinations
 from typing import Any
 
 import pytest
@@ -18,6 +21,7 @@ from gemini.domain.placement import (
     domain_spread,
     mixed_placement,
 )
+from gemini.domain.probability import recovery_probability
 
 
 @pytest.mark.parametrize(
@@ -249,9 +253,99 @@ def test_domain_aware_invariants_and_optimal_spread(layout: list[Any], m: int, o
     machines = [Machine(offset + 3 * i, "", z, r) for i, (z, r) in enumerate(layout)]
     placement = domain_aware_placement(machines, m)
     _check_invariants(placement, {mc.rank for mc in machines}, m)
-    # The largest number of one group's members in a zone is the pigeonhole minimum.
+    # The largest number of one group's members in a zone is the pigeonhole minimum (with a
+    # single zone there is nothing to spread, and the paper's shape is kept instead).
     groups = len(placement.groups)
     zone_of = {mc.rank: mc.zone for mc in machines}
     worst = max(max(Counter(zone_of[r] for r in g).values()) for g in placement.groups)
     largest_zone = max(Counter(zone_of.values()).values())
-    assert worst == math.ceil(largest_zone / groups)
+    if len(set(zone_of.values())) > 1:
+        assert worst == math.ceil(largest_zone / groups)
+
+
+def _probabilities(layout: Placement, n: int) -> list[Fraction]:
+    return [recovery_probability(layout, k) for k in range(n + 1)]
+
+
+@pytest.mark.parametrize("labels", ["none", "one zone and rack"])
+def test_without_domains_to_spread_domain_aware_is_never_below_the_papers_placement(labels):
+    # Exhaustively for N <= 30, m <= 5, every k: exact probabilities, not samples.
+    for n in range(1, 31):
+        for m in range(1, min(n, 5) + 1):
+            machines = [Machine(r) if labels == "none" else Machine(r, f"n{r}", "z", "r")
+                        for r in range(n)]
+            aware = _probabilities(domain_aware_placement(machines, m), n)
+            paper = _probabilities(mixed_placement(n, m), n)
+            assert all(a >= p for a, p in zip(aware, paper, strict=True)), (n, m, aware, paper)
+
+
+def test_the_issue_case_n11_m3_k3_matches_algorithm_1():
+    placement = domain_aware_placement([Machine(r) for r in range(11)], 3)
+    assert round(float(recovery_probability(placement, 3)), 4) == 0.9576
+    assert "2 groups of 3, 1 group of 5" in placement.reason
+
+
+def test_three_zones_of_eleven_keep_the_spread_with_fewer_holder_sets():
+    # Zones of 4, 4 and 3 machines for 3 groups: one ring of 5 can still hold at most 2 of a
+    # zone, as three rings of 4 would, and has fewer holder sets.
+    machines = [Machine(r, f"n{r}", f"z{r * 3 // 11}") for r in range(11)]
+    placement = domain_aware_placement(machines, 3)
+    assert sorted(len(g) for g in placement.groups) == [3, 3, 5]
+    by_rank = {m.rank: m.zone for m in machines}
+    assert max(max(Counter(by_rank[r] for r in g).values()) for g in placement.groups) == 2
+
+
+def _partitions(items: list[int], sizes_at_least: int, groups: int) -> Iterator[list[list[int]]]:
+    """Every way to split `items` into `groups` unordered groups of at least `sizes_at_least`."""
+    if groups == 0:
+        if not items:
+            yield []
+        return
+    first, rest = items[0], items[1:]
+    for extra in range(sizes_at_least - 1, len(rest) - (groups - 1) * sizes_at_least + 1):
+        for chosen in combinations(rest, extra):
+            remaining = [x for x in rest if x not in chosen]
+            for tail in _partitions(remaining, sizes_at_least, groups - 1):
+                yield [[first, *chosen], *tail]
+
+
+def _spread_of(groups: list[list[int]], machines: list[Machine]) -> tuple[int, ...]:
+    by_rank = {m.rank: m for m in machines}
+    keys = ([m.zone for m in machines], [(m.zone, m.rack) for m in machines])
+    spread = []
+    for level, values in zip(("zone", "rack"), keys, strict=True):
+        if len(set(values)) < 2:
+            spread.append(0)
+            continue
+        key = (lambda m: m.zone) if level == "zone" else (lambda m: (m.zone, m.rack))
+        spread.append(max(max(Counter(key(by_rank[r]) for r in g).values()) for g in groups))
+    return tuple(spread)
+
+
+def _ring_holder_sets(groups: list[list[int]], m: int) -> list[tuple[int, ...]]:
+    return [tuple((g + g)[i:i + m]) for g in groups for i in range(len(g))]
+
+
+@settings(max_examples=25, deadline=None)
+@given(layout=st.lists(st.tuples(st.sampled_from("ab"), st.sampled_from(["r1", "r2", "r3"])),
+                       min_size=5, max_size=9), m=st.integers(2, 3))
+def test_domain_aware_matches_brute_force_over_every_grouping(layout, m):
+    """Against every split into N // m groups: the best spread at every level with more than
+    one domain, and among the splits with that spread the highest recovery probability at
+    k = m (the fewest holder sets)."""
+    machines = [Machine(i, f"n{i}", z, r) for i, (z, r) in enumerate(layout)]
+    n = len(machines)
+    placement = domain_aware_placement(machines, m)
+    chosen = [list(g) for g in placement.groups]
+    splits = list(_partitions(list(range(n)), m, n // m))
+    best = min(_spread_of(s, machines) for s in splits)
+    assert all(best <= _spread_of(s, machines) or not _dominates(_spread_of(s, machines), best)
+               for s in splits)
+    assert _spread_of(chosen, machines) == best
+    feasible = [s for s in splits if _spread_of(s, machines) == best]
+    top = max(recovery_probability(_ring_holder_sets(s, m), m) for s in feasible)
+    assert recovery_probability(placement, m) == top
+
+
+def _dominates(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    return all(x <= y for x, y in zip(a, b, strict=True)) and a != b
