@@ -1,19 +1,39 @@
-"""The operator's client of the sidecars' control API (HTTP, job token as a Bearer token).
+"""The operator's client of the sidecars' and launchers' control API (gemini.control).
 
-What the operator asks of sidecars and launchers: a sidecar's placement (POST /peers), and
-any JSON call to one rank or to all of them in parallel. Addresses are pod IPs, which work
-with or without cluster DNS.
+Typed calls, one per API call, each to every rank given in parallel: `inventories`,
+`launcher_statuses`, `restart`, `fetch`, `fetch_replicas`, `restore`, `persist`, `commit`,
+and the placement (`peers_bodies`, `deliver_peers`, `deliver_placement`). The order they must
+come in (placement before fetches, memory before restarts, persist before commit) is stated
+in gemini.control. The untyped `call`, `call_all` and `call_each` (JSON dicts) remain for
+call sites not moved yet. Addresses are pod IPs, which work with or without cluster DNS.
 """
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
+
+from gemini.control import (
+    CommitAnswer,
+    CommitRequest,
+    ControlClient,
+    ControlError,
+    FetchAnswer,
+    FetchReplicasAnswer,
+    FetchReplicasRequest,
+    FetchRequest,
+    Inventory,
+    LauncherStatus,
+    Peers,
+    PersistAnswer,
+    PersistRequest,
+    RestartAnswer,
+    RestartRequest,
+    RestoreAnswer,
+    RestoreRequest,
+)
 
 TIMEOUT_SECONDS = 5.0
 # POST /peers is answered at once by a live sidecar; a silent one (a cut-off node) must not
@@ -22,6 +42,12 @@ DELIVERY_TIMEOUT_SECONDS = 3.0
 # Recovery plans with the inventories that answer within this; a silent sidecar's copies are
 # left out rather than waited for (its node may be cut off).
 INVENTORY_TIMEOUT_SECONDS = 2.0
+# A fetch or an S3 restore moves a whole shard: seconds per GiB, not a quick answer.
+TRANSFER_TIMEOUT_SECONDS = 120.0
+
+Target = tuple[str, int]  # (pod IP, port of the sidecar's API or of the launcher's)
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class SidecarError(RuntimeError):
@@ -49,9 +75,128 @@ class SidecarAddress:
     peer_port: int
 
 
-def placement_bodies(
-    placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress],
-) -> dict[int, dict[str, Any]]:
+# -- running one call on many ranks ----------------------------------------------------------
+
+def _in_words(rank: int, err: ControlError) -> str:
+    return f"rank {rank}: {err}"  # "rank 3: 10.0.0.3:7071/inventory unreachable (...)"
+
+
+def each(targets: Mapping[int, Target], token: str, ask: Callable[[int, ControlClient], T],
+         timeout: float = TIMEOUT_SECONDS,
+         words: Callable[[int, ControlError], str] = _in_words,
+         ) -> tuple[dict[int, T], list[str]]:
+    """`ask(rank, client)` for every rank in parallel: the answers, and the failures in
+    words, in rank order."""
+    ranks = sorted(targets)
+    results: dict[int, T] = {}
+    errors: dict[int, str] = {}
+
+    def one(rank: int) -> None:
+        ip, port = targets[rank]
+        try:
+            results[rank] = ask(rank, ControlClient(ip, port, token, timeout))
+        except ControlError as err:
+            errors[rank] = words(rank, err)
+
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(ranks)))) as pool:
+        list(pool.map(one, ranks))
+    return results, [errors[r] for r in sorted(errors)]
+
+
+def every(targets: Mapping[int, Target], token: str, ask: Callable[[int, ControlClient], T],
+          timeout: float = TIMEOUT_SECONDS) -> dict[int, T]:
+    """`each`, raising one SidecarError naming the failures when any rank failed."""
+    results, errors = each(targets, token, ask, timeout)
+    if errors:
+        raise SidecarError(_summary(errors))
+    return results
+
+
+def _per_rank(request: R | Mapping[int, R]) -> Callable[[int], R]:
+    """One request for every rank, or each rank's own."""
+    if isinstance(request, Mapping):
+        return lambda rank: request[rank]  # type: ignore[no-any-return]
+    return lambda rank: request
+
+
+# -- typed calls -------------------------------------------------------------------------------
+
+def inventories(targets: Mapping[int, Target], token: str,
+                timeout: float = INVENTORY_TIMEOUT_SECONDS) -> dict[int, Inventory]:
+    """Every sidecar's GET /inventory; SidecarError when any did not answer."""
+    return every(targets, token, lambda _, c: c.inventory(), timeout)
+
+
+def inventories_each(targets: Mapping[int, Target], token: str,
+                     timeout: float = INVENTORY_TIMEOUT_SECONDS,
+                     ) -> tuple[dict[int, Inventory], list[str]]:
+    """The inventories that came, and the silent sidecars in words (not an error: a plan
+    goes on without a cut-off node's copies)."""
+    return each(targets, token, lambda _, c: c.inventory(), timeout)
+
+
+def launcher_statuses(targets: Mapping[int, Target], token: str,
+                      timeout: float = TIMEOUT_SECONDS) -> dict[int, LauncherStatus]:
+    """Every launcher's GET /status (`targets`: launcher ports)."""
+    return every(targets, token, lambda _, c: c.status(), timeout)
+
+
+def restart(targets: Mapping[int, Target], token: str,
+            request: RestartRequest | Mapping[int, RestartRequest],
+            timeout: float = TIMEOUT_SECONDS) -> dict[int, RestartAnswer]:
+    """POST /restart to every launcher (one request for all, or one per rank)."""
+    body = _per_rank(request)
+    return every(targets, token, lambda r, c: c.restart(body(r)), timeout)
+
+
+def fetch(targets: Mapping[int, Target], token: str, requests: Mapping[int, FetchRequest],
+          timeout: float = TRANSFER_TIMEOUT_SECONDS) -> dict[int, FetchAnswer]:
+    """POST /fetch to each rank's sidecar with its own request."""
+    return every(targets, token, lambda r, c: c.fetch(requests[r]), timeout)
+
+
+def fetch_replicas(targets: Mapping[int, Target], token: str,
+                   request: FetchReplicasRequest | Mapping[int, FetchReplicasRequest],
+                   timeout: float = TRANSFER_TIMEOUT_SECONDS) -> dict[int, FetchReplicasAnswer]:
+    """POST /fetch-replicas; a sidecar that did not get every held rank is a failure."""
+    body = _per_rank(request)
+    return every(targets, token, lambda r, c: c.fetch_replicas(body(r)), timeout)
+
+
+def restore(targets: Mapping[int, Target], token: str, request: RestoreRequest,
+            timeout: float = TRANSFER_TIMEOUT_SECONDS) -> dict[int, RestoreAnswer]:
+    """POST /restore (from S3) to every sidecar."""
+    return every(targets, token, lambda _, c: c.restore(request), timeout)
+
+
+def persist(targets: Mapping[int, Target], token: str, request: PersistRequest,
+            timeout: float = TIMEOUT_SECONDS) -> dict[int, PersistAnswer]:
+    """POST /persist (to S3) to every sidecar."""
+    return every(targets, token, lambda _, c: c.persist(request), timeout)
+
+
+def commit(target: Target, token: str, request: CommitRequest,
+           timeout: float = TIMEOUT_SECONDS) -> CommitAnswer:
+    """POST /commit to one sidecar (after every rank persisted the version)."""
+    ip, port = target
+    try:
+        return ControlClient(ip, port, token, timeout).commit(request)
+    except ControlError as err:
+        raise SidecarError(str(err)) from err
+
+
+def persist_and_commit(targets: Mapping[int, Target], token: str, version: int,
+                       timeout: float) -> CommitAnswer:
+    """Every rank's sidecar uploads `version` of its shard, then the lowest rank's commits
+    it (the commit marker makes the step visible only once every shard is in S3)."""
+    persist(targets, token, PersistRequest(version), timeout)
+    return commit(targets[min(targets)], token, CommitRequest(version), timeout)
+
+
+# -- placement -------------------------------------------------------------------------------
+
+def peers_bodies(placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress],
+                 ) -> dict[int, Peers]:
     """Each rank's POST /peers body from a status.placement document."""
     holders = {int(r): [int(h) for h in hs] for r, hs in placement["holders"].items()}
     held_by: dict[int, list[int]] = {r: [] for r in holders}
@@ -61,10 +206,20 @@ def placement_bodies(
     bodies = {}
     for rank in holders:
         send_to, hold = holders[rank][1:], sorted(held_by[rank])
-        peers = {str(r): f"{addresses[r].ip}:{addresses[r].peer_port}"
+        peers = {r: f"{addresses[r].ip}:{addresses[r].peer_port}"
                  for r in sorted(set(send_to) | set(hold))}
-        bodies[rank] = {"peers": peers, "hold_ranks": hold, "send_to": send_to}
+        bodies[rank] = Peers(peers, tuple(hold), tuple(send_to))
     return bodies
+
+
+def deliver_peers(addresses: Mapping[int, SidecarAddress], bodies: Mapping[int, Peers],
+                  token: str, timeout: float = DELIVERY_TIMEOUT_SECONDS) -> list[str]:
+    """POST each rank's placement to its sidecar, in parallel: the refusals in words
+    ("rank 3: /peers unreachable (...)"), after trying every rank."""
+    targets = {r: (addresses[r].ip, addresses[r].api_port) for r in bodies}
+    _, errors = each(targets, token, lambda r, c: c.peers(bodies[r]), timeout,
+                     lambda r, err: f"rank {r}: {err.path} {err.reason}")
+    return errors
 
 
 def deliver_placement(
@@ -73,30 +228,20 @@ def deliver_placement(
 ) -> None:
     """POST every rank's part of `placement` to its sidecar, in parallel; raise DeliveryError
     on any refusal (after trying every rank)."""
-    bodies = placement_bodies(placement, addresses)
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(bodies)))) as pool:
-        errors = [e for e in pool.map(
-            lambda r: _post(addresses[r], "/peers", bodies[r], token, timeout),
-            sorted(bodies)) if e]
+    bodies = peers_bodies(placement, addresses)
+    errors = deliver_peers(addresses, bodies, token, timeout)
     if errors:
         raise DeliveryError(errors, len(bodies))
 
 
-def _post(address: SidecarAddress, path: str, body: Mapping[str, Any], token: str,
-          timeout: float = TIMEOUT_SECONDS) -> str | None:
-    request = urllib.request.Request(
-        f"http://{address.ip}:{address.api_port}{path}", data=json.dumps(body).encode(),
-        method="POST",
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=timeout):
-            return None
-    except urllib.error.HTTPError as err:
-        return f"rank {address.rank}: {path} answered {err.code} {err.read()[:200]!r}"
-    except OSError as err:
-        return f"rank {address.rank}: {path} unreachable ({err})"
+def placement_bodies(
+    placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress],
+) -> dict[int, dict[str, Any]]:
+    """`peers_bodies` as JSON documents (for call sites not moved to the typed bodies)."""
+    return {r: body.to_json() for r, body in peers_bodies(placement, addresses).items()}
 
+
+# -- untyped calls (JSON dicts), kept while call sites move to the typed ones -----------------
 
 def call(
     ip: str, port: int, path: str, token: str, body: Mapping[str, Any] | None = None,
@@ -104,19 +249,10 @@ def call(
 ) -> dict[str, Any]:
     """One JSON request to a sidecar or launcher (GET without a body, POST with one); the
     answer's JSON object. Raises SidecarError naming the address and what it answered."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(
-        f"http://{ip}:{port}{path}", data=data, method="GET" if body is None else "POST",
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
-    )
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            answer = json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as err:
-        raise SidecarError(f"{ip}:{port}{path} answered {err.code} {err.read()[:300]!r}") from err
-    except (OSError, ValueError) as err:
-        raise SidecarError(f"{ip}:{port}{path} unreachable ({err})") from err
-    return answer if isinstance(answer, dict) else {"answer": answer}
+        return ControlClient(ip, port, token, timeout).call_json(path, body)
+    except ControlError as err:
+        raise SidecarError(str(err)) from err
 
 
 def call_all(
@@ -124,10 +260,7 @@ def call_all(
     bodies: Mapping[int, Mapping[str, Any] | None], timeout: float = TIMEOUT_SECONDS,
 ) -> dict[int, dict[str, Any]]:
     """`call` for every rank in parallel; raise one SidecarError naming every failure."""
-    results, errors = call_each(targets, path, token, bodies, timeout)
-    if errors:
-        raise SidecarError(_summary(errors))
-    return results
+    return every(targets, token, lambda r, c: c.call_json(path, bodies.get(r)), timeout)
 
 
 def call_each(
@@ -135,26 +268,4 @@ def call_each(
     bodies: Mapping[int, Mapping[str, Any] | None], timeout: float = TIMEOUT_SECONDS,
 ) -> tuple[dict[int, dict[str, Any]], list[str]]:
     """`call` for every rank in parallel: the answers, and the failures in words."""
-    ranks = sorted(targets)
-    results: dict[int, dict[str, Any]] = {}
-    errors: list[str] = []
-
-    def one(rank: int) -> None:
-        ip, port = targets[rank]
-        try:
-            results[rank] = call(ip, port, path, token, bodies.get(rank), timeout)
-        except SidecarError as err:
-            errors.append(f"rank {rank}: {err}")
-
-    with ThreadPoolExecutor(max_workers=min(32, max(1, len(ranks)))) as pool:
-        list(pool.map(one, ranks))
-    return results, sorted(errors)
-
-
-def persist_and_commit(targets: Mapping[int, tuple[str, int]], token: str, version: int,
-                       timeout: float) -> None:
-    """Every rank's sidecar uploads `version` of its shard, then the lowest rank's commits
-    it (the commit marker makes the step visible only once every shard is in S3)."""
-    call_all(targets, "/persist", token, {r: {"version": version} for r in targets}, timeout)
-    ip, port = targets[min(targets)]
-    call(ip, port, "/commit", token, {"version": version}, timeout)
+    return each(targets, token, lambda r, c: c.call_json(path, bodies.get(r)), timeout)

@@ -1,8 +1,10 @@
-"""Control and inventory HTTP API (aiohttp) of one sidecar.
+"""Control and inventory HTTP API (aiohttp) of one sidecar: the server side of gemini.control.
 
 GET /healthz and GET /metrics are open (probes and Prometheus); everything else needs the
-job token as `Authorization: Bearer <token>`. Bodies are JSON; errors are
-{"error": "<what to fix>"} with a 4xx/5xx status.
+job token as `Authorization: Bearer <token>`. Every body is read with the contract's types
+(a bad one is answered 400 naming the field) and every answer written with them; errors are
+ErrorAnswer, {"error": "<what to fix>"}, with a 4xx/5xx status. The order callers must keep
+(placement before fetches, persist before commit, ...) is stated in gemini.control.
 """
 
 from __future__ import annotations
@@ -11,17 +13,40 @@ import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from typing import Any
 
 from aiohttp import web
 from boto3.exceptions import Boto3Error
 from botocore.exceptions import BotoCoreError, ClientError
 
+from gemini import control
+from gemini.control import (
+    CommitRequest,
+    ErrorAnswer,
+    FetchAnswer,
+    FetchReplicasAnswer,
+    FetchReplicasRequest,
+    FetchRequest,
+    Health,
+    Inventory,
+    LocalCopy,
+    MemoryUse,
+    NotifyAnswer,
+    NotifyRequest,
+    Peers,
+    PeerSending,
+    PersistRequest,
+    ProfileAnswer,
+    ProfileRequest,
+    ReplicaCopy,
+    RestoreRequest,
+    Sending,
+)
+from gemini.domain.traffic import IterationTimeline
 from gemini_sidecar.app import Sidecar
-from gemini_sidecar.config import ConfigError, make_placement, parse_peers
+from gemini_sidecar.config import ConfigError, Placement, make_placement, parse_address
 from gemini_sidecar.local import LocalShardError
-from gemini_sidecar.pacing import profile_from_json
+from gemini_sidecar.pacing import Profile
 from gemini_sidecar.peer_client import FetchFailed
 from gemini_sidecar.protocol import PeerRefused
 from gemini_sidecar.s3 import S3Error
@@ -29,14 +54,19 @@ from gemini_sidecar.store import StoreError
 from gemini_trainer.shm import SlotBusy
 
 log = logging.getLogger(__name__)
-OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+OPEN_PATHS = control.SIDECAR_OPEN_PATHS
 SIDECAR_KEY = web.AppKey("sidecar", Sidecar)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _CLIENT_ERRORS = (ValueError, KeyError, TypeError, ConfigError, StoreError, LocalShardError)
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
+    return web.json_response(ErrorAnswer(message).to_json(), status=status)
+
+
+def _answer(answer: Any, status: int = 200) -> web.Response:
+    """A contract answer (a dataclass with to_json) as its JSON."""
+    return web.json_response(answer.to_json(), status=status)
 
 
 @web.middleware
@@ -67,20 +97,13 @@ async def _auth_and_errors(request: web.Request, handler: Handler) -> web.Stream
         return _error(409, str(err))
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
-    doc = json.loads(await request.text() or "{}")
-    if not isinstance(doc, dict):
-        raise ValueError("the body must be a JSON object")
-    return doc
-
-
-def _opt_int(doc: dict[str, Any], key: str) -> int | None:
-    value = doc.get(key)
-    return None if value is None else int(value)
+async def _body(request: web.Request) -> object:
+    """The body's JSON (an empty body reads as {}); the contract's types check its shape."""
+    return json.loads(await request.text() or "{}")
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
+    return _answer(Health())
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -88,134 +111,127 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 
-def inventory_doc(sidecar: Sidecar) -> dict[str, Any]:
-    local = [
-        {"rank": sidecar.cfg.rank, "version": info.version, "complete": info.complete,
-         "bytes": info.payload_len, "checksum": info.checksum}
+def inventory_of(sidecar: Sidecar) -> Inventory:
+    local = tuple(
+        LocalCopy(sidecar.cfg.rank, info.version, info.complete, info.payload_len, info.checksum)
         for info in sidecar.local.slot_info()
         if info.version >= 0
-    ]
+    )
+    return Inventory(
+        job=sidecar.cfg.job, rank=sidecar.cfg.rank, world_size=sidecar.cfg.world_size,
+        local=local,
+        replicas=tuple(ReplicaCopy(r.rank, r.version, r.complete, r.bytes, r.received_bytes,
+                                   r.checksum) for r in sidecar.store.inventory()),
+        sending=_sending(sidecar),
+        memory=MemoryUse(sidecar.store.used_bytes, sidecar.cfg.memory_budget_bytes),
+        placement=_peers_of(sidecar.placement),
+    )
+
+
+def _sending(sidecar: Sidecar) -> Sending:
     status = sidecar.replicator.status
-    return {
-        "job": sidecar.cfg.job,
-        "rank": sidecar.cfg.rank,
-        "world_size": sidecar.cfg.world_size,
-        "local": local,
-        "replicas": [asdict(r) for r in sidecar.store.inventory()],
-        "sending": {
-            "mode": sidecar.cfg.traffic_mode,
-            "notified_version": status.notified_version,
-            "skipped_versions": status.skipped_versions,
-            "fits_idle_spans": status.fits_idle_spans,
-            "interval_iterations": status.interval_iterations,
-            "plan": status.plan_reason,
-            "peers": {str(r): asdict(p) for r, p in status.peers.items()},
-        },
-        "memory": {"used_bytes": sidecar.store.used_bytes,
-                   "budget_bytes": sidecar.cfg.memory_budget_bytes},
-        "placement": {
-            "peers": {str(r): str(a) for r, a in sidecar.placement.peers.items()},
-            "hold_ranks": list(sidecar.placement.hold_ranks),
-            "send_to": list(sidecar.placement.send_to),
-        },
-    }
+    return Sending(
+        mode=sidecar.cfg.traffic_mode, notified_version=status.notified_version,
+        skipped_versions=status.skipped_versions, fits_idle_spans=status.fits_idle_spans,
+        interval_iterations=status.interval_iterations, plan=status.plan_reason,
+        peers={r: PeerSending(p.acked_version, p.sending_version, p.last_error, p.last_seconds)
+               for r, p in status.peers.items()},
+        acknowledged_version=status.acknowledged_version,
+        effective_interval=status.effective_interval,
+    )
+
+
+def _peers_of(placement: Placement) -> Peers:
+    return Peers({r: str(a) for r, a in placement.peers.items()}, tuple(placement.hold_ranks),
+                 tuple(placement.send_to))
 
 
 async def inventory(request: web.Request) -> web.Response:
-    return web.json_response(inventory_doc(request.app[SIDECAR_KEY]))
+    return _answer(inventory_of(request.app[SIDECAR_KEY]))
 
 
 async def notify(request: web.Request) -> web.Response:
     """The trainer says: version `version` is complete in shm (`stall_seconds`: its stall)."""
-    doc = await _body(request)
-    stall = doc.get("stall_seconds")
-    request.app[SIDECAR_KEY].notify(int(doc["version"]), None if stall is None else float(stall))
-    return web.json_response({"accepted": int(doc["version"])}, status=202)
+    req = NotifyRequest.from_json(await _body(request))
+    request.app[SIDECAR_KEY].notify(req.version, req.stall_seconds)
+    return _answer(NotifyAnswer(req.version), status=202)
 
 
 async def peers(request: web.Request) -> web.Response:
-    """New placement: {"peers": {rank: "host:port"} | "0=h:p,...", "hold_ranks", "send_to"}."""
+    """A new placement, replacing the current one as a whole."""
     sidecar = request.app[SIDECAR_KEY]
-    doc = await _body(request)
-    raw = doc.get("peers", {})
-    peer_map = parse_peers(raw if isinstance(raw, str) else json.dumps(raw))
+    req = Peers.from_json(await _body(request))
     placement = make_placement(
-        peer_map,
-        tuple(sorted({int(r) for r in doc.get("hold_ranks", [])})),
-        tuple(sorted({int(r) for r in doc.get("send_to", [])})),
+        {r: parse_address(a) for r, a in req.peers.items()},
+        tuple(sorted(set(req.hold_ranks))), tuple(sorted(set(req.send_to))),
         sidecar.cfg.rank, sidecar.cfg.world_size,
     )
     sidecar.set_placement(placement)
-    return web.json_response(inventory_doc(sidecar)["placement"])
+    return _answer(_peers_of(sidecar.placement))
 
 
 async def profile(request: web.Request) -> web.Response:
-    """A traffic profile: {"iterations": [{"length": s, "ops": [[start, end], ...]}, ...]}."""
+    """A traffic profile: when the training's own traffic runs in each iteration."""
     sidecar = request.app[SIDECAR_KEY]
-    sidecar.pushed_profile = profile_from_json(await _body(request))
-    return web.json_response({"iterations": len(sidecar.pushed_profile.iterations)})
+    req = ProfileRequest.from_json(await _body(request))
+    sidecar.pushed_profile = Profile(tuple(IterationTimeline(it.length, it.ops)
+                                           for it in req.iterations))
+    return _answer(ProfileAnswer(len(sidecar.pushed_profile.iterations)))
 
 
 async def fetch(request: web.Request) -> web.Response:
-    """{"rank": r, "version": v|null, "holders": [rank | "host:port", ...], "into": "shm"|
-    "store"}: pull from holders (the own rank into shm, a held rank into the replica store)."""
+    """Pull a rank's shard from holders: the own rank into shm, a held rank into the store."""
     sidecar = request.app[SIDECAR_KEY]
-    doc = await _body(request)
-    rank = int(doc["rank"])
-    into = doc.get("into") or ("shm" if rank == sidecar.cfg.rank else "store")
-    if into not in ("shm", "store"):
-        raise ValueError('"into" must be "shm" or "store"')
-    given = [h if isinstance(h, str) else int(h) for h in doc.get("holders", [])]
-    result = await sidecar.fetch(rank, _opt_int(doc, "version"), sidecar.holders_for(rank, given),
-                                 into)
-    return web.json_response(asdict(result))
+    req = FetchRequest.from_json(await _body(request))
+    into = req.into or ("shm" if req.rank == sidecar.cfg.rank else "store")
+    got = await sidecar.fetch(req.rank, req.version,
+                              sidecar.holders_for(req.rank, list(req.holders)), into)
+    return _answer(FetchAnswer(got.rank, got.version, got.length, got.checksum,
+                               tuple(got.holders_used)))
 
 
 async def fetch_replicas(request: web.Request) -> web.Response:
-    """{"holders": {"<rank>": [rank | "host:port", ...]}, "version": v|null} (both optional):
-    re-pull every held rank, at that version (default: the newest complete)."""
-    doc = await _body(request)
-    given = {int(r): [h if isinstance(h, str) else int(h) for h in hs]
-             for r, hs in dict(doc.get("holders") or {}).items()}
-    results = await request.app[SIDECAR_KEY].refill(given, _opt_int(doc, "version"))
-    status = 200 if all("error" not in r for r in results) else 502
-    return web.json_response({"replicas": results}, status=status)
+    """Re-pull every held rank at a version (default: the newest complete); 502 when some
+    rank did not come (the body says which)."""
+    req = FetchReplicasRequest.from_json(await _body(request))
+    given = {r: list(hs) for r, hs in req.holders.items()}
+    answer = FetchReplicasAnswer(await request.app[SIDECAR_KEY].refill(given, req.version))
+    return _answer(answer, status=200 if answer.ok else 502)
 
 
 async def persist(request: web.Request) -> web.Response:
-    """{"version": v|null}: upload that version of the own shard (default: newest) to S3."""
-    doc = await _body(request)
-    return web.json_response(await request.app[SIDECAR_KEY].persist(_opt_int(doc, "version")))
+    """Upload a version of the own shard (default: the newest) to S3."""
+    req = PersistRequest.from_json(await _body(request))
+    return _answer(await request.app[SIDECAR_KEY].persist(req.version))
 
 
 async def commit(request: web.Request) -> web.Response:
-    """{"version": v}: verify every rank's object, write the commit marker, apply retention."""
-    doc = await _body(request)
-    return web.json_response(await request.app[SIDECAR_KEY].commit(int(doc["version"])))
+    """Verify every rank's object, write the commit marker, apply retention."""
+    req = CommitRequest.from_json(await _body(request))
+    return _answer(await request.app[SIDECAR_KEY].commit(req.version))
 
 
 async def restore(request: web.Request) -> web.Response:
-    """{"version": v|null}: download the own rank of a committed step into shm."""
-    doc = await _body(request)
-    result = await request.app[SIDECAR_KEY].restore_from_s3(_opt_int(doc, "version"))
-    return web.json_response(result)
+    """Download the own rank of a committed step (default: the newest) into shm."""
+    req = RestoreRequest.from_json(await _body(request))
+    return _answer(await request.app[SIDECAR_KEY].restore_from_s3(req.version))
 
 
 def make_app(sidecar: Sidecar) -> web.Application:
     app = web.Application(middlewares=[_auth_and_errors], client_max_size=1 << 20)
     app[SIDECAR_KEY] = sidecar
     app.add_routes([
-        web.get("/healthz", healthz),
-        web.get("/metrics", metrics),
-        web.get("/inventory", inventory),
-        web.post("/notify", notify),
-        web.post("/v1/local/committed", notify),  # the path gemini_trainer's Checkpointer uses
-        web.post("/peers", peers),
-        web.post("/profile", profile),
-        web.post("/fetch", fetch),
-        web.post("/fetch-replicas", fetch_replicas),
-        web.post("/persist", persist),
-        web.post("/commit", commit),
-        web.post("/restore", restore),
+        web.get(control.HEALTHZ_PATH, healthz),
+        web.get(control.METRICS_PATH, metrics),
+        web.get(control.INVENTORY_PATH, inventory),
+        web.post(control.NOTIFY_PATH, notify),
+        web.post(control.COMMITTED_PATH, notify),  # the path gemini_trainer's Checkpointer uses
+        web.post(control.PEERS_PATH, peers),
+        web.post(control.PROFILE_PATH, profile),
+        web.post(control.FETCH_PATH, fetch),
+        web.post(control.FETCH_REPLICAS_PATH, fetch_replicas),
+        web.post(control.PERSIST_PATH, persist),
+        web.post(control.COMMIT_PATH, commit),
+        web.post(control.RESTORE_PATH, restore),
     ])
     return app

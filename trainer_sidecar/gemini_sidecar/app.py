@@ -12,6 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gemini.control import CommitAnswer, PersistAnswer, ReplicaFetch, RestoreAnswer
 from gemini_sidecar import s3 as s3mod
 from gemini_sidecar.config import PeerAddress, Placement, SidecarConfig, parse_address
 from gemini_sidecar.fetcher import Fetched, FetchRequest, fetch
@@ -58,6 +59,9 @@ class Sidecar:
 
         self.peer_port = await self.server.start(self.cfg.bind_host, self.cfg.peer_port)
         self.replicator.start()
+        newest = self.local.latest()
+        if newest is not None:  # a restarted sidecar: the trainer waits for its acknowledgement
+            self.replicator.notify(newest.version)
         self._runner = web.AppRunner(make_app(self), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.bind_host, self.cfg.api_port)
@@ -171,23 +175,22 @@ class Sidecar:
         return result
 
     async def refill(self, holders: Mapping[int, Sequence[int | str]], version: int | None = None
-                     ) -> list[dict[str, Any]]:
+                     ) -> tuple[ReplicaFetch, ...]:
         """Pull `version` (default: the newest complete) of every held rank (a replacement
         sidecar does this after its own shard; a recovery names the version it restores, which
         its owner may have newer ones of): from the holders given per rank, else from that
         rank's own sidecar. One failed rank does not stop the others; each gets its result or
         error."""
-        results: list[dict[str, Any]] = []
+        results: list[ReplicaFetch] = []
         for rank in self.placement.hold_ranks:
             try:
                 got = await self.fetch(rank, version, self.holders_for(rank, holders.get(rank)),
                                        "store")
             except (FetchFailed, ValueError, StoreError) as err:
-                results.append({"rank": rank, "error": str(err)})
+                results.append(ReplicaFetch(rank, error=str(err)))
                 continue
-            results.append({"rank": rank, "version": got.version, "bytes": got.length,
-                            "holders_used": list(got.holders_used)})
-        return results
+            results.append(ReplicaFetch(rank, got.version, got.length, got.holders_used))
+        return tuple(results)
 
     # -- S3 ----------------------------------------------------------------------------------
     def _need_s3(self) -> s3mod.S3Store:
@@ -195,7 +198,7 @@ class Sidecar:
             raise ValueError("S3 is not configured: set GEMINI_S3_BUCKET (and endpoint/keys)")
         return self.s3
 
-    async def persist(self, version: int | None) -> dict[str, Any]:
+    async def persist(self, version: int | None) -> PersistAnswer:
         store = self._need_s3()
         info, data = self.local.read(version)
         started = time.perf_counter()
@@ -213,19 +216,18 @@ class Sidecar:
                              "persist a newer version")
         seconds = time.perf_counter() - started
         self.metrics.s3_persist_seconds.observe(seconds)
-        return {"key": key, "version": info.version, "bytes": len(data), "seconds": seconds,
-                "crc32": info.checksum}
+        return PersistAnswer(key, info.version, len(data), seconds, info.checksum)
 
-    async def commit(self, version: int) -> dict[str, Any]:
+    async def commit(self, version: int) -> CommitAnswer:
         store = self._need_s3()
         retain = self.cfg.s3.retain if self.cfg.s3 else 3
         key = await asyncio.to_thread(
             s3mod.commit_checkpoint, store, self.cfg.job, version, self.cfg.world_size
         )
         deleted = await asyncio.to_thread(s3mod.apply_retention, store, self.cfg.job, retain)
-        return {"marker": key, "version": version, "deleted_steps": deleted}
+        return CommitAnswer(key, version, tuple(deleted))
 
-    async def restore_from_s3(self, version: int | None) -> dict[str, Any]:
+    async def restore_from_s3(self, version: int | None) -> RestoreAnswer:
         """Download this rank's object of a committed step into local shm."""
         store = self._need_s3()
         if version is None:
@@ -248,7 +250,7 @@ class Sidecar:
         slots.commit(version, crc)
         seconds = time.perf_counter() - started
         self.metrics.s3_restore_seconds.observe(seconds)
-        return {"version": version, "bytes": length, "seconds": seconds}
+        return RestoreAnswer(version, length, seconds)
 
 
 async def serve_forever(cfg: SidecarConfig) -> None:

@@ -71,6 +71,10 @@ class SidecarConfig:
     chunk_bytes: int = 16 << 20
     max_frame_bytes: int = 64 << 20  # GEMINI_MAX_FRAME_BYTES: larger frames are refused
     s3: S3Settings | None = None  # None when GEMINI_S3_BUCKET is unset
+    # GEMINI_REPLICAS: m, copies per shard. A version is acknowledged to the trainer only once
+    # m-1 peers have it, so not before a placement with m-1 targets arrived; 0 (unset): as
+    # many peers as the placement names.
+    replicas: int = 0
 
 
 def parse_peers(text: str) -> dict[int, PeerAddress]:
@@ -203,4 +207,5 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
         chunk_bytes=chunk,
         max_frame_bytes=max_frame,
         s3=_s3_from_env(env),
+        replicas=_int("GEMINI_REPLICAS", env.get("GEMINI_REPLICAS", "0"), 0, world),
     )

@@ -67,6 +67,16 @@ class LocalShard:
             raise LocalShardError(f"version {version} of rank {self.rank} not in {self.path}")
         return info, slots.read(info.version)
 
+    def acknowledge(self, info: SlotInfo) -> None:
+        """Tell the trainer that every holder has `info`'s version: its older slot may go."""
+        slots = self._open()
+        if slots is not None and slots.still_valid(info):
+            slots.acknowledge(info.seq)
+
+    def acknowledged_seq(self) -> int:
+        slots = self._open()
+        return slots.acknowledged_seq if slots else 0
+
     def still_valid(self, info: SlotInfo) -> bool:
         slots = self._open()
         return slots is not None and slots.still_valid(info)

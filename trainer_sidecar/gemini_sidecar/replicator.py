@@ -1,8 +1,12 @@
 """Sends each new local version to this rank's peers (m-1 of them), one task per peer.
 
-Notifications coalesce: if versions arrive faster than they can be sent, the newest one is
-sent next and the ones in between are skipped (the checkpoint interval then stretches, and
-the inventory says so). A send is void if the trainer reused the slot while it was read.
+Once every peer has a version, it is acknowledged in the slot file (`LocalShard.acknowledge`):
+only then may the trainer overwrite its older slot, so the newest version that every holder
+has always survives (the trainers skip a snapshot together while it is not acknowledged,
+which stretches the checkpoint interval; the inventory says by how much). Notifications
+coalesce: if versions arrive faster than they can be sent, the newest one is sent next and
+the ones in between are skipped. A send is void if the trainer reused the slot while it was
+read.
 A placement change abandons the send in flight (its peer may be a pod cut off by a partition,
 which would hold it until the reply timeout) and sends that version again to the new peers.
 """
@@ -41,6 +45,8 @@ class PeerState:
 class ReplicationStatus:
     notified_version: int = -1
     skipped_versions: int = 0
+    acknowledged_version: int = -1  # the newest own version every peer has
+    effective_interval: int = 1  # steps between the last two versions the trainer wrote
     peers: dict[int, PeerState] = field(default_factory=dict)
     plan_reason: str = ""
     fits_idle_spans: bool = True
@@ -83,11 +89,18 @@ class Replicator:
 
     def placement_changed(self) -> None:
         """After a placement change: drop peer connections (they may point at dead pods) and
-        send the version in flight, if any, again to the new peers."""
+        send the version in flight, or the newest one not yet acknowledged, to the new peers
+        (the trainer keeps its older slot until then)."""
         if self._sending is not None and not self._sending.done():
             self._sending.cancel()
             if self._queued is None:
                 self._queued = self.status.notified_version
+        newest = self.local.latest()
+        if (self._queued is None and newest is not None
+                and newest.seq > self.local.acknowledged_seq()):
+            self._queued = newest.version
+        if self._queued is not None:
+            self.idle.clear()
             self._wake.set()
         self._close_channels()
 
@@ -99,6 +112,9 @@ class Replicator:
     def notify(self, version: int) -> None:
         if self._queued is not None:  # the version notified before has not started: superseded
             self.status.skipped_versions += 1
+        previous = self.status.notified_version
+        if 0 <= previous < version:
+            self.status.effective_interval = version - previous
         self._queued = self.status.notified_version = version
         self.idle.clear()
         self._wake.set()
@@ -143,6 +159,10 @@ class Replicator:
         finally:
             data.release()
         self._update_lag(info.version, targets)
+        if len(targets) >= self.cfg.replicas - 1 and all(
+                self.status.peers[r].acked_version == info.version for r in targets):
+            self.local.acknowledge(info)
+            self.status.acknowledged_version = info.version
 
     def _record_plan(self, plans: Plans) -> None:
         sched = plans.schedule

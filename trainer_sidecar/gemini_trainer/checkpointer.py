@@ -2,7 +2,12 @@
 
 ``snapshot(step)`` blocks only for the copy of this rank's state into the free shared-memory
 slot (gemini_trainer.shm); the checksum, the commit (header written last), the heartbeat and
-the notice to the sidecar run on a background thread. A sidecar that is missing or failing is
+the notice to the sidecar run on a background thread. The free slot is reused only once the
+newest version is on every holder (the sidecar acknowledges it in the slot file): all ranks
+decide together with one integer all-reduce (MIN, on a gloo group of their own) and skip the
+snapshot together while some rank's newest version is still on its way, so the newest version
+that every holder has is never overwritten, and the interval stretches by itself while
+replication lags. A sidecar that is missing or failing is
 recorded in ``errors`` and never stops training. ``step`` is the number of completed
 iterations, which is also the version and the step ``restore()`` returns: resume with
 ``for step in range(restore() or 0, total)``.
@@ -22,12 +27,10 @@ GEMINI_RESTORE_SOURCE, GEMINI_RESTORE_TIMEOUT_S, GEMINI_RESTART_EPOCH.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import threading
 import time
-import urllib.request
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -38,6 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gemini.control import COMMITTED_PATH, ControlClient, NotifyRequest
 from gemini_trainer.capture import (
     StateAdapter,
     Tree,
@@ -68,7 +72,8 @@ from gemini_trainer.shm import (
 
 log = logging.getLogger(__name__)
 
-SIDECAR_NOTIFY_PATH = "/v1/local/committed"
+SIDECAR_NOTIFY_PATH = COMMITTED_PATH
+NOTIFY_TIMEOUT_SECONDS = 2.0
 HEADROOM_BYTES = SLOT_HEADROOM_BYTES  # room for the user's extra state to grow
 
 
@@ -146,6 +151,7 @@ class SnapshotStats:
     nbytes: int
     stall_s: float  # what the training step waited for: capture + copy (+ previous commit)
     waited_s: float  # part of the stall spent waiting for the previous commit to finish
+    skipped: bool = False  # the ranks agreed to keep their older slot this time
 
 
 class Checkpointer:
@@ -173,6 +179,9 @@ class Checkpointer:
         self._lock = threading.Lock()
         self.recorder = self._make_recorder()
         self.copy_method = CopyMethod()
+        self.skipped_snapshots = 0
+        self._restored_seq = 0  # a restored version is on every holder by construction
+        self._agreement: Any = None  # the gloo process group of the write decision
 
     def _make_recorder(self) -> CommRecorder | None:
         cfg = self.config
@@ -193,6 +202,11 @@ class Checkpointer:
             self.recorder.iteration_end()
         start = time.perf_counter()
         waited = self._wait_pending()
+        if not self._agree_to_write():
+            self.skipped_snapshots += 1
+            if self.recorder is not None:
+                self.recorder.iteration_start()
+            return SnapshotStats(step, 0, time.perf_counter() - start, waited, skipped=True)
         tree = {
             "kind": self.adapter.kind,
             "step": step,
@@ -230,6 +244,33 @@ class Checkpointer:
         if self.recorder is not None:
             self.recorder.iteration_start()
         return stats
+
+    def _agree_to_write(self) -> bool:
+        """Whether every rank may reuse its older slot now (see the module docstring)."""
+        mine = self._may_overwrite()
+        group = self._agreement_group()
+        if group is None:
+            return mine
+        flag = torch.tensor([int(mine)], dtype=torch.int32)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MIN, group=group)
+        return bool(flag.item())
+
+    def _may_overwrite(self) -> bool:
+        if not self.config.sidecar_url:  # nothing replicates: the local copy is all there is
+            return True
+        if self._slots is None and self.path.exists():
+            self._slots = ShardSlots(self.path)
+        if self._slots is None:
+            return True
+        return self._slots.may_overwrite(max(self._slots.acknowledged_seq, self._restored_seq))
+
+    def _agreement_group(self) -> Any:
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return None
+        if self._agreement is None:  # every rank gets here at its first snapshot
+            self._agreement = dist.new_group(backend="gloo")
+        return self._agreement
 
     def _plan(self, tensors: list[torch.Tensor]) -> tuple[list[int], int]:
         # Tensor shapes do not change between iterations: plan the offsets once.
@@ -274,28 +315,17 @@ class Checkpointer:
             self._notify(info, stall_s)
 
     def _notify(self, info: SlotInfo, stall_s: float) -> None:
-        body = json.dumps(
-            {
-                "rank": self.config.rank,
-                "version": info.version,
-                "seq": info.seq,
-                "slot": info.index,
-                "bytes": info.payload_len,
-                "checksum": info.checksum,
-                "path": str(self.path),
-                "stall_seconds": stall_s,
-            }
-        ).encode()
-        url = (self.config.sidecar_url or "").rstrip("/") + SIDECAR_NOTIFY_PATH
-        req = urllib.request.Request(url, data=body, method="POST")
-        req.add_header("Content-Type", "application/json")
-        if self.config.auth_token:
-            req.add_header("Authorization", f"Bearer {self.config.auth_token}")
+        url = self.config.sidecar_url or ""
+        request = NotifyRequest(
+            version=info.version, stall_seconds=stall_s, rank=self.config.rank, seq=info.seq,
+            slot=info.index, bytes=info.payload_len, checksum=info.checksum, path=str(self.path),
+        )
         try:
-            with urllib.request.urlopen(req, timeout=2.0) as resp:
-                resp.read()
+            ControlClient.for_url(url, self.config.auth_token, NOTIFY_TIMEOUT_SECONDS).notify(
+                request)
         except Exception as err:  # a missing sidecar must not stop training
-            self._record(f"notifying the sidecar at {url} of step {info.version} failed: {err}")
+            self._record(f"notifying the sidecar at {url.rstrip('/') + SIDECAR_NOTIFY_PATH} "
+                         f"of step {info.version} failed: {err}")
 
     def _record(self, message: str) -> None:
         with self._lock:
@@ -345,6 +375,7 @@ class Checkpointer:
         slots = self._open_for_restore(instr)
         info = self._wait_for(slots, version, instr.timeout_s, instr.source)
         step = self._load(slots, info)
+        self._restored_seq = info.seq
         log.info("restored step %d from %s (epoch %d)", step, instr.source, instr.epoch)
         self._drop_abandoned(slots, info.version)
         if self.recorder is not None:

@@ -4,6 +4,9 @@
 up when it exits, so a restart costs a process start, not a pod (and the sidecar's memory
 survives). The operator drives it over a small HTTP API:
 
+The paths and bodies are gemini.control's (LauncherStatus, RestartRequest, RestartAnswer,
+ErrorAnswer), where the ordering rules of restarts are stated too:
+
     GET  /status    -> {"state": "held"|"running"|"exited"|"stopped", "pid", "epoch", "restarts",
                         "exit_code", "exited_at", "started_at", "restore": {"version",
                         "source"}, "progress": {"step", "unix", "age_s"} | null}
@@ -64,6 +67,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from gemini import control
 from gemini_trainer import launcher_metrics
 from gemini_trainer import standby as warm
 from gemini_trainer.standby import PythonCommand, Standby
@@ -71,8 +75,8 @@ from gemini_trainer.standby import PythonCommand, Standby
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
-SOURCES = ("local", "peer", "s3")
-MAX_ENV = 64
+SOURCES = control.RESTORE_SOURCES
+MAX_ENV = control.MAX_RESTART_ENV
 PR_SET_PDEATHSIG = 1
 
 
@@ -92,18 +96,13 @@ class RestartRequest:
     extra_env: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def parse(cls, body: Mapping[str, Any]) -> RestartRequest:
-        epoch, version = body.get("epoch"), body.get("version")
-        source = body.get("source", "local")
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
-            raise LauncherError("'epoch' must be a non-negative integer", HTTPStatus.BAD_REQUEST)
-        if not (version is None or version == "latest" or _is_step(version)):
-            raise LauncherError(
-                "'version' must be a step number, \"latest\" or null", HTTPStatus.BAD_REQUEST
-            )
-        if source not in SOURCES:
-            raise LauncherError(f"'source' must be one of {SOURCES}", HTTPStatus.BAD_REQUEST)
-        return cls(epoch, version, source, _parse_env(body.get("env")))
+    def parse(cls, body: object) -> RestartRequest:
+        """A POST /restart body, checked by the contract (a bad one: LauncherError 400)."""
+        try:
+            req = control.RestartRequest.from_json(body)
+        except ValueError as err:
+            raise LauncherError(str(err), HTTPStatus.BAD_REQUEST) from err
+        return cls(req.epoch, req.version, req.source, tuple(sorted((req.env or {}).items())))
 
     def env(self) -> dict[str, str]:
         version = "none" if self.version is None else str(self.version)
@@ -113,24 +112,6 @@ class RestartRequest:
             "GEMINI_RESTORE_VERSION": version,
             "GEMINI_RESTORE_SOURCE": self.source,
         }
-
-
-def _parse_env(raw: object) -> tuple[tuple[str, str], ...]:
-    if raw is None:
-        return ()
-    if not isinstance(raw, dict) or len(raw) > MAX_ENV or not all(
-        isinstance(k, str) and k and "=" not in k and "\0" not in k
-        and isinstance(v, str) and "\0" not in v for k, v in raw.items()
-    ):
-        raise LauncherError(
-            f"'env' must be an object of at most {MAX_ENV} names (no '=') to string values",
-            HTTPStatus.BAD_REQUEST,
-        )
-    return tuple(sorted(raw.items()))
-
-
-def _is_step(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True)
@@ -183,10 +164,10 @@ class Launcher:
         self._changed = threading.Condition(self._lock)
         self._proc: subprocess.Popen[bytes] | None = None
         self._epoch = int(self._base_env.get("GEMINI_RESTART_EPOCH", "0") or 0)
-        self._restore: dict[str, int | str | None] = {
-            "version": self._base_env.get("GEMINI_RESTORE_VERSION") or None,
-            "source": self._base_env.get("GEMINI_RESTORE_SOURCE") or "local",
-        }
+        self._restore = control.RestoreOrder(
+            self._base_env.get("GEMINI_RESTORE_VERSION") or None,
+            self._base_env.get("GEMINI_RESTORE_SOURCE") or "local",
+        )
         self._restarts = 0
         self._state = "starting"
         self._exit_code: int | None = None
@@ -327,17 +308,17 @@ class Launcher:
             _signal_group(proc, signal.SIGKILL)
             proc.wait()
 
-    def restart(self, req: RestartRequest) -> dict[str, Any]:
+    def restart(self, req: RestartRequest) -> control.RestartAnswer:
         # One restart at a time: a second request waits, then sees the new epoch.
         with self._restart_lock:
             return self._restart(req)
 
-    def _restart(self, req: RestartRequest) -> dict[str, Any]:
+    def _restart(self, req: RestartRequest) -> control.RestartAnswer:
         with self._lock:
             if self._stopping:
                 raise LauncherError("the launcher is stopping", HTTPStatus.CONFLICT)
             if req.epoch == self._epoch and self._restarts > 0:
-                return {"result": "already", **self.status()}
+                return control.RestartAnswer("already", self.status_answer())
             if req.epoch <= self._epoch:
                 raise LauncherError(
                     f"restart epoch {req.epoch} is not newer than the current epoch {self._epoch}",
@@ -352,11 +333,11 @@ class Launcher:
                 raise LauncherError("the launcher is stopping", HTTPStatus.CONFLICT)
             self._epoch = req.epoch
             self._restarts += 1
-            self._restore = {"version": req.version, "source": req.source}
+            self._restore = control.RestoreOrder(req.version, req.source)
             self._start_child(req.env())
-            return {"result": "restarted", **self.status()}
+            return control.RestartAnswer("restarted", self.status_answer())
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> control.LauncherStatus:
         with self._lock:
             self._stopping = True
             proc = self._proc
@@ -366,7 +347,7 @@ class Launcher:
             self._state = "stopped"
             self._discard_standby()
             self._publish()
-        return self.status()
+        return self.status_answer()
 
     def finish(self) -> None:
         """Let ``run`` return (after /stop has been answered)."""
@@ -384,32 +365,34 @@ class Launcher:
     # -- status ------------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
+        """GET /status as JSON (also the status file and the metrics' source)."""
+        return self.status_answer().to_json()
+
+    def status_answer(self) -> control.LauncherStatus:
         with self._lock:
-            proc = self._proc
-            return {
-                "state": self._state,
-                "pid": proc.pid if proc is not None else None,
-                "epoch": self._epoch,
-                "restarts": self._restarts,
-                "exit_code": self._exit_code,
-                "exited_at": self._exited_at,
-                "started_at": self._started_at,
-                "warm": self._warm,
-                "standby": None if self._standby is None else {
-                    "pid": self._standby.proc.pid, "ready": self._standby.ready()},
-                "restore": dict(self._restore),
-                "progress": self.progress(),
-                "port": self.port,
-            }
+            proc, standby = self._proc, self._standby
+            return control.LauncherStatus(
+                state=self._state, pid=proc.pid if proc is not None else None,
+                epoch=self._epoch, restarts=self._restarts, exit_code=self._exit_code,
+                exited_at=self._exited_at, started_at=self._started_at, warm=self._warm,
+                standby=None if standby is None else control.StandbyState(
+                    standby.proc.pid, standby.ready()),
+                restore=self._restore, progress=self.heartbeat(), port=self.port,
+            )
 
     def progress(self) -> dict[str, float | int] | None:
         """The last heartbeat: step, its unix time, and its age in seconds."""
+        beat = self.heartbeat()
+        return None if beat is None else beat.to_json()
+
+    def heartbeat(self) -> control.Progress | None:
+        """The last heartbeat the training wrote (None: none yet, or unreadable)."""
         try:
             step_text, when_text = self.heartbeat_file.read_text().split()[:2]
             step, when = int(step_text), float(when_text)
         except (OSError, ValueError):
             return None
-        return {"step": step, "unix": when, "age_s": max(0.0, time.time() - when)}
+        return control.Progress(step, when, max(0.0, time.time() - when))
 
     def _publish(self) -> None:
         path = self.config.status_file
@@ -484,15 +467,18 @@ def _handler_for(launcher: Launcher) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
+        def _refuse(self, status: HTTPStatus, message: str) -> None:
+            self._reply(status, control.ErrorAnswer(message).to_json())
+
         def _guard(self) -> bool:
             if launcher.authorized(self.headers.get("Authorization")):
                 return True
             log.warning("refused an unauthenticated %s %s", self.command, self.path)
-            self._reply(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
+            self._refuse(HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token")
             return False
 
         def do_GET(self) -> None:
-            if self.path == "/metrics":  # open, like the sidecar's: Prometheus has no token
+            if self.path == control.METRICS_PATH:  # open, like the sidecar's: no token
                 data = launcher_metrics.render(launcher.metrics)
                 self.send_response(HTTPStatus.OK)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
@@ -502,27 +488,28 @@ def _handler_for(launcher: Launcher) -> type[BaseHTTPRequestHandler]:
                 return
             if not self._guard():
                 return
-            if self.path == "/status":
-                self._reply(HTTPStatus.OK, launcher.status())
+            if self.path == control.STATUS_PATH:
+                self._reply(HTTPStatus.OK, launcher.status_answer().to_json())
             else:
-                self._reply(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {self.path}"})
+                self._refuse(HTTPStatus.NOT_FOUND, f"no such endpoint {self.path}")
 
         def do_POST(self) -> None:
             if not self._guard():
                 return
             try:
                 body = self._body()
-                if self.path == "/restart":
-                    self._reply(HTTPStatus.OK, launcher.restart(RestartRequest.parse(body)))
-                elif self.path == "/stop":
-                    self._reply(HTTPStatus.OK, launcher.stop())
+                if self.path == control.RESTART_PATH:
+                    answer = launcher.restart(RestartRequest.parse(body))
+                    self._reply(HTTPStatus.OK, answer.to_json())
+                elif self.path == control.STOP_PATH:
+                    self._reply(HTTPStatus.OK, launcher.stop().to_json())
                     launcher.finish()
                 else:
-                    self._reply(HTTPStatus.NOT_FOUND, {"error": f"no such endpoint {self.path}"})
+                    self._refuse(HTTPStatus.NOT_FOUND, f"no such endpoint {self.path}")
             except LauncherError as err:
-                self._reply(err.status, {"error": str(err)})
+                self._refuse(err.status, str(err))
 
-        def _body(self) -> dict[str, Any]:
+        def _body(self) -> object:
             length = int(self.headers.get("Content-Length") or 0)
             if length > MAX_BODY:
                 raise LauncherError("request body too large", HTTPStatus.REQUEST_ENTITY_TOO_LARGE)

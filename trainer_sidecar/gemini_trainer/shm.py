@@ -12,6 +12,10 @@ emptyDir with ``medium: Memory``)::
 
     FILE_HEADER  "<8sIIiIQQ"  magic b"GEMSLOTS", format version, slot count (2), rank,
                               reserved, capacity (payload bytes per slot), slot stride
+    offset 2048  int64        acknowledged: the sequence number of the newest own version
+                              that every holder has (written by the sidecar; 0: none)
+    offset 2056  int64        pinned: the sequence number of a version a long read (an S3
+                              upload) needs kept (written by the sidecar; 0: none)
     SLOT_HEADER  "<8sIIiIqQQIIQ" (64 bytes): magic b"GEMSLOT1", format version, state
                               (0 empty, 1 writing, 2 complete), rank, checksum algorithm
                               (1 = CRC-32), version (the training step), payload length,
@@ -26,6 +30,11 @@ header is written last and carries its own CRC, so a torn or half-written slot n
 complete, and the newest complete version survives until the next one is complete. One writer
 at a time (an exclusive ``flock`` held from ``begin`` to ``commit``/``abort``); readers take
 no lock and use the sequence number to notice that a slot changed under them (``still_valid``).
+
+Overwrite rule (``may_overwrite``): the slot ``begin`` would reuse may be overwritten only
+when nothing recoverable lives there: it is not complete, or the newest complete version is
+acknowledged by every holder (so the newest is the recoverable one) and the free slot is not
+pinned. Trainers decide together (gemini_trainer.checkpointer) so that all skip or all write.
 
 Checksum: CRC-32 (zlib's polynomial and values) of the payload, computed with ISA-L
 (``isal.isal_zlib.crc32``: about 14.6 GiB/s here against 4.2 GiB/s for ``zlib.crc32``, the
@@ -81,6 +90,10 @@ PAYLOAD_PREFIX = struct.Struct("<4sIQQ")
 INDEX_SLACK = 16 << 10  # see index_region
 INDEX_ALIGN = 64 << 10
 _HEADER_CRC_SPAN = 52  # bytes of SLOT_HEADER covered by the header CRC (up to the checksum)
+# Words in the file header page that the sidecar writes for the trainer (see the docstring):
+# 8-byte aligned int64s, each stored and loaded whole, so no lock is needed.
+_WORDS_OFFSET = 2048
+_ACKNOWLEDGED, _PINNED = 0, 1
 
 ENV_SHM_DIR = "GEMINI_SHM_DIR"
 # Room a slot keeps beyond the payload it is first made for, so later versions fit when the
@@ -175,6 +188,7 @@ class ShardSlots:
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         self._mm = mmap.mmap(self._fd, size, flags=flags)
         self._bytes = np.frombuffer(self._mm, dtype=np.uint8)
+        self._words = np.frombuffer(self._mm, dtype="<i8", count=2, offset=_WORDS_OFFSET)
         self.rank, self.capacity, self._stride = self._read_file_header()
 
     # -- opening ---------------------------------------------------------------------------
@@ -238,7 +252,7 @@ class ShardSlots:
         if self._fd < 0:
             return
         self._unlock()
-        del self._bytes
+        del self._bytes, self._words
         self._mm.close()
         os.close(self._fd)
         self._fd = -1
@@ -319,6 +333,39 @@ class ShardSlots:
         """True iff the slot still holds what ``info`` described (nobody reused it since)."""
         now = self._info(info.index)
         return now.complete and now.seq == info.seq and now.version == info.version
+
+    # -- what the sidecar tells the trainer ------------------------------------------------
+
+    @property
+    def acknowledged_seq(self) -> int:
+        return int(self._words[_ACKNOWLEDGED])
+
+    @property
+    def pinned_seq(self) -> int:
+        return int(self._words[_PINNED])
+
+    def acknowledge(self, seq: int) -> None:
+        """Every holder has the own version committed with sequence number ``seq`` (and so
+        every older one is no longer needed). Only ever moves forward."""
+        if seq > self.acknowledged_seq:
+            self._words[_ACKNOWLEDGED] = seq
+
+    def pin(self, seq: int) -> None:
+        """Keep the version with sequence number ``seq`` (0: keep nothing extra)."""
+        self._words[_PINNED] = seq
+
+    def may_overwrite(self, acknowledged_seq: int | None = None) -> bool:
+        """Whether the slot the next ``begin`` picks holds nothing recoverable (see the module
+        docstring). ``acknowledged_seq`` overrides the sidecar's word (after a restore, the
+        restored version is on every holder by construction)."""
+        newest = self.latest_complete()
+        if newest is None:
+            return True
+        free = self._info(1 - newest.index)
+        if not free.complete:
+            return True
+        acked = self.acknowledged_seq if acknowledged_seq is None else acknowledged_seq
+        return acked >= newest.seq and free.seq != self.pinned_seq
 
     # -- writing ---------------------------------------------------------------------------
 

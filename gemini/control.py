@@ -1,0 +1,1071 @@
+"""The control contract between the operator, the checkpoint sidecar and the launcher.
+
+Both APIs are JSON over HTTP with the job token as ``Authorization: Bearer <token>`` (only
+the health and metrics paths are open). This module is the one place that names their paths,
+the body of every request and answer (frozen dataclasses with ``to_json`` and ``from_json``),
+the error answer ``{"error": "<what to fix>"}`` that goes with a 4xx/5xx status, and the one
+client (``ControlClient``). The field names are the wire names; ``to_json`` writes the same
+JSON the hand-built dicts did before, so older and newer peers understand each other.
+
+Reading is strict: a missing required key or a value of the wrong type raises ValueError
+naming the field (the servers answer it with 400). Keys a reader does not know are ignored,
+so a newer sender can add a field without breaking an older receiver during an upgrade.
+
+Ordering rules (what the servers require of their callers, and why):
+
+1. Placement first. A sidecar starts with the placement of its pod's environment (none for a
+   replacement that has not been placed yet); ``POST /peers`` replaces it as a whole. It must
+   have its placement before
+   - ``POST /fetch`` names holders by rank (their addresses come from the placement; a
+     ``"host:port"`` holder needs none) or fetches into its replica store (``into: "store"``:
+     only a rank it holds), and before ``POST /fetch-replicas`` (it re-pulls exactly the ranks
+     it holds): otherwise 400 "... POST /peers first";
+   - the trainers start: the operator sends the first ``POST /restart`` only once every
+     sidecar took its placement (condition PlacementDelivered), or the first snapshots are
+     sent to nobody and peers refuse replicas of ranks they do not hold.
+   A new placement drops the replicas of ranks no longer held. A sidecar whose container
+   restarted comes back with its environment's placement: the operator compares
+   ``GET /inventory``'s ``placement`` with the delivered one and posts it again.
+2. Inventory before the plan. A recovery reads every live sidecar's ``GET /inventory`` and
+   plans from it (and from S3's committed steps); the version named in ``/fetch``,
+   ``/fetch-replicas``, ``/restore`` and ``/restart`` is the plan's, never "the newest":
+   survivors may hold newer versions of the abandoned run.
+3. Memory before the restart. Every shard to be restored must be complete in its rank's
+   shared memory before its launcher gets ``POST /restart`` with that version: a
+   replacement's own shard by ``POST /fetch`` (``into: "shm"``) from a peer, or every rank's
+   by ``POST /restore`` from S3. A replacement's replicas of its peers come back with
+   ``POST /fetch-replicas`` at the same version, after its placement (rule 1).
+4. Persist, then commit. ``POST /persist`` of one version on every rank, and only when all
+   succeeded ``POST /commit`` of that version on one of them (the lowest rank): the commit
+   verifies every rank's object and writes the marker that makes the step visible.
+   ``POST /restore`` restores committed steps only.
+5. Notify after the commit in shared memory. The trainer posts ``/v1/local/committed`` (or
+   ``/notify``) for a version only after its slot is complete; the sidecar replicates it.
+6. Launcher epochs only grow. ``POST /restart`` with a newer epoch restarts the training
+   process; the same epoch again is a no-op answered ``"already"`` (a retry is safe); an
+   older one is refused with 409. A held launcher (hold mode) runs nothing before its first
+   ``/restart``. A launcher whose container restarted comes back held at its environment's
+   epoch: after ``/restart``, ``GET /status`` tells which launchers run the new epoch, and
+   the others are sent it again. ``POST /stop`` ends the launcher; nothing follows it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+# -- paths of the sidecar's API --------------------------------------------------------------
+HEALTHZ_PATH = "/healthz"  # GET, open: liveness
+METRICS_PATH = "/metrics"  # GET, open: Prometheus text (the launcher's too)
+INVENTORY_PATH = "/inventory"  # GET -> Inventory
+NOTIFY_PATH = "/notify"  # POST NotifyRequest -> NotifyAnswer (202)
+COMMITTED_PATH = "/v1/local/committed"  # the same call, the path the trainer library uses
+PEERS_PATH = "/peers"  # POST Peers -> Peers (the placement now in force)
+PROFILE_PATH = "/profile"  # POST ProfileRequest -> ProfileAnswer
+FETCH_PATH = "/fetch"  # POST FetchRequest -> FetchAnswer
+FETCH_REPLICAS_PATH = "/fetch-replicas"  # POST FetchReplicasRequest -> FetchReplicasAnswer
+PERSIST_PATH = "/persist"  # POST PersistRequest -> PersistAnswer
+COMMIT_PATH = "/commit"  # POST CommitRequest -> CommitAnswer
+RESTORE_PATH = "/restore"  # POST RestoreRequest -> RestoreAnswer
+SIDECAR_OPEN_PATHS = frozenset({HEALTHZ_PATH, METRICS_PATH})
+
+# -- paths of the launcher's API -------------------------------------------------------------
+STATUS_PATH = "/status"  # GET -> LauncherStatus
+RESTART_PATH = "/restart"  # POST RestartRequest -> RestartAnswer
+STOP_PATH = "/stop"  # POST (any object) -> LauncherStatus; the launcher then exits
+LAUNCHER_OPEN_PATHS = frozenset({METRICS_PATH})
+
+RESTORE_SOURCES = ("local", "peer", "s3")
+LAUNCHER_STATES = ("starting", "held", "running", "exited", "stopped")
+RESTART_RESULTS = ("restarted", "already")
+FETCH_TARGETS = ("shm", "store")
+MAX_RESTART_ENV = 64  # names a restart may add to the training process's environment
+DEFAULT_TIMEOUT_SECONDS = 5.0
+
+Holder = int | str  # a rank (its address from the placement) or "host:port"
+T = TypeVar("T")
+_MISSING: Any = object()
+
+
+# -- reading JSON strictly -------------------------------------------------------------------
+
+def _shown(value: object) -> str:
+    """The offending value for a message: short enough for a log line and an API answer."""
+    text = repr(value)
+    text = text if len(text) <= 120 else text[:117] + "..."
+    return "null" if value is None else f"{text} ({type(value).__name__})"
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _digits(text: str) -> bool:
+    return text.isascii() and text.isdigit()  # str.isdigit alone takes "²", which int() refuses
+
+
+def _is_address(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    host, sep, port = value.strip().rpartition(":")
+    return bool(sep and host and _digits(port) and 0 < int(port) < 65536)
+
+
+class _Fields:
+    """Typed reads of one JSON object; every refusal names the body and the field's path."""
+
+    def __init__(self, doc: object, where: str, path: str = "") -> None:
+        if not isinstance(doc, dict):
+            what = f"'{path.rstrip('.')}'" if path else "the body"
+            raise ValueError(f"{where}: {what} must be a JSON object, got {_shown(doc)}")
+        self._doc: dict[str, Any] = doc
+        self.where, self.path = where, path
+
+    def fail(self, key: str, must: str, value: object) -> ValueError:
+        return ValueError(f"{self.where}: '{self.path}{key}' must be {must}, got {_shown(value)}")
+
+    def _get(self, key: str, required: bool) -> Any:
+        value = self._doc.get(key, _MISSING)
+        if value is _MISSING and required:
+            raise ValueError(f"{self.where}: '{self.path}{key}' is required")
+        return value
+
+    def _checked(self, key: str, ok: Callable[[Any], bool], must: str, required: bool) -> Any:
+        value = self._get(key, required)
+        if value is not _MISSING and not ok(value):
+            raise self.fail(key, must, value)
+        return value
+
+    def integer(self, key: str, minimum: int | None = None) -> int:
+        must = "an integer" if minimum is None else f"an integer >= {minimum}"
+        return int(self._checked(
+            key, lambda v: _is_int(v) and (minimum is None or v >= minimum), must, True))
+
+    def opt_integer(self, key: str, minimum: int | None = None) -> int | None:
+        """Missing or null: None."""
+        must = "an integer or null" if minimum is None else f"an integer >= {minimum} or null"
+        value = self._checked(
+            key, lambda v: v is None or (_is_int(v) and (minimum is None or v >= minimum)),
+            must, False)
+        return None if value is _MISSING or value is None else int(value)
+
+    def number(self, key: str) -> float:
+        return float(self._checked(key, _is_number, "a number", True))
+
+    def opt_number(self, key: str) -> float | None:
+        value = self._checked(key, lambda v: v is None or _is_number(v), "a number or null",
+                              False)
+        return None if value is _MISSING or value is None else float(value)
+
+    def boolean(self, key: str) -> bool:
+        return bool(self._checked(key, lambda v: isinstance(v, bool), "true or false", True))
+
+    def string(self, key: str) -> str:
+        return str(self._checked(key, lambda v: isinstance(v, str), "a string", True))
+
+    def opt_string(self, key: str) -> str | None:
+        value = self._checked(key, lambda v: v is None or isinstance(v, str),
+                              "a string or null", False)
+        return None if value is _MISSING or value is None else str(value)
+
+    def ranks(self, key: str, required: bool = False, what: str = "ranks") -> tuple[int, ...]:
+        """A list of non-negative integers (ranks, steps); missing (when optional): empty."""
+        value = self._checked(key, lambda v: isinstance(v, list) and all(
+            _is_int(r) and r >= 0 for r in v), f"a list of {what} (integers >= 0)", required)
+        return () if value is _MISSING else tuple(value)
+
+    def strings(self, key: str) -> tuple[str, ...]:
+        return tuple(self._checked(key, lambda v: isinstance(v, list) and all(
+            isinstance(s, str) for s in v), "a list of strings", True))
+
+    def holders(self, key: str) -> tuple[Holder, ...]:
+        """A list of holders, each a rank or "host:port"; missing: empty."""
+        value = self._get(key, False)
+        return () if value is _MISSING else self.holders_of(key, value)
+
+    def holders_of(self, name: str, value: object) -> tuple[Holder, ...]:
+        if not isinstance(value, list) or not all(
+                (_is_int(h) and h >= 0) or _is_address(h) for h in value):
+            raise self.fail(name, 'a list of holders (ranks or "host:port")', value)
+        return tuple(value)
+
+    def obj(self, key: str) -> _Fields:
+        return _Fields(self._get(key, True), self.where, f"{self.path}{key}.")
+
+    def opt_obj(self, key: str) -> _Fields | None:
+        value = self._get(key, False)
+        if value is _MISSING or value is None:
+            return None
+        return _Fields(value, self.where, f"{self.path}{key}.")
+
+    def objects(self, key: str) -> list[_Fields]:
+        value = self._checked(key, lambda v: isinstance(v, list), "a list of objects", True)
+        return [_Fields(item, self.where, f"{self.path}{key}[{i}].")
+                for i, item in enumerate(value)]
+
+    def by_rank(self, key: str, required: bool = True) -> dict[int, Any]:
+        """An object keyed by rank ("0", "1", ...): rank -> value, in the sender's order."""
+        value = self._checked(key, lambda v: isinstance(v, dict) and all(
+            isinstance(r, str) and _digits(r) for r in v),
+            'an object keyed by rank ("0", "1", ...)', required)
+        return {} if value is _MISSING else {int(r): v for r, v in value.items()}
+
+    def raw(self, key: str) -> Any:
+        """The value as sent (None when missing): for fields of several shapes."""
+        value = self._get(key, False)
+        return None if value is _MISSING else value
+
+
+def _peer_map(f: _Fields) -> dict[int, str]:
+    """`peers`: an object of rank -> "host:port", or the environment's "0=host:port,..."."""
+    raw = f.raw("peers")
+    if isinstance(raw, str):
+        return _peer_text(f, raw)
+    peers = f.by_rank("peers", required=False)
+    for rank, address in peers.items():
+        if not _is_address(address):
+            raise f.fail(f"peers.{rank}", '"host:port"', address)
+    return peers
+
+
+def _peer_text(f: _Fields, text: str) -> dict[int, str]:
+    if text.strip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise f.fail("peers", "an object of rank -> host:port", text) from err
+        return _peer_map(_Fields({"peers": doc}, f.where, f.path))
+    out: dict[int, str] = {}
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        rank, sep, address = item.partition("=")
+        if not sep or not _digits(rank.strip()) or not _is_address(address):
+            raise f.fail("peers", 'entries "rank=host:port"', item)
+        out[int(rank)] = address.strip()
+    return out
+
+
+# -- the error answer and health ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ErrorAnswer:
+    """What every refusal carries, with a 4xx/5xx status: what to fix."""
+
+    error: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": self.error}
+
+    @classmethod
+    def from_json(cls, doc: object) -> ErrorAnswer:
+        return cls(_Fields(doc, "error answer").string("error"))
+
+
+@dataclass(frozen=True)
+class Health:
+    """GET /healthz."""
+
+    status: str = "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"status": self.status}
+
+    @classmethod
+    def from_json(cls, doc: object) -> Health:
+        return cls(_Fields(doc, "/healthz answer").string("status"))
+
+
+# -- notify: the trainer committed a version in shared memory ----------------------------------
+
+@dataclass(frozen=True)
+class NotifyRequest:
+    """POST /v1/local/committed (or /notify): `version` is complete in shm. The trainer also
+    sends where and what it wrote; the sidecar needs only the version and the stall."""
+
+    version: int
+    stall_seconds: float | None = None  # how long the training loop was stalled copying it
+    rank: int | None = None
+    seq: int | None = None
+    slot: int | None = None
+    bytes: int | None = None
+    checksum: int | None = None
+    path: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"rank": self.rank, "version": self.version, "seq": self.seq,
+                               "slot": self.slot, "bytes": self.bytes,
+                               "checksum": self.checksum, "path": self.path,
+                               "stall_seconds": self.stall_seconds}
+        return {k: v for k, v in doc.items() if v is not None or k == "version"}
+
+    @classmethod
+    def from_json(cls, doc: object) -> NotifyRequest:
+        f = _Fields(doc, "/notify body")
+        return cls(
+            version=f.integer("version", 0), stall_seconds=f.opt_number("stall_seconds"),
+            rank=f.opt_integer("rank", 0), seq=f.opt_integer("seq"),
+            slot=f.opt_integer("slot", 0), bytes=f.opt_integer("bytes", 0),
+            checksum=f.opt_integer("checksum"), path=f.opt_string("path"),
+        )
+
+
+@dataclass(frozen=True)
+class NotifyAnswer:
+    accepted: int  # the version the sidecar will replicate (answered with 202)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"accepted": self.accepted}
+
+    @classmethod
+    def from_json(cls, doc: object) -> NotifyAnswer:
+        return cls(_Fields(doc, "/notify answer").integer("accepted"))
+
+
+# -- placement -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Peers:
+    """A sidecar's placement as the API carries it: the POST /peers body, its answer, and
+    the inventory's `placement`. Every key is optional on the wire (missing: empty)."""
+
+    peers: Mapping[int, str] = field(default_factory=dict)  # rank -> its peer "host:port"
+    hold_ranks: tuple[int, ...] = ()  # ranks whose shards this sidecar keeps replicas of
+    send_to: tuple[int, ...] = ()  # ranks this sidecar sends its own shard to
+
+    def to_json(self) -> dict[str, Any]:
+        return {"peers": {str(r): a for r, a in self.peers.items()},
+                "hold_ranks": list(self.hold_ranks), "send_to": list(self.send_to)}
+
+    @classmethod
+    def from_json(cls, doc: object, where: str = "/peers body") -> Peers:
+        return cls.read(_Fields(doc, where))
+
+    @classmethod
+    def read(cls, f: _Fields) -> Peers:
+        return cls(_peer_map(f), f.ranks("hold_ranks"), f.ranks("send_to"))
+
+    def same_ranks(self, other: Peers) -> bool:
+        """Whether both hold and send to the same ranks (order and addresses aside): a
+        sidecar whose inventory placement differs from the delivered one needs it again."""
+        return (set(self.hold_ranks) == set(other.hold_ranks)
+                and set(self.send_to) == set(other.send_to))
+
+
+# -- inventory -------------------------------------------------------------------------------
+
+_INVENTORY = "/inventory answer"
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+@dataclass(frozen=True)
+class LocalCopy:
+    """One slot of the sidecar's own shard in shared memory."""
+
+    rank: int
+    version: int
+    complete: bool
+    bytes: int
+    checksum: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "version": self.version, "complete": self.complete,
+                "bytes": self.bytes, "checksum": self.checksum}
+
+    @classmethod
+    def read(cls, f: _Fields) -> LocalCopy:
+        return cls(f.integer("rank", 0), f.integer("version"), f.boolean("complete"),
+                   f.integer("bytes", 0), f.integer("checksum"))
+
+
+@dataclass(frozen=True)
+class ReplicaCopy:
+    """One version of a peer's shard held in the replica store."""
+
+    rank: int
+    version: int
+    complete: bool
+    bytes: int
+    received_bytes: int
+    checksum: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "version": self.version, "complete": self.complete,
+                "bytes": self.bytes, "received_bytes": self.received_bytes,
+                "checksum": self.checksum}
+
+    @classmethod
+    def read(cls, f: _Fields) -> ReplicaCopy:
+        return cls(f.integer("rank", 0), f.integer("version"), f.boolean("complete"),
+                   f.integer("bytes", 0), f.integer("received_bytes", 0),
+                   f.integer("checksum"))
+
+
+@dataclass(frozen=True)
+class PeerSending:
+    """Replication of the own shard to one peer."""
+
+    acked_version: int = -1
+    sending_version: int = -1
+    last_error: str = ""
+    last_seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"acked_version": self.acked_version, "sending_version": self.sending_version,
+                "last_error": self.last_error, "last_seconds": self.last_seconds}
+
+    @classmethod
+    def read(cls, f: _Fields) -> PeerSending:
+        return cls(f.integer("acked_version"), f.integer("sending_version"),
+                   f.string("last_error"), f.number("last_seconds"))
+
+
+@dataclass(frozen=True)
+class Sending:
+    """The replicator's state: what it was told, what it skipped, how it schedules."""
+
+    mode: str
+    notified_version: int
+    skipped_versions: int
+    fits_idle_spans: bool
+    interval_iterations: int | None
+    plan: str
+    peers: Mapping[int, PeerSending] = field(default_factory=dict)
+    # The newest own version every peer has (the trainer may then drop the older one), and
+    # the steps between the last two versions the trainer wrote (1 unless replication lags).
+    # Optional on read: sidecars before them did not send them.
+    acknowledged_version: int = -1
+    effective_interval: int = 1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"mode": self.mode, "notified_version": self.notified_version,
+                "skipped_versions": self.skipped_versions,
+                "fits_idle_spans": self.fits_idle_spans,
+                "interval_iterations": self.interval_iterations, "plan": self.plan,
+                "peers": {str(r): p.to_json() for r, p in self.peers.items()},
+                "acknowledged_version": self.acknowledged_version,
+                "effective_interval": self.effective_interval}
+
+    @classmethod
+    def read(cls, f: _Fields) -> Sending:
+        peers = {r: PeerSending.read(_Fields(p, f.where, f"{f.path}peers.{r}."))
+                 for r, p in f.by_rank("peers").items()}
+        return cls(f.string("mode"), f.integer("notified_version"),
+                   f.integer("skipped_versions", 0), f.boolean("fits_idle_spans"),
+                   f.opt_integer("interval_iterations"), f.string("plan"), peers,
+                   _or(f.opt_integer("acknowledged_version"), -1),
+                   _or(f.opt_integer("effective_interval", 1), 1))
+
+
+@dataclass(frozen=True)
+class MemoryUse:
+    used_bytes: int
+    budget_bytes: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"used_bytes": self.used_bytes, "budget_bytes": self.budget_bytes}
+
+    @classmethod
+    def read(cls, f: _Fields) -> MemoryUse:
+        return cls(f.integer("used_bytes", 0), f.integer("budget_bytes", 0))
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """GET /inventory: what one sidecar holds (own shard and replicas), sends and knows."""
+
+    job: str
+    rank: int
+    world_size: int
+    local: tuple[LocalCopy, ...]
+    replicas: tuple[ReplicaCopy, ...]
+    sending: Sending
+    memory: MemoryUse
+    placement: Peers
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job": self.job, "rank": self.rank, "world_size": self.world_size,
+                "local": [c.to_json() for c in self.local],
+                "replicas": [c.to_json() for c in self.replicas],
+                "sending": self.sending.to_json(), "memory": self.memory.to_json(),
+                "placement": self.placement.to_json()}
+
+    @classmethod
+    def from_json(cls, doc: object) -> Inventory:
+        f = _Fields(doc, _INVENTORY)
+        return cls(
+            job=f.string("job"), rank=f.integer("rank", 0), world_size=f.integer("world_size", 1),
+            local=tuple(LocalCopy.read(c) for c in f.objects("local")),
+            replicas=tuple(ReplicaCopy.read(c) for c in f.objects("replicas")),
+            sending=Sending.read(f.obj("sending")), memory=MemoryUse.read(f.obj("memory")),
+            placement=Peers.read(f.obj("placement")),
+        )
+
+    def complete_versions(self) -> set[int]:
+        """The versions of the own shard complete in shared memory."""
+        return {c.version for c in self.local if c.complete}
+
+    def copies(self) -> tuple[LocalCopy | ReplicaCopy, ...]:
+        """Every shard copy this sidecar holds: its own slots, then the replicas."""
+        return (*self.local, *self.replicas)
+
+
+# -- traffic profile -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ProfileIteration:
+    length: float  # seconds
+    ops: tuple[tuple[float, float], ...]  # [start, end] of the training's own traffic
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    """POST /profile: when the training's own traffic runs in an iteration, so replication
+    goes into the idle spans."""
+
+    iterations: tuple[ProfileIteration, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"iterations": [{"length": it.length, "ops": [list(op) for op in it.ops]}
+                               for it in self.iterations]}
+
+    @classmethod
+    def from_json(cls, doc: object) -> ProfileRequest:
+        f = _Fields(doc, "/profile body")
+        iterations = tuple(_iteration(it) for it in f.objects("iterations"))
+        if not iterations:
+            raise ValueError("/profile body: 'iterations' must not be empty")
+        return cls(iterations)
+
+
+def _iteration(f: _Fields) -> ProfileIteration:
+    ops = f.raw("ops")
+    if not isinstance(ops, list) or not all(
+            isinstance(op, list) and len(op) == 2 and all(_is_number(x) for x in op)
+            for op in ops):
+        raise f.fail("ops", "a list of [start, end] pairs of numbers", ops)
+    return ProfileIteration(f.number("length"), tuple((float(a), float(b)) for a, b in ops))
+
+
+@dataclass(frozen=True)
+class ProfileAnswer:
+    iterations: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"iterations": self.iterations}
+
+    @classmethod
+    def from_json(cls, doc: object) -> ProfileAnswer:
+        return cls(_Fields(doc, "/profile answer").integer("iterations", 0))
+
+
+# -- fetch from peers --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FetchRequest:
+    """POST /fetch: pull `version` (None: the newest complete) of `rank` from `holders` (none:
+    the rank's own sidecar) into shm (the own rank) or the replica store (a held rank)."""
+
+    rank: int
+    version: int | None = None
+    holders: tuple[Holder, ...] = ()
+    into: Literal["shm", "store"] | None = None  # None: shm for the own rank, else store
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"rank": self.rank, "version": self.version,
+                               "holders": list(self.holders)}
+        if self.into is not None:
+            doc["into"] = self.into
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: object) -> FetchRequest:
+        f = _Fields(doc, "/fetch body")
+        into = f.raw("into")
+        if into is not None and into not in FETCH_TARGETS:
+            raise f.fail("into", '"shm", "store" or null', into)
+        return cls(f.integer("rank", 0), f.opt_integer("version", 0), f.holders("holders"),
+                   into)
+
+
+@dataclass(frozen=True)
+class FetchAnswer:
+    """What /fetch placed: its version, length and CRC-32, and the holders it came from."""
+
+    rank: int
+    version: int
+    length: int
+    checksum: int
+    holders_used: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "version": self.version, "length": self.length,
+                "checksum": self.checksum, "holders_used": list(self.holders_used)}
+
+    @classmethod
+    def from_json(cls, doc: object) -> FetchAnswer:
+        f = _Fields(doc, "/fetch answer")
+        return cls(f.integer("rank", 0), f.integer("version", 0), f.integer("length", 0),
+                   f.integer("checksum"), f.strings("holders_used"))
+
+
+@dataclass(frozen=True)
+class FetchReplicasRequest:
+    """POST /fetch-replicas: re-pull every held rank at `version` (None: the newest complete),
+    from the holders given per rank, else from that rank's own sidecar."""
+
+    holders: Mapping[int, tuple[Holder, ...]] = field(default_factory=dict)
+    version: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"holders": {str(r): list(hs) for r, hs in self.holders.items()},
+                "version": self.version}
+
+    @classmethod
+    def from_json(cls, doc: object) -> FetchReplicasRequest:
+        f = _Fields(doc, "/fetch-replicas body")
+        raw = f.raw("holders")  # null: none given, as missing
+        given = f.by_rank("holders") if raw is not None else {}
+        holders = {r: f.holders_of(f"holders.{r}", hs) for r, hs in given.items()}
+        return cls(holders, f.opt_integer("version", 0))
+
+
+@dataclass(frozen=True)
+class ReplicaFetch:
+    """One held rank's outcome in /fetch-replicas: what came, or why not (`error`)."""
+
+    rank: int
+    version: int | None = None
+    bytes: int | None = None
+    holders_used: tuple[str, ...] = ()
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"rank": self.rank, "error": self.error}
+        return {"rank": self.rank, "version": self.version, "bytes": self.bytes,
+                "holders_used": list(self.holders_used)}
+
+    @classmethod
+    def read(cls, f: _Fields) -> ReplicaFetch:
+        error = f.opt_string("error")
+        if error is not None:
+            return cls(f.integer("rank", 0), error=error)
+        return cls(f.integer("rank", 0), f.integer("version", 0), f.integer("bytes", 0),
+                   f.strings("holders_used"))
+
+
+@dataclass(frozen=True)
+class FetchReplicasAnswer:
+    """Answered with 200 when every held rank came, else 502 (with the same body)."""
+
+    replicas: tuple[ReplicaFetch, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.replicas)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"replicas": [r.to_json() for r in self.replicas]}
+
+    @classmethod
+    def from_json(cls, doc: object) -> FetchReplicasAnswer:
+        f = _Fields(doc, "/fetch-replicas answer")
+        return cls(tuple(ReplicaFetch.read(r) for r in f.objects("replicas")))
+
+
+# -- S3 --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PersistRequest:
+    """POST /persist: upload `version` (None: the newest complete) of the own shard to S3."""
+
+    version: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version}
+
+    @classmethod
+    def from_json(cls, doc: object) -> PersistRequest:
+        return cls(_Fields(doc, "/persist body").opt_integer("version", 0))
+
+
+@dataclass(frozen=True)
+class PersistAnswer:
+    key: str
+    version: int
+    bytes: int
+    seconds: float
+    crc32: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "version": self.version, "bytes": self.bytes,
+                "seconds": self.seconds, "crc32": self.crc32}
+
+    @classmethod
+    def from_json(cls, doc: object) -> PersistAnswer:
+        f = _Fields(doc, "/persist answer")
+        return cls(f.string("key"), f.integer("version", 0), f.integer("bytes", 0),
+                   f.number("seconds"), f.integer("crc32"))
+
+
+@dataclass(frozen=True)
+class CommitRequest:
+    """POST /commit: verify every rank's object of `version`, write the marker, prune."""
+
+    version: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version}
+
+    @classmethod
+    def from_json(cls, doc: object) -> CommitRequest:
+        return cls(_Fields(doc, "/commit body").integer("version", 0))
+
+
+@dataclass(frozen=True)
+class CommitAnswer:
+    marker: str
+    version: int
+    deleted_steps: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"marker": self.marker, "version": self.version,
+                "deleted_steps": list(self.deleted_steps)}
+
+    @classmethod
+    def from_json(cls, doc: object) -> CommitAnswer:
+        f = _Fields(doc, "/commit answer")
+        return cls(f.string("marker"), f.integer("version", 0),
+                   f.ranks("deleted_steps", required=True, what="steps"))
+
+
+@dataclass(frozen=True)
+class RestoreRequest:
+    """POST /restore: download the own rank of committed step `version` (None: the newest
+    committed) into shared memory."""
+
+    version: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version}
+
+    @classmethod
+    def from_json(cls, doc: object) -> RestoreRequest:
+        return cls(_Fields(doc, "/restore body").opt_integer("version", 0))
+
+
+@dataclass(frozen=True)
+class RestoreAnswer:
+    version: int
+    bytes: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "bytes": self.bytes, "seconds": self.seconds}
+
+    @classmethod
+    def from_json(cls, doc: object) -> RestoreAnswer:
+        f = _Fields(doc, "/restore answer")
+        return cls(f.integer("version", 0), f.integer("bytes", 0), f.number("seconds"))
+
+
+# -- the launcher ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RestartRequest:
+    """POST /restart: run the training again as `epoch`, restoring `version` (a step,
+    "latest", or None: a fresh start) from `source`; `env` is merged into its environment
+    (e.g. this epoch's MASTER_ADDR/MASTER_PORT). See rule 6 of the module docstring."""
+
+    epoch: int
+    version: int | str | None = None
+    source: str = "local"
+    env: Mapping[str, str] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"epoch": self.epoch, "version": self.version,
+                               "source": self.source}
+        if self.env is not None:
+            doc["env"] = dict(self.env)
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: object) -> RestartRequest:
+        f = _Fields(doc, "/restart body")
+        version = f.raw("version")
+        if not (version is None or version == "latest" or (_is_int(version) and version >= 0)):
+            raise f.fail("version", 'a step number, "latest" or null', version)
+        source = f.raw("source")
+        source = "local" if source is None else source
+        if source not in RESTORE_SOURCES:
+            raise f.fail("source", f"one of {', '.join(RESTORE_SOURCES)}", source)
+        return cls(f.integer("epoch", 0), version, source, _restart_env(f))
+
+
+def _restart_env(f: _Fields) -> dict[str, str] | None:
+    env = f.raw("env")
+    if env is None:
+        return None
+    if not isinstance(env, dict) or len(env) > MAX_RESTART_ENV or not all(
+        isinstance(k, str) and k and "=" not in k and "\0" not in k
+        and isinstance(v, str) and "\0" not in v for k, v in env.items()
+    ):
+        raise f.fail("env", f"an object of at most {MAX_RESTART_ENV} names (no '=') to "
+                            "string values", env)
+    return dict(env)
+
+
+@dataclass(frozen=True)
+class StandbyState:
+    """The warm standby interpreter prepared for the next run."""
+
+    pid: int
+    ready: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"pid": self.pid, "ready": self.ready}
+
+
+@dataclass(frozen=True)
+class RestoreOrder:
+    """What the current run was told to restore (a version from the environment is text)."""
+
+    version: int | str | None
+    source: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": self.version, "source": self.source}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The training's last heartbeat: its step, its unix time, and its age in seconds."""
+
+    step: int
+    unix: float
+    age_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "unix": self.unix, "age_s": self.age_s}
+
+
+@dataclass(frozen=True)
+class LauncherStatus:
+    """GET /status (also the answer of POST /stop, and the launcher's status file)."""
+
+    state: str  # one of LAUNCHER_STATES
+    pid: int | None
+    epoch: int
+    restarts: int
+    exit_code: int | None
+    exited_at: float | None
+    started_at: float | None
+    warm: bool
+    standby: StandbyState | None
+    restore: RestoreOrder
+    progress: Progress | None
+    port: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": self.state, "pid": self.pid, "epoch": self.epoch,
+                "restarts": self.restarts, "exit_code": self.exit_code,
+                "exited_at": self.exited_at, "started_at": self.started_at, "warm": self.warm,
+                "standby": None if self.standby is None else self.standby.to_json(),
+                "restore": self.restore.to_json(),
+                "progress": None if self.progress is None else self.progress.to_json(),
+                "port": self.port}
+
+    @classmethod
+    def from_json(cls, doc: object, where: str = "/status answer") -> LauncherStatus:
+        f = _Fields(doc, where)
+        state = f.string("state")
+        if state not in LAUNCHER_STATES:
+            raise f.fail("state", f"one of {', '.join(LAUNCHER_STATES)}", state)
+        return cls(state, f.opt_integer("pid"), f.integer("epoch", 0), f.integer("restarts", 0),
+                   f.opt_integer("exit_code"), f.opt_number("exited_at"),
+                   f.opt_number("started_at"), f.boolean("warm"), _standby(f), _restore(f),
+                   _progress(f), f.integer("port", 0))
+
+
+def _standby(f: _Fields) -> StandbyState | None:
+    s = f.opt_obj("standby")
+    return None if s is None else StandbyState(s.integer("pid"), s.boolean("ready"))
+
+
+def _restore(f: _Fields) -> RestoreOrder:
+    r = f.obj("restore")
+    version = r.raw("version")
+    if not (version is None or isinstance(version, str) or _is_int(version)):
+        raise r.fail("version", "a step number, a string or null", version)
+    return RestoreOrder(version, r.string("source"))
+
+
+def _progress(f: _Fields) -> Progress | None:
+    p = f.opt_obj("progress")
+    return None if p is None else Progress(p.integer("step"), p.number("unix"),
+                                           p.number("age_s"))
+
+
+@dataclass(frozen=True)
+class RestartAnswer:
+    """POST /restart: "restarted", or "already" (that epoch runs), with the status after."""
+
+    result: str  # one of RESTART_RESULTS
+    status: LauncherStatus
+
+    def to_json(self) -> dict[str, Any]:
+        return {"result": self.result, **self.status.to_json()}
+
+    @classmethod
+    def from_json(cls, doc: object) -> RestartAnswer:
+        f = _Fields(doc, "/restart answer")
+        result = f.string("result")
+        if result not in RESTART_RESULTS:
+            raise f.fail("result", f"one of {', '.join(RESTART_RESULTS)}", result)
+        return cls(result, LauncherStatus.from_json(doc, "/restart answer"))
+
+
+# -- the client ------------------------------------------------------------------------------
+
+class ControlError(RuntimeError):
+    """A call that did not get a valid answer: the address, the path and the reason (what
+    the server answered, or why nothing came back)."""
+
+    def __init__(self, address: str, path: str, reason: str, status: int | None = None,
+                 detail: str | None = None) -> None:
+        super().__init__(f"{address}{path} {reason}")
+        self.address, self.path, self.reason = address, path, reason
+        self.status = status  # the HTTP status of a refusal (None: no answer or a bad one)
+        self.detail = detail  # the refusal's ErrorAnswer text, when it sent one
+
+
+class ControlClient:
+    """One sidecar's or launcher's control API at ip:port (the caller picks the port). Every
+    call returns the typed answer or raises ControlError."""
+
+    def __init__(self, ip: str, port: int, token: str = "",
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
+        host = f"[{ip}]" if ":" in ip else ip
+        self.address = f"{ip}:{port}"
+        self._base = f"http://{host}:{port}"
+        self.token, self.timeout = token, timeout
+
+    @classmethod
+    def for_url(cls, url: str, token: str = "",
+                timeout: float = DEFAULT_TIMEOUT_SECONDS) -> ControlClient:
+        """A client of the API at a base URL (the trainer is given its sidecar's URL)."""
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"the control API URL {url!r} is not http://host:port")
+        client = cls(parts.hostname, parts.port or 80, token, timeout)
+        client._base = client.address = url.rstrip("/")
+        return client
+
+    # -- the sidecar ---------------------------------------------------------------------
+    def healthz(self) -> Health:
+        return self._typed(HEALTHZ_PATH, None, Health.from_json)
+
+    def inventory(self) -> Inventory:
+        return self._typed(INVENTORY_PATH, None, Inventory.from_json)
+
+    def notify(self, request: NotifyRequest) -> NotifyAnswer:
+        return self._typed(COMMITTED_PATH, request.to_json(), NotifyAnswer.from_json)
+
+    def peers(self, request: Peers) -> Peers:
+        return self._typed(PEERS_PATH, request.to_json(),
+                           lambda doc: Peers.from_json(doc, "/peers answer"))
+
+    def profile(self, request: ProfileRequest) -> ProfileAnswer:
+        return self._typed(PROFILE_PATH, request.to_json(), ProfileAnswer.from_json)
+
+    def fetch(self, request: FetchRequest) -> FetchAnswer:
+        return self._typed(FETCH_PATH, request.to_json(), FetchAnswer.from_json)
+
+    def fetch_replicas(self, request: FetchReplicasRequest) -> FetchReplicasAnswer:
+        """Raises ControlError (status 502) when some held rank did not come."""
+        return self._typed(FETCH_REPLICAS_PATH, request.to_json(),
+                           FetchReplicasAnswer.from_json)
+
+    def persist(self, request: PersistRequest) -> PersistAnswer:
+        return self._typed(PERSIST_PATH, request.to_json(), PersistAnswer.from_json)
+
+    def commit(self, request: CommitRequest) -> CommitAnswer:
+        return self._typed(COMMIT_PATH, request.to_json(), CommitAnswer.from_json)
+
+    def restore(self, request: RestoreRequest) -> RestoreAnswer:
+        return self._typed(RESTORE_PATH, request.to_json(), RestoreAnswer.from_json)
+
+    # -- the launcher --------------------------------------------------------------------
+    def status(self) -> LauncherStatus:
+        return self._typed(STATUS_PATH, None, LauncherStatus.from_json)
+
+    def restart(self, request: RestartRequest) -> RestartAnswer:
+        return self._typed(RESTART_PATH, request.to_json(), RestartAnswer.from_json)
+
+    def stop(self) -> LauncherStatus:
+        return self._typed(STOP_PATH, {},
+                           lambda doc: LauncherStatus.from_json(doc, "/stop answer"))
+
+    # -- any call ------------------------------------------------------------------------
+    def call_json(self, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """GET `path` (no body) or POST the body; the answer's JSON object (anything else is
+        wrapped as {"answer": ...})."""
+        answer = self._request(path, body)
+        return answer if isinstance(answer, dict) else {"answer": answer}
+
+    def _typed(self, path: str, body: Mapping[str, Any] | None,
+               parse: Callable[[object], T]) -> T:
+        answer = self._request(path, body)
+        try:
+            return parse(answer)
+        except ValueError as err:
+            raise ControlError(self.address, path, f"answered an unexpected body: {err}") from err
+
+    def _request(self, path: str, body: Mapping[str, Any] | None) -> object:
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(
+            self._base + path, data=None if body is None else json.dumps(body).encode(),
+            method="GET" if body is None else "POST", headers=headers,
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
+                raw = resp.read()
+        except urllib.error.HTTPError as err:
+            raise self._refused(path, err) from err
+        except (OSError, http.client.HTTPException) as err:
+            raise ControlError(self.address, path, f"unreachable ({err})") from err
+        try:
+            return json.loads(raw or b"{}")
+        except ValueError as err:
+            raise ControlError(self.address, path,
+                               f"answered a body that is not JSON ({err})") from err
+
+    def _refused(self, path: str, err: urllib.error.HTTPError) -> ControlError:
+        try:
+            raw = err.read()
+        except (OSError, http.client.HTTPException):
+            raw = b""
+        try:
+            detail: str | None = ErrorAnswer.from_json(json.loads(raw)).error
+        except ValueError:
+            detail = None
+        return ControlError(self.address, path, f"answered {err.code} {raw[:300]!r}",
+                            status=err.code, detail=detail)
