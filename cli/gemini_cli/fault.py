@@ -1,4 +1,5 @@
-"""`gemini fault ...`: inject failures into the local cluster (crash, power loss, partition)."""
+"""`gemini fault ...`: inject failures into the local cluster (crash, power loss, partition,
+slow link)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     fault = subparsers.add_parser(
         "fault", help=COMMANDS["fault"].help,
         description="Crash a container, lose a node (power loss), cut a node off the network "
-        "and heal it, or add a spare node, on the cluster started by `gemini local up`.")
+        "or slow its link and heal it, or add a spare node, on the cluster started by "
+        "`gemini local up`.")
     fault.add_argument("--state-dir", type=Path, default=None,
                        help="the local cluster's state (default: $GEMINI_LOCAL_DIR or "
                        "~/.gemini/local)")
@@ -32,13 +34,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     add_output_flag(kill)
     kill.set_defaults(func=_kill_container)
 
-    for verb, func, text in (
-        ("lose-node", _lose_node, "power loss: kill all of a node's processes at once"),
-        ("partition", _partition, "cut a node off the network (needs root and nftables)"),
-        ("heal", _heal, "reconnect a partitioned node"),
-    ):
+    node_verbs = {
+        "lose-node": (_lose_node, "power loss: kill all of a node's processes at once"),
+        "partition": (_partition, "cut a node off the network (needs root and nftables)"),
+        "slow-link": (_slow_link, "police a node's traffic with the rest to --rate, each way "
+                      "(needs root and nftables)"),
+        "heal": (_heal, "reconnect a partitioned node and end a slow link"),
+    }
+    for verb, (func, text) in node_verbs.items():
         parser = verbs.add_parser(verb, help=text)
         parser.add_argument("node")
+        if verb == "slow-link":
+            parser.add_argument("--rate", required=True,
+                                help="bytes per second with an optional prefix (500k, 10Mi, "
+                                "2G) or bits with 'bit' (100Mbit, 1Gbit)")
         add_output_flag(parser)
         parser.set_defaults(func=func)
 
@@ -105,13 +114,31 @@ def _partition(args: argparse.Namespace) -> int:
                    f"node {args.node} cut off; `gemini fault heal {args.node}` reconnects it")
 
 
-def _heal(args: argparse.Namespace) -> int:
+def _slow_link(args: argparse.Namespace) -> int:
     try:
-        was = faults.heal_node(_state_dir(args), args.node, missing_ok=True)
+        rate = faults.parse_rate(args.rate)
+        faults.slow_link(_state_dir(args), args.node, rate)
     except (faults.FaultError, nodes.NodeAgentError) as err:
         raise CliError(str(err)) from err
-    text = f"node {args.node} reconnected" if was else f"node {args.node} was not partitioned"
-    return _report(args, {"node": args.node, "wasPartitioned": was}, text)
+    return _report(args, {"node": args.node, "rateBytesPerSecond": rate},
+                   f"node {args.node} slowed to {rate:,} bytes/s each way; "
+                   f"`gemini fault heal {args.node}` ends it")
+
+
+def _heal(args: argparse.Namespace) -> int:
+    state_dir = _state_dir(args)
+    try:
+        partitioned = faults.is_partitioned(state_dir, args.node)
+        slowed = faults.is_slowed(state_dir, args.node)
+        faults.heal_node(state_dir, args.node, missing_ok=True)
+    except (faults.FaultError, nodes.NodeAgentError) as err:
+        raise CliError(str(err)) from err
+    lifted = [what for what, was in (("reconnected", partitioned), ("back to full speed", slowed))
+              if was]
+    text = (f"node {args.node} {' and '.join(lifted)}" if lifted
+            else f"node {args.node} was neither partitioned nor slowed")
+    return _report(args, {"node": args.node, "wasPartitioned": partitioned, "wasSlowed": slowed},
+                   text)
 
 
 def _add_node(args: argparse.Namespace) -> int:

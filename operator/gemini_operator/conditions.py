@@ -105,7 +105,7 @@ JOB_SUSPENDED = Reason(
 )
 JOB_RESUMED = Reason(T.SUSPENDED, False, "JobResumed", "the job was resumed")
 RUNNING_SUSPENDED = Reason(T.RUNNING, False, "JobSuspended", "the job is suspended")
-RECOVERY_NEEDED = Reason(T.RECOVERING, True, "RecoveryNeeded", "{cause}; {plan}", warning=True)
+RECOVERY_NEEDED = Reason(T.RECOVERING, True, "RecoveryNeeded", "{cause}; {intent}", warning=True)
 RECOVERY_FINISHED = Reason(
     T.RECOVERING, False, "RecoveryFinished", "recovered from {cause}; restored step {step}"
 )
@@ -131,7 +131,7 @@ FAILURE_POLICY_FAIL_JOB = Reason(
     T.FAILED, True, "FailurePolicyRuleMatched",
     "{cause}; failure policy rule {rule} fails the job", warning=True,
 )
-UNRECOVERABLE = Reason(T.FAILED, True, "Unrecoverable", "{cause}; {plan}", warning=True)
+UNRECOVERABLE = Reason(T.FAILED, True, "Unrecoverable", "{cause}; {why}", warning=True)
 PLACEMENT_PENDING = Reason(
     T.PLACEMENT_DELIVERED, False, "PlacementPending",
     "the placement of {ranks} ranks is published; it goes to the sidecars once every worker runs",
@@ -147,6 +147,13 @@ SIDECARS_UNREACHABLE = Reason(
 
 # Terminal condition types: once True, the job is finished.
 FINISHED_TYPES = (ConditionType.SUCCEEDED, ConditionType.FAILED)
+_WARNING_REASONS = frozenset(
+    r.reason for r in tuple(globals().values()) if isinstance(r, Reason) and r.warning)
+
+
+def is_warning(reason: str) -> bool:
+    """Whether the event for a condition that changes to this reason is a Warning."""
+    return reason in _WARNING_REASONS
 
 
 def upsert(conditions: Sequence[Condition], new: Condition) -> tuple[Condition, ...]:

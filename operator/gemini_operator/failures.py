@@ -142,7 +142,7 @@ def matching_rule(rules: Sequence[FailureRule], failure: RankFailure) -> Failure
     return None
 
 
-def decide(policy: FailurePolicy, failures: Sequence[RankFailure]) -> PolicyDecision:
+def apply_policy(policy: FailurePolicy, failures: Sequence[RankFailure]) -> PolicyDecision:
     """One decision for simultaneous failures: FailJob wins; the recovery is free only when
     every failure matched a RestartJobAndIgnoreMaxRestarts rule."""
     matched = [(f, matching_rule(policy.rules, f)) for f in failures]

@@ -20,7 +20,8 @@ from gemini_operator.election import LeaderElector
 from gemini_operator.kube import KubeClient
 from gemini_operator.metrics import OperatorMetrics
 from gemini_operator.poller import POLL_SECONDS
-from gemini_operator.reconciler import Reconciler, WorkQueue
+from gemini_operator.reconciler import Reconciler
+from gemini_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 ELECTION_PERIOD_SECONDS = 2.0

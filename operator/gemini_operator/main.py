@@ -14,12 +14,13 @@ from prometheus_client import start_http_server
 
 from gemini_operator import handlers, spares
 from gemini_operator.cache import ClusterCache
+from gemini_operator.decide import ReconcileConfig
 from gemini_operator.election import LeaderElector
 from gemini_operator.kube import KubeClient
 from gemini_operator.metrics import OperatorMetrics
-from gemini_operator.reconcile import ReconcileConfig
-from gemini_operator.reconciler import Reconciler, WorkQueue
+from gemini_operator.reconciler import Reconciler
 from gemini_operator.render import RenderConfig
+from gemini_operator.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
 

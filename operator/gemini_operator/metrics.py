@@ -13,7 +13,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gemini_operator.conditions import State
-from gemini_operator.status import ReplicaCoverage
+from gemini_operator.status import CheckpointStatus, ReplicaCoverage
 
 JobKey = tuple[str, str]
 
@@ -86,6 +86,21 @@ class OperatorMetrics:
             "Shards of the job whose replicas are counted (one per rank)",
             ["namespace", "job"], registry=r,
         )
+        self.checkpoint_interval = Gauge(
+            "gemini_operator_checkpoint_interval_steps",
+            "Steps between a job's last two snapshots: 1 unless replication lags "
+            "(status.checkpoint.effectiveInterval)", ["namespace", "job"], registry=r,
+        )
+        self.recoverable_step = Gauge(
+            "gemini_operator_recoverable_step",
+            "Newest step every holder has of every shard (status.checkpoint.recoverableStep)",
+            ["namespace", "job"], registry=r,
+        )
+        self.replication_lag = Gauge(
+            "gemini_operator_replication_lag_steps",
+            "Steps between a job's newest snapshot and its recoverable step",
+            ["namespace", "job"], registry=r,
+        )
         self._states: dict[tuple[str, str], str] = {}
 
     def observe_recovery(self, last: Mapping[str, Any]) -> None:
@@ -108,6 +123,20 @@ class OperatorMetrics:
             return
         self.replicas_complete.labels(namespace=key[0], job=key[1]).set(coverage.complete)
         self.replica_shards.labels(namespace=key[0], job=key[1]).set(coverage.total)
+
+    def checkpoint_pace(self, key: JobKey, checkpoint: CheckpointStatus | None) -> None:
+        """Export a job's replication pace; None (the job is gone) removes its series, and a
+        value not known yet is not exported."""
+        known = checkpoint or CheckpointStatus()
+        gauges = ((self.checkpoint_interval, known.effective_interval),
+                  (self.recoverable_step, known.recoverable_step),
+                  (self.replication_lag, known.replication_lag_steps))
+        for gauge, value in gauges:
+            if value is None:
+                with contextlib.suppress(KeyError):  # never exported
+                    gauge.remove(*key)
+            else:
+                gauge.labels(namespace=key[0], job=key[1]).set(value)
 
     def job_state(self, key: tuple[str, str], state: State | None) -> None:
         """Record a job's state (None: the job is gone) and refresh the per-state gauge."""

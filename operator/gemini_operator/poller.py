@@ -13,28 +13,27 @@ the two never overwrite each other. S3 failures leave training running and are r
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gemini_operator import naming
+from gemini.control import Inventory
+from gemini_operator import naming, placement_delivery
 from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.cache import ClusterCache, JobKey
 from gemini_operator.conditions import ConditionType, is_true
+from gemini_operator.decide import JobView, ReconcileConfig, training_started
 from gemini_operator.failures import Progress
 from gemini_operator.kube import KubeClient
 from gemini_operator.observed import PodView
-from gemini_operator.reconcile import JobView, ReconcileConfig
+from gemini_operator.pace import replication_pace
 from gemini_operator.sidecars import (
-    DELIVERY_TIMEOUT_SECONDS,
-    SidecarAddress,
+    DeliveryError,
     SidecarError,
     call_all,
     call_each,
     persist_and_commit,
-    placement_bodies,
 )
 from gemini_operator.spec import JobSpec, Persistence, SpecError, parse_spec
 from gemini_operator.status import CheckpointStatus, JobStatus, ReplicaCoverage
@@ -95,23 +94,6 @@ def placement_holders(placement: Mapping[str, Any] | None) -> dict[int, list[int
     return {int(r): [int(h) for h in hs] for r, hs in placement["holders"].items()}
 
 
-def stale_placements(inventories: Mapping[int, Mapping[str, Any]],
-                     bodies: Mapping[int, Mapping[str, Any]]) -> dict[int, Mapping[str, Any]]:
-    """The /peers bodies of the sidecars whose placement is not the delivered one. A sidecar
-    that restarted (its container crashed) starts without one: it would neither send its own
-    shard to its holders nor accept its peers' replicas, so their coverage would stay lost."""
-    stale: dict[int, Mapping[str, Any]] = {}
-    for rank, doc in inventories.items():
-        want = bodies.get(rank)
-        have = doc.get("placement") or {}
-        if want is None:
-            continue
-        if ({int(r) for r in have.get("hold_ranks") or ()} != set(want["hold_ranks"])
-                or {int(r) for r in have.get("send_to") or ()} != set(want["send_to"])):
-            stale[rank] = want
-    return stale
-
-
 def progress_of(statuses: Mapping[int, Mapping[str, Any]], now: datetime,
                 previous: Progress | None) -> Progress | None:
     """The job's newest step and since when it has been the newest (from launcher heartbeats)."""
@@ -127,8 +109,10 @@ def progress_of(statuses: Mapping[int, Mapping[str, Any]], now: datetime,
 
 
 class CheckpointPoller:
-    def __init__(self, kube: KubeClient, cache: ClusterCache, config: ReconcileConfig) -> None:
+    def __init__(self, kube: KubeClient, cache: ClusterCache, config: ReconcileConfig,
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.kube, self.cache, self.config = kube, cache, config
+        self._clock = clock
         self._found: dict[JobKey, Findings] = {}
         self._handled_request: dict[JobKey, str] = {}
         self._persist_tried: dict[JobKey, float] = {}
@@ -157,9 +141,8 @@ class CheckpointPoller:
             return False
         job = JobView.from_object(snap.job)
         status = JobStatus.from_dict(job.status)
-        launch = status.launch or {}
-        if (not launch or int(launch.get("restartAttempt", -1)) != status.restart_attempt
-                or is_true(status.conditions, ConditionType.RECOVERING) or status.recovery):
+        if (not training_started(status) or status.recovery is not None
+                or is_true(status.conditions, ConditionType.RECOVERING)):
             return False
         try:
             spec = parse_spec(job.spec, self.config.default_sidecar_image)
@@ -201,11 +184,17 @@ class CheckpointPoller:
         try:
             statuses = call_all({r: (p.ip, ports.launcher_port) for r, p in pods.items()},
                                 "/status", token, {}, POLL_TIMEOUT_SECONDS)
-            progress = progress_of(statuses, datetime.now(UTC), previous)
+            progress = progress_of(statuses, self._clock(), previous)
         except SidecarError:
             progress = previous
         checkpoint = replace(old, in_memory_step=step if step is not None else
                              old.in_memory_step, replica_coverage=coverage)
+        pace = None if silent else replication_pace(_typed(inventories))
+        if pace is not None:
+            checkpoint = replace(
+                checkpoint, recoverable_step=pace.recoverable_step,
+                effective_interval=pace.effective_interval, interval_reason=pace.reason,
+                replication_lag_steps=pace.lag_steps)
         return Findings(checkpoint, progress, epoch)
 
     def _redeliver(self, job: JobView, status: JobStatus, pods: Mapping[int, PodView],
@@ -216,18 +205,16 @@ class CheckpointPoller:
                 str(r): p.node_name for r, p in sorted(pods.items())}:
             return  # ranks moved: the reconcile delivers the new placement to everyone
         ports = self.config.render
-        addresses = {r: SidecarAddress(r, p.ip, ports.sidecar_api_port, ports.sidecar_port)
-                     for r, p in pods.items()}
-        stale = stale_placements(inventories, placement_bodies(placement, addresses))
+        stale = placement_delivery.stale_ranks(placement, pods, ports, inventories)
         if not stale:
             return
         log.info("re-delivering the placement of %s/%s to the restarted sidecars of ranks %s",
-                 job.namespace, job.name, sorted(stale))
-        _, errors = call_each({r: (pods[r].ip, ports.sidecar_api_port) for r in stale},
-                              "/peers", token, stale, DELIVERY_TIMEOUT_SECONDS)
-        if errors:
+                 job.namespace, job.name, stale)
+        try:
+            placement_delivery.deliver(placement, pods, ports, token, ranks=stale)
+        except DeliveryError as err:
             log.warning("re-delivering the placement of %s/%s: %s", job.namespace, job.name,
-                        errors[:3])
+                        err)
 
     def _persist(self, key: JobKey, obj: Mapping[str, Any], spec: JobSpec,
                  pods: Mapping[int, PodView], token: str, found: Findings) -> Findings:
@@ -236,7 +223,7 @@ class CheckpointPoller:
         version = ckpt.in_memory_step
         request = ((obj.get("metadata") or {}).get("annotations") or {}).get(PERSIST_ANNOTATION)
         requested = bool(request) and self._handled_request.get(key) != request
-        now = time.time()
+        now = self._clock().timestamp()
         last = _unix(ckpt.persisted_time)
         due = requested or last is None or now - last >= persistence.interval_seconds
         if version is None or not due or (version == ckpt.persisted_step and not requested):
@@ -254,15 +241,26 @@ class CheckpointPoller:
                 ckpt, persist_error=f"step {version}: {err}"[:1024]))
         if request:
             self._handled_request[key] = request
-        stamp = api_time(datetime.now(UTC))
+        stamp = api_time(self._clock())
         log.info("persisted step %s of %s/%s to %s", version, *key, persistence.uri)
         return replace(found, checkpoint=replace(
             ckpt, persisted_step=version, persisted_time=stamp, persist_error=None,
             persist_request=request or ckpt.persist_request))
 
 
+def _typed(inventories: Mapping[int, Mapping[str, Any]]) -> dict[int, Inventory]:
+    """The inventories that parse (a sidecar of an older version may lack fields)."""
+    typed = {}
+    for rank, doc in inventories.items():
+        try:
+            typed[rank] = Inventory.from_json(doc)
+        except ValueError as err:
+            log.debug("inventory of rank %d not understood: %s", rank, err)
+    return typed if len(typed) == len(inventories) else {}
+
+
 def _launch_epoch(status: JobStatus) -> int | None:
-    return int(status.launch["epoch"]) if status.launch and "epoch" in status.launch else None
+    return status.launch.epoch if status.launch is not None else None
 
 
 def _unix(text: str | None) -> float | None:

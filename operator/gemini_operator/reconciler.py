@@ -1,29 +1,30 @@
-"""Runs reconciles: observe (cache + a few reads), decide (pure `reconcile`), act, record.
+"""Executes decisions: observe (cache + a few reads), decide (pure `decide.decide`), act,
+record. `workqueue.WorkQueue` calls `Reconciler.reconcile(key)`.
 
 `Reconciler.reconcile(key)` executes the decision's actions through an action table (one
-handler per action type; recovery handlers slot in there), then writes the status once and
-only if it changed, then sends the events. A failure before the write leaves the status
-untouched, so the next attempt decides again from the same record.
+handler per action type), then writes what changed in the status, then sends the events.
 
-`WorkQueue` feeds it: a job is queued at most once, a job changed while being reconciled is
-reconciled again right after, failures retry with backoff, and nothing runs unless this
-replica leads.
+When it writes. Normally once, after the actions, and only if something changed. Recovery
+writes ahead: a decision that starts a recovery (or fails the job) is written before any
+action, so the failure shows within a second even when planning waits on sidecars; and each
+recovery or resume phase is written to status.recovery before it acts (recovery.py,
+start.py), so a restarted operator continues from the recorded phase. Events are sent only
+after the last write of the reconcile. A failure before a write leaves the status as it was,
+so the next attempt decides again from the same record.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from gemini_operator import naming, render
+from gemini_operator import naming, placement_delivery, render
 from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.background import BackgroundCalls, Finished, Running
 from gemini_operator.cache import ClusterCache, JobKey, Snapshot
@@ -42,11 +43,7 @@ from gemini_operator.conditions import (
     state_of,
     upsert,
 )
-from gemini_operator.kube import KubeClient
-from gemini_operator.metrics import OperatorMetrics
-from gemini_operator.observed import detection_lags
-from gemini_operator.poller import CheckpointPoller
-from gemini_operator.reconcile import (
+from gemini_operator.decide import (
     CreatePods,
     CreateSecret,
     CreateService,
@@ -60,17 +57,20 @@ from gemini_operator.reconcile import (
     Recover,
     SaveBeforeSuspend,
     StartTraining,
-    reconcile,
+    decide,
 )
-from gemini_operator.recovery import Outcome, RecoveryExecutor, newly_lost
-from gemini_operator.sidecars import (
-    DELIVERY_TIMEOUT_SECONDS,
-    DeliveryError,
-    SidecarAddress,
-    deliver_placement,
-)
+from gemini_operator.events import Event
+from gemini_operator.kube import KubeClient
+from gemini_operator.metrics import OperatorMetrics
+from gemini_operator.observed import detection_lags
+from gemini_operator.outcome import Outcome
+from gemini_operator.poller import CheckpointPoller
+from gemini_operator.recovery import RecoveryExecutor, newly_lost
+from gemini_operator.sidecars import DELIVERY_TIMEOUT_SECONDS, DeliveryError
 from gemini_operator.spares import HoldSpares
+from gemini_operator.start import TrainingStarter
 from gemini_operator.status import JobStatus, status_patch
+from gemini_operator.suspend import SuspendSaver
 
 log = logging.getLogger(__name__)
 EXPECTATION_SECONDS = 60.0  # how long a created pod may take to show up in the watch
@@ -111,8 +111,11 @@ class Reconciler:
             HoldSpares: self._hold_spares,
             DeleteJob: self._delete_job,
         }
+        # One clock for every time and duration the executors record.
         self.recovery = RecoveryExecutor(kube, config, self._write_status, clock)
-        self.poller = CheckpointPoller(kube, cache, config)
+        self.starter = TrainingStarter(kube, config, self._write_status, clock)
+        self.suspend_saver = SuspendSaver(kube, config, clock)
+        self.poller = CheckpointPoller(kube, cache, config, clock)
         # Per reconcile: status fields the recovery steps set, and what they asked for.
         self._overrides: dict[str, Any] = {}
         self._outcomes: list[Outcome] = []
@@ -128,6 +131,7 @@ class Reconciler:
             self._listed.pop(key, None)
             self.metrics.job_state(key, None)
             self.metrics.replica_coverage(key, None)
+            self.metrics.checkpoint_pace(key, None)
             return None
         started = time.monotonic()
         self.metrics.reconciles.inc()
@@ -137,12 +141,12 @@ class Reconciler:
             self._listed[key] = time.monotonic()
             self.cache.replace_pods(key, self.kube.list_worker_pods(*key))
             snap = self.cache.snapshot(key) or snap
-        decision = reconcile(self._observe(key, job, snap), self.config)
+        decision = decide(self._observe(key, job, snap), self.config)
         if _new_failure(decision) or _replans(decision):
             # Confirm with the API before acting: right after start-up the watches may not
             # have listed every pod and node yet, and a missing pod must not count as lost.
             snap = self._refresh(key, snap, _failed_ranks(decision))
-            decision = reconcile(self._observe(key, job, snap), self.config)
+            decision = decide(self._observe(key, job, snap), self.config)
         self._overrides, self._outcomes, self._decided = {}, [], decision.status
         if _new_failure(decision):
             # On record before it is acted on: planning may wait seconds on sidecars, and
@@ -155,13 +159,13 @@ class Reconciler:
                 self.metrics.recoveries.labels(kind=action.kind.value).inc()
                 self._record_detection(job, snap, decision)
             self._handlers[type(action)](job, snap, action)
-        new, conditions = self._final_status(job, decision)
+        new, conditions, failed = self._final_status(job, decision)
         self._patch_status(key, job, new)
-        self._send_events(job, decision.events)
-        for outcome in self._outcomes:
-            self._send_events(job, [_Ev(r, m, w) for r, m, w in outcome.events])
+        self._send_events(job, [*decision.events, *failed,
+                                *(e for o in self._outcomes for e in o.events)])
         self.metrics.job_state(key, state_of(conditions))
         self.metrics.replica_coverage(key, decision.status.checkpoint.replica_coverage)
+        self.metrics.checkpoint_pace(key, decision.status.checkpoint)
         persisted = parse_api_time(decision.status.checkpoint.persisted_time)
         if persisted is not None:
             age = (self._clock() - persisted).total_seconds()
@@ -174,10 +178,13 @@ class Reconciler:
             waits.append(RELIST_SECONDS)
         return min(waits) if waits else None
 
-    def _final_status(self, job: JobView, decision: Decision) -> tuple[dict[str, Any], Any]:
-        """The decided status with what the recovery steps wrote or finished on top."""
+    def _final_status(self, job: JobView, decision: Decision
+                      ) -> tuple[dict[str, Any], tuple[Condition, ...], list[Event]]:
+        """The decided status with what the recovery steps wrote or finished on top, and the
+        events of a recovery that found nothing left to restore."""
         new = decision.status.to_dict()
         conditions = decision.status.conditions
+        events: list[Event] = []
         for outcome in self._outcomes:
             self._overrides.update(outcome.status)
             for extra in outcome.conditions:
@@ -191,12 +198,12 @@ class Reconciler:
             if outcome.unrecoverable is not None:
                 cause, why = outcome.unrecoverable
                 now = api_time(self._clock())
-                for reason, values in ((UNRECOVERABLE, {"cause": cause, "plan": why}),
+                for reason, values in ((UNRECOVERABLE, {"cause": cause, "why": why}),
                                        (JOB_FINISHED, {})):
                     conditions = upsert(conditions, reason.condition(now, job.generation,
                                                                      **values))
                 new.setdefault("completionTime", now)
-                self._send_events(job, [_Ev(UNRECOVERABLE.reason, f"{cause}; {why}", True)])
+                events.append(Event.of_condition(UNRECOVERABLE, f"{cause}; {why}"))
         for name, value in self._overrides.items():
             if value is None:
                 new.pop(name, None)
@@ -204,7 +211,7 @@ class Reconciler:
                 new[name] = value
         new["conditions"] = [c.to_dict() for c in conditions]
         new["state"] = state_of(conditions).value
-        return new, conditions
+        return new, conditions, events
 
     def _patch_status(self, key: JobKey, job: JobView, new: Mapping[str, Any]) -> None:
         """Write what differs between `new` and the status last seen, if anything."""
@@ -311,13 +318,9 @@ class Reconciler:
         the PlacementDelivered condition. Sidecars that do not answer (not started yet, a
         cut-off node, fake nodes) leave the status written and are retried with backoff."""
         key = (job.namespace, job.name)
-        ports = self.config.render
-        addresses = {
-            rank: SidecarAddress(rank, pod.ip, ports.sidecar_api_port, ports.sidecar_port)
-            for rank, pod in snap.pods.items()
-        }
+        pods = dict(snap.pods)
         # A result counts only for the placement and the pods it was sent to.
-        what = json.dumps([action.placement, {r: a.ip for r, a in addresses.items()}],
+        what = json.dumps([action.placement, {r: p.ip for r, p in pods.items()}],
                           sort_keys=True)
         call = self.sidecar_calls.take(key, what)
         if isinstance(call, Running):  # its end wakes the job; the requeue is a safety net
@@ -336,8 +339,7 @@ class Reconciler:
             raise RuntimeError(f"the peer-auth Secret of {job.namespace}/{job.name} is missing")
 
         def deliver() -> int:
-            deliver_placement(action.placement, addresses, token, DELIVERY_TIMEOUT_SECONDS)
-            return len(addresses)
+            return placement_delivery.deliver(action.placement, pods, self.config.render, token)
 
         self.sidecar_calls.start(key, what, deliver)
 
@@ -349,8 +351,7 @@ class Reconciler:
         if error is None:
             self._delivery.pop(key, None)
             new = PLACEMENT_DELIVERED.condition(now, job.generation, ranks=call.value)
-            self._outcomes.append(Outcome(conditions=[new],
-                                          events=self._changed(new, warning=False)))
+            self._outcomes.append(Outcome(conditions=[new], events=self._changed(new)))
             return
         if not isinstance(error, DeliveryError):
             raise error
@@ -360,24 +361,25 @@ class Reconciler:
         new = SIDECARS_UNREACHABLE.condition(now, job.generation, failed=error.failed,
                                              ranks=error.total, detail=str(error)[:2000])
         self._outcomes.append(Outcome(requeue_after=delay, conditions=[new],
-                                      events=self._changed(new, warning=True)))
+                                      events=self._changed(new)))
 
-    def _changed(self, new: Condition, warning: bool) -> list[tuple[str, str, bool]]:
+    def _changed(self, new: Condition) -> list[Event]:
         """An event for a condition an action handler sets, when its reason changes."""
         old = find(self._decided.conditions, ConditionType(new.type))
         if old is not None and (old.status, old.reason) == (new.status, new.reason):
             return []
-        return [(new.reason, new.message, warning)]
+        return [Event.of_change(new)]
 
     def _recover(self, job: JobView, snap: Snapshot, action: Recover) -> None:
         self._outcomes.append(self.recovery.recover(job, snap, action, self._decided))
 
     def _start_training(self, job: JobView, snap: Snapshot, action: StartTraining) -> None:
-        self._outcomes.append(self.recovery.start_training(job, snap, self._decided))
+        self._outcomes.append(self.starter.start_training(job, snap, action, self._decided))
 
     def _save_before_suspend(self, job: JobView, snap: Snapshot,
                              action: SaveBeforeSuspend) -> None:
-        self._outcomes.append(self.recovery.save_before_suspend(job, snap, self._decided))
+        outcome = self.suspend_saver.save_before_suspend(job, snap, action, self._decided)
+        self._outcomes.append(outcome)
         # The poller's findings predate this commit: drop them, or the next reconcile would
         # put the older persistedStep back (it starts again from the status on resume).
         self.poller.forget((job.namespace, job.name))
@@ -393,7 +395,7 @@ class Reconciler:
     def _delete_job(self, job: JobView, snap: Snapshot, action: DeleteJob) -> None:
         self.kube.delete_job(job.namespace, job.name)
 
-    def _send_events(self, job: JobView, events: Any) -> None:
+    def _send_events(self, job: JobView, events: Iterable[Event]) -> None:
         ref = {"name": job.name, "namespace": job.namespace, "uid": job.uid}
         for event in events:
             try:
@@ -403,23 +405,14 @@ class Reconciler:
                 log.warning("could not record event %s: %s", event.reason, err)
 
 
-@dataclass(frozen=True)
-class _Ev:
-    reason: str
-    message: str
-    warning: bool = False
-
-
-
-
 def _replans(decision: Decision) -> bool:
     """Whether this decision makes the recovery under way plan again because ranks look lost
     that its plan did not replace; an operator that just started may not have listed every
     pod and node yet, and a present pod must not count as lost (nor a healthy rank be planned
     without)."""
-    rec = decision.status.recovery
-    return bool(rec) and any(isinstance(a, Recover) and newly_lost(a, rec or {})
-                             for a in decision.actions)
+    record = decision.status.recovery
+    return record is not None and any(isinstance(a, Recover) and newly_lost(a, record)
+                                      for a in decision.actions)
 
 
 def _failed_ranks(decision: Decision) -> set[int] | None:
@@ -456,86 +449,3 @@ def _parallel(fn: Callable[[Any], Any], items: Any) -> list[Any]:
         return [fn(item) for item in items]
     with ThreadPoolExecutor(max_workers=min(PARALLEL_WRITES, len(items))) as pool:
         return list(pool.map(fn, items))
-
-
-class WorkQueue:
-    """Coalescing, leader-gated queue of jobs to reconcile, run by asyncio worker tasks."""
-
-    def __init__(
-        self, work: Callable[[JobKey], float | None], leads: Callable[[], bool],
-        metrics: OperatorMetrics, workers: int = 4,
-    ) -> None:
-        self._work, self._leads, self._metrics = work, leads, metrics
-        self._queue: asyncio.Queue[JobKey] = asyncio.Queue()
-        self._queued: set[JobKey] = set()
-        self._running: set[JobKey] = set()
-        self._dirty: set[JobKey] = set()
-        self._failures: dict[JobKey, int] = {}
-        self._timers: dict[JobKey, asyncio.TimerHandle] = {}
-        self._workers = workers
-        self._tasks: list[asyncio.Task[None]] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def add(self, key: JobKey, delay: float = 0.0) -> None:
-        if delay > 0:
-            self._later(key, delay)
-            return
-        if key in self._running:
-            self._dirty.add(key)
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
-
-    def add_threadsafe(self, key: JobKey) -> None:
-        """`add` from another thread (the queue belongs to the event loop)."""
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self.add, key)
-
-    def start(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._tasks = [asyncio.create_task(self._worker()) for _ in range(self._workers)]
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        for timer in self._timers.values():
-            timer.cancel()
-
-    def _later(self, key: JobKey, delay: float) -> None:
-        existing = self._timers.get(key)
-        due = asyncio.get_running_loop().time() + delay
-        if existing is not None and existing.when() <= due:
-            return
-        if existing is not None:
-            existing.cancel()
-        self._timers[key] = asyncio.get_running_loop().call_later(delay, self._fire, key)
-
-    def _fire(self, key: JobKey) -> None:
-        self._timers.pop(key, None)
-        self.add(key)
-
-    async def _worker(self) -> None:
-        while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            if not self._leads():
-                continue  # the leader reconciles; on becoming leader every job is queued
-            self._running.add(key)
-            try:
-                requeue = await asyncio.to_thread(self._work, key)
-                self._failures.pop(key, None)
-                if requeue is not None:
-                    self.add(key, max(requeue, 0.05))
-            except Exception as err:
-                count = self._failures[key] = self._failures.get(key, 0) + 1
-                delay = min(0.25 * 2 ** (count - 1), 30.0)
-                self._metrics.reconcile_errors.inc()
-                log.warning("reconcile of %s/%s failed (retry in %.2fs): %s", *key, delay, err)
-                self.add(key, delay)
-            finally:
-                self._running.discard(key)
-                if key in self._dirty:
-                    self._dirty.discard(key)
-                    self.add(key)
-

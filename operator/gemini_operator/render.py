@@ -209,6 +209,8 @@ def _sidecar(
         *_common_env(job, spec, rank, config),
         _value("GEMINI_MEMORY_BUDGET_BYTES", spec.checkpoint.memory_budget_bytes),
         _value("GEMINI_TRAFFIC_MODE", spec.checkpoint.traffic_scheduling.value.lower()),
+        # m: a version is acknowledged to the trainer once m-1 peers have it
+        _value("GEMINI_REPLICAS", spec.checkpoint.replicas),
     ]
     env += _assignment_env(assignment)
     if spec.persistence is not None:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gemini_operator import naming
+from gemini_operator.events import Event, EventReason
 from gemini_operator.observed import NodeView, condition_true, controller_uid
 from gemini_operator.render import JobRef, RenderConfig, one_pod_per_node, owner_reference
 from gemini_operator.spec import JobSpec
@@ -69,10 +70,10 @@ class HoldSpares:
 
 
 @dataclass(frozen=True)
-class SparePlan:
+class SpareDecision:
     action: HoldSpares | None
     status: dict[str, Any] | None  # status.spares; None when the job holds no spares
-    events: tuple[tuple[str, str, bool], ...] = ()  # (reason, message, warning)
+    events: tuple[Event, ...] = ()
 
 
 def spare_view(pod: Mapping[str, Any]) -> SpareView | None:
@@ -156,11 +157,11 @@ def spare_pod(job: JobRef, spec: JobSpec, index: int, config: RenderConfig) -> M
     }
 
 
-def plan_spares(
+def decide_spares(
     job: JobRef, spec: JobSpec, config: RenderConfig, spares: Mapping[int, SpareView],
     nodes: Mapping[str, NodeView], *, active: bool, workers_placed: bool,
     old: Mapping[str, Any] | None,
-) -> SparePlan:
+) -> SpareDecision:
     """What to do about the placeholders of a job. `active`: the job runs (not finished,
     suspended or invalid); `workers_placed`: every worker has a node, so placeholders are made
     only after the workers (they never take a node a first worker needs)."""
@@ -180,8 +181,9 @@ def plan_spares(
     events = list(_events(old, status))
     if create:
         names = ", ".join(m["metadata"]["name"] for m in create)
-        events.insert(0, ("SparesCreated", f"created spare placeholder pods {names}", False))
-    return SparePlan(action, status, tuple(events))
+        events.insert(0, Event.of(EventReason.SPARES_CREATED,
+                                  f"created spare placeholder pods {names}"))
+    return SpareDecision(action, status, tuple(events))
 
 
 def spare_status(desired: int, spares: Mapping[int, SpareView],
@@ -261,13 +263,12 @@ def _holds(spare: SpareView, nodes: Mapping[str, NodeView]) -> bool:
             and node is not None and node.ready)
 
 
-def _events(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None
-            ) -> list[tuple[str, str, bool]]:
+def _events(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[Event]:
     """An event when the spares become held, or a placeholder finds no free node."""
     if new is None or (old or {}).get("reason") == new["reason"]:
         return []
     if new["reason"] == "Held" and new["desired"]:
-        return [("SparesHeld", str(new["message"]), False)]
+        return [Event.of(EventReason.SPARES_HELD, str(new["message"]))]
     if new["reason"] == "NoFreeNode":
-        return [("SparesUnschedulable", str(new["message"]), True)]
+        return [Event.of(EventReason.SPARES_UNSCHEDULABLE, str(new["message"]))]
     return []

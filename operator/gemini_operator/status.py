@@ -1,7 +1,7 @@
 """The GeminiJob status as a frozen value, read from and written to the status subresource.
 
 `to_dict` gives exactly the document the CRD's status schema describes; comparing two of
-them decides whether a reconcile writes at all (one write per reconcile, only if changed).
+them decides whether a reconcile writes at all (only what changed is written).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gemini_operator.conditions import Condition, state_of
+from gemini_operator.records import LaunchRecord, RecoveryRecord
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,13 @@ class CheckpointStatus:
     persist_error: str | None = None  # the last upload or commit failure (retried)
     persist_request: str | None = None  # the gemini.io/persist-requested value last honoured
     replica_coverage: ReplicaCoverage | None = None  # from the sidecars' inventories
+    # Newest step every holder has of every shard (acknowledged): the trainers never write
+    # over it. The steps between the last two snapshots (1 unless replication lags), why, and
+    # how far the newest snapshot is ahead of the recoverable step.
+    recoverable_step: int | None = None
+    effective_interval: int | None = None
+    interval_reason: str | None = None
+    replication_lag_steps: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -72,6 +80,12 @@ class CheckpointStatus:
             out["persistRequest"] = self.persist_request
         if self.replica_coverage is not None:
             out["replicaCoverage"] = self.replica_coverage.to_dict()
+        for key, value in (("recoverableStep", self.recoverable_step),
+                           ("effectiveInterval", self.effective_interval),
+                           ("intervalReason", self.interval_reason),
+                           ("replicationLagSteps", self.replication_lag_steps)):
+            if value is not None:
+                out[key] = value
         return out
 
 
@@ -88,10 +102,9 @@ class JobStatus:
     # Owned by placement and recovery; kept as the documents the CRD describes.
     placement: Mapping[str, Any] | None = None
     last_recovery: Mapping[str, Any] | None = None
-    # The training epoch the launchers run (epoch, rendezvous, trainer restart baselines) and
-    # the recovery under way (each step written before it is acted on): see recovery.py.
-    launch: Mapping[str, Any] | None = None
-    recovery: Mapping[str, Any] | None = None
+    # The training epoch the launchers run and the recovery under way (records.py).
+    launch: LaunchRecord | None = None
+    recovery: RecoveryRecord | None = None
     spares: Mapping[str, Any] | None = None  # placeholder pods holding spare nodes (spares.py)
 
     def with_changes(self, **changes: Any) -> JobStatus:
@@ -112,8 +125,8 @@ class JobStatus:
             ("completionTime", self.completion_time),
             ("placement", self.placement),
             ("lastRecovery", self.last_recovery),
-            ("launch", self.launch),
-            ("recovery", self.recovery),
+            ("launch", self.launch.to_dict() if self.launch else None),
+            ("recovery", self.recovery.to_dict() if self.recovery else None),
             ("spares", self.spares),
         ):
             if value is not None:
@@ -141,11 +154,15 @@ class JobStatus:
                 persist_error=checkpoint.get("persistError"),
                 persist_request=checkpoint.get("persistRequest"),
                 replica_coverage=ReplicaCoverage.from_dict(checkpoint.get("replicaCoverage")),
+                recoverable_step=checkpoint.get("recoverableStep"),
+                effective_interval=checkpoint.get("effectiveInterval"),
+                interval_reason=checkpoint.get("intervalReason"),
+                replication_lag_steps=checkpoint.get("replicationLagSteps"),
             ),
             placement=raw.get("placement"),
             last_recovery=raw.get("lastRecovery"),
-            launch=raw.get("launch"),
-            recovery=raw.get("recovery"),
+            launch=LaunchRecord.from_dict(raw["launch"]) if raw.get("launch") else None,
+            recovery=RecoveryRecord.from_dict(raw["recovery"]) if raw.get("recovery") else None,
             spares=raw.get("spares"),
         )
 

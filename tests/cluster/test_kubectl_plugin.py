@@ -26,8 +26,8 @@ from kubernetes import client
 
 from gemini_local.controlplane import binaries_dir
 from gemini_operator import naming
+from gemini_operator.decide import placement_document
 from gemini_operator.observed import node_view, pod_view
-from gemini_operator.reconcile import placement_document
 from gemini_operator.spec import parse_spec
 from tests.fixtures.nodes import LocalCluster, wait_until
 from tests.unit.operator.builders import make_job

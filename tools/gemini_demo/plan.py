@@ -11,10 +11,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-FAILURE_KINDS = ("trainer-crash", "node-loss", "group-loss", "partition")
+FAILURE_KINDS = ("trainer-crash", "node-loss", "group-loss", "partition", "slow-link")
 # What the demo injects unless told: the issue's three; a partition (cut off, then healed once
-# training resumed) is opt-in since its detection waits for the node's heartbeat grace.
+# training resumed) is opt-in since its detection waits for the node's heartbeat grace, and so
+# is a slow link (training rides through it: nothing to recover).
 DEFAULT_FAILURES = ("trainer-crash", "node-loss", "group-loss")
+# The slow link: the last rank's node is policed to this rate each way for SLOW_LINK_STEPS
+# steps, then healed. The tiny model moves some hundred KB per rank and step (ZeRO-3 gathers
+# and reduce-scatter, the replica): a quarter MiB/s stretches a step visibly (2 workers:
+# 1.06 s against 0.64 s, docs/demo.md), far from the hang timeout.
+SLOW_LINK_RATE = 256 * 1024  # bytes per second
+SLOW_LINK_STEPS = 8
 MODEL_SIZES: Mapping[str, tuple[str, ...]] = {
     # (layers, d_model, heads): tiny keeps a step well under a second on one core.
     "tiny": ("--layers", "1", "--d-model", "32", "--heads", "2"),
@@ -60,7 +67,8 @@ class DemoConfig:
         wait_s3 = 0
         if "group-loss" in self.failures:
             wait_s3 = int(PERSIST_INTERVAL_SECONDS * 1.5 / max(self.step_sleep, 0.1))
-        return WARMUP_STEPS + STEPS_BETWEEN * (len(self.failures) + 1) + wait_s3
+        slowed = SLOW_LINK_STEPS * self.failures.count("slow-link")
+        return WARMUP_STEPS + STEPS_BETWEEN * (len(self.failures) + 1) + wait_s3 + slowed
 
     @property
     def total_steps(self) -> int:
@@ -127,8 +135,15 @@ def trainer_crash_target(workers: int) -> int:
 
 
 def node_loss_target(placement: Mapping[str, Any], workers: int) -> str:
-    """The node of the last rank (lost, or cut off by a partition)."""
+    """The node of the last rank (lost, cut off by a partition, or slowed)."""
     return str(placement["nodes"][str(workers - 1)])
+
+
+def slow_link_over(step_at_injection: int | None, newest_step: int | None) -> bool:
+    """Heal the slowed node once training made SLOW_LINK_STEPS steps through the slow link."""
+    if newest_step is None:
+        return False
+    return newest_step >= (step_at_injection or 0) + SLOW_LINK_STEPS
 
 
 def group_loss_nodes(placement: Mapping[str, Any]) -> list[str]:

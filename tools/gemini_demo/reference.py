@@ -15,7 +15,7 @@ from pathlib import Path
 from gemini_demo.report import parse_losses
 
 
-class ReferenceError(RuntimeError):
+class ReferenceRunError(RuntimeError):
     """The reference run failed; the message carries the tail of its output."""
 
 
@@ -66,11 +66,11 @@ class ReferenceRun:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 self.stop()
-                raise ReferenceError(f"the reference run did not finish in {timeout:.0f}s:\n"
+                raise ReferenceRunError(f"the reference run did not finish in {timeout:.0f}s:\n"
                                      f"{self.tail()}") from None
         codes = [p.returncode for p in self.procs or []]
         if any(codes):
-            raise ReferenceError(f"the reference run failed (exit codes {codes}):\n"
+            raise ReferenceRunError(f"the reference run failed (exit codes {codes}):\n"
                                  f"{self.tail()}")
         return dict(parse_losses(self.log_path(0).read_text(errors="replace").splitlines()))
 

@@ -26,7 +26,7 @@ from gemini_demo import plan
 from gemini_demo.crash import kill_training_process
 from gemini_demo.logs import StepLine, StepLog, resumption
 from gemini_demo.plan import DemoConfig
-from gemini_demo.reference import ReferenceError, ReferenceRun
+from gemini_demo.reference import ReferenceRun, ReferenceRunError
 from gemini_demo.report import FailureRecord, failure_row, losses_match
 from gemini_local import cluster, faults
 
@@ -63,6 +63,8 @@ class Injected:
     recovery: dict[str, Any] = field(default_factory=dict)  # status.lastRecovery after it
     earlier_recovery: dict[str, Any] = field(default_factory=dict)  # the one before it
     wall: float | None = None  # Unix time of the injection
+    step_at: int | None = None  # the newest step printed when it was injected
+    healed_at: float | None = None  # a slow link: when its node got its full speed back
 
 
 class RecoveringWatch:
@@ -196,7 +198,7 @@ class Demo:
         self.say("waiting for the reference run to finish before submitting the job")
         try:
             reference = self.reference.wait(timeout=600)
-        except ReferenceError as err:
+        except ReferenceRunError as err:
             raise DemoError(str(err)) from err
         self.say(f"reference done: {len(reference)} steps")
         self.watch = RecoveringWatch(self.custom, self.core, self.now).start()
@@ -316,7 +318,17 @@ class Demo:
             event = self.new_events()
             if current is None and done:
                 self.note_recovery(done[-1], status)
-            if current is not None:
+            if current is not None and current.kind == "slow-link":
+                if self.heal_slow_link(current):
+                    done.append(current)
+                    baseline_step = (current.step_at or 0) + plan.SLOW_LINK_STEPS \
+                        + plan.STEPS_BETWEEN
+                    current = None
+                elif self.now() - current.at > RECOVERY_TIMEOUT_S:
+                    raise DemoError(self.stuck(f"training made no {plan.SLOW_LINK_STEPS} "
+                                               f"steps through the slow link within "
+                                               f"{RECOVERY_TIMEOUT_S:.0f}s"))
+            elif current is not None:
                 self.follow(current, status)
                 if current.resumed is not None:
                     done.append(current)
@@ -376,14 +388,30 @@ class Demo:
         elif kind == "partition":
             target = plan.node_loss_target(placement, self.config.workers)
             faults.partition_node(self.state_dir, target)
+        elif kind == "slow-link":
+            target = plan.node_loss_target(placement, self.config.workers)
+            faults.slow_link(self.state_dir, target, plan.SLOW_LINK_RATE)
         else:
             lost = plan.group_loss_nodes(placement)
             for node in lost:
                 faults.lose_node(self.state_dir, node)
             target = ",".join(lost)
         self.say(f"INJECT {kind}: {target}")
+        newest = self.log.last()
         return Injected(kind, target, at, generation,
-                        earlier_recovery=dict(status.get("lastRecovery") or {}), wall=wall)
+                        earlier_recovery=dict(status.get("lastRecovery") or {}), wall=wall,
+                        step_at=newest.step if newest else None)
+
+    def heal_slow_link(self, item: Injected) -> bool:
+        """End the slow link once training made its steps through it; True when healed."""
+        newest = self.log.last()
+        if not plan.slow_link_over(item.step_at, newest.step if newest else None):
+            return False
+        faults.heal_node(self.state_dir, item.target)
+        item.healed_at = self.now()
+        self.say(f"HEAL slow-link: {item.target} back to full speed after "
+                 f"{item.healed_at - item.at:.1f}s")
+        return True
 
     def follow(self, current: Injected, status: dict[str, Any]) -> None:
         seen = self.watch.first_after(current.at, current.wall) if self.watch else None
@@ -423,6 +451,9 @@ class Demo:
                 self.record(item), self.matches_after(item, until, reference), iteration,
                 costs[0] if costs else None, costs[1] if costs else None)
             row["operator_recovery"] = item.recovery  # status.lastRecovery as written
+            if item.kind == "slow-link":  # nothing lost: the models of lost work do not apply
+                row.update(model_wasted_seconds_gemini=None, model_wasted_seconds_s3_only=None,
+                           slow_link=self.slow_link_summary(item))
             rows.append(row)
         everything = losses_match(self.log.losses(), reference)
         report: dict[str, Any] = {
@@ -446,6 +477,11 @@ class Demo:
         return report
 
     def record(self, item: Injected) -> FailureRecord:
+        if item.kind == "slow-link":  # training goes on through it: no downtime, no recovery
+            return FailureRecord(
+                kind=item.kind, target=item.target, injected_at=item.at, detected_at=None,
+                resumed_at=item.at, source="", last_step_before=item.step_at or 0,
+                resumed_from_step=None)
         resumed = item.resumed
         recovery = item.recovery
         seen = self.watch.first_after(item.at, item.wall) if self.watch else None
@@ -464,12 +500,26 @@ class Demo:
     def matches_after(self, item: Injected, until: float, reference: dict[int, str]) -> bool:
         """The losses printed from the failure's resumption until the next failure equal the
         reference's, replayed steps included."""
-        if item.resumed is None:
+        if item.kind == "slow-link":
+            start = item.at
+        elif item.resumed is None:
             return False
-        start = item.resumed[0].seen_at
+        else:
+            start = item.resumed[0].seen_at
         after = [(line.step, line.loss) for line in self.log.lines
                  if start <= line.seen_at < until]
         return bool(after) and all(reference.get(step) == loss for step, loss in after)
+
+    def slow_link_summary(self, item: Injected) -> dict[str, Any]:
+        """How training fared through the slow link: its steps' median time against the
+        run's (report.iteration_seconds)."""
+        end = item.healed_at if item.healed_at is not None else float("inf")
+        during = [line for line in self.log.lines if item.at <= line.seen_at <= end]
+        return {"rate_bytes_per_second": plan.SLOW_LINK_RATE,
+                "slowed_seconds": None if item.healed_at is None
+                else round(item.healed_at - item.at, 2),
+                "steps_slowed": len({line.step for line in during}),
+                "iteration_seconds_slowed": round(iteration_seconds(during), 3)}
 
     def s3_costs(self) -> tuple[float, float, int] | None:
         import boto3

@@ -1,4 +1,4 @@
-"""Fault injection on the local cluster: crash a container, lose a node, cut a node off.
+"""Fault injection on the local cluster: crash a container, lose a node, cut or slow a node's link.
 
 - kill_container: signal a container's process group, as a software crash would.
 - lose_node: SIGKILL the node's agent and every process it started at once (a power loss);
@@ -7,12 +7,16 @@
   processes (agent and containers, recognised by the node's group id, and its /24 of loopback
   addresses) and the rest; the agent's API traffic is cut with it. Needs root and `nft`, and
   connection tracking on from the node's start (track_connections, done by start_node_agent).
+- slow_link: police the node's traffic with the rest to a rate, each direction on its own
+  (nftables `limit rate over` drops what exceeds it; TCP backs off to about the rate).
+  heal_node ends a slow link and a partition alike.
 - add_node: start a fresh node agent (a spare) and wait until its Node is registered.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -21,6 +25,13 @@ from pathlib import Path
 from gemini_local import nodes
 from gemini_local.nodeagent.addressing import NodeNetwork
 from gemini_local.pki import Pki
+
+# nftables' byte bucket holds one second of the rate plus this burst; the burst keeps it above
+# any packet on lo (GSO sends up to 64 KiB at once), which a smaller bucket would drop forever.
+SLOW_LINK_BURST_BYTES = 64 * 1024
+_PREFIXES = {"": 1, "k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_RATE = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)([kKMGT]i?|)(bit|B|)(/s)?$")
 
 
 class FaultError(RuntimeError):
@@ -62,22 +73,29 @@ def _table(state_dir: Path, node: str) -> tuple[str, NodeNetwork, int | None]:
 
 def _nft(args: list[str], stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     if shutil.which("nft") is None:
-        raise FaultError("network partitions need nftables: apt-get install -y nftables")
+        raise FaultError("network faults (partition, slow-link) need nftables: "
+                         "apt-get install -y nftables")
     return subprocess.run(["nft", *args], input=stdin, capture_output=True, text=True,
                           check=False)
 
 
-def _replace_table(table: str, rules: list[str], what: str) -> None:
-    """(Re)create `inet <table>` with one output chain of `rules`."""
-    chain = "".join(f"    {rule}\n" for rule in rules)
+def _replace_table(table: str, rules: list[str], what: str,
+                   chains: dict[str, list[str]] | None = None) -> None:
+    """(Re)create `inet <table>` with an output chain of `rules` (and other `chains`)."""
+    body = "".join(f"  chain {name} {{\n" + "".join(f"    {rule}\n" for rule in lines) + "  }\n"
+                   for name, lines in {"output": rules, **(chains or {})}.items())
     _nft(["delete", "table", "inet", table])
-    result = _nft(["-f", "-"], f"table inet {table} {{\n  chain output {{\n{chain}  }}\n}}\n")
+    result = _nft(["-f", "-"], f"table inet {table} {{\n{body}}}\n")
     if result.returncode != 0:
         raise FaultError(f"nft refused the {what}: {result.stderr.strip()}")
 
 
 def _track_table(state_dir: Path, node: str) -> str:
     return _table(state_dir, node)[0] + "_track"
+
+
+def _slow_table(state_dir: Path, node: str) -> str:
+    return _table(state_dir, node)[0] + "_slow"
 
 
 def partition_node(state_dir: Path, node: str) -> None:
@@ -116,24 +134,91 @@ def untrack_connections(state_dir: Path, node: str) -> None:
         _nft(["delete", "table", "inet", _track_table(state_dir, node)])
 
 
+def parse_rate(text: str) -> int:
+    """A link rate in bytes per second: bytes with a Kubernetes-like prefix ("500k", "10Mi",
+    "2G", "1.5MB") or bits with "bit" ("100Mbit", "1Gbit"); an optional "/s" is allowed."""
+    match = _RATE.match(text.strip())
+    if not match:
+        raise FaultError(f"not a rate: {text!r}; use bytes per second with an optional prefix "
+                         "(500k, 10Mi, 2G) or bits with 'bit' (100Mbit, 1Gbit)")
+    number, prefix, unit = float(match.group(1)), match.group(2), match.group(3)
+    rate = int(number * _PREFIXES[prefix] / (8 if unit == "bit" else 1))
+    if rate < 1:
+        raise FaultError(f"rate {text!r} is below one byte per second")
+    return rate
+
+
+def slow_link_rules(cidr: str, gid: int, rate_bytes_per_s: int) -> dict[str, list[str]]:
+    """The chains of a slow link: `output` sorts each packet crossing the node's edge into
+    `up` (leaving the node) or `down` (reaching it); each polices its own direction.
+
+    Connections the node's processes open are marked (ct mark = the node's group id) so that
+    their replies count as the node's even when neither end is one of its addresses (a
+    process that connects to 127.0.0.1 without binding its pod IP).
+    """
+    police = (f"limit rate over {rate_bytes_per_s} bytes/second "
+              f"burst {SLOW_LINK_BURST_BYTES} bytes counter drop")
+    return {
+        "output": [
+            # After a partition's table (-10): packets it drops use none of the rate.
+            "type filter hook output priority -5; policy accept;",
+            f"meta skgid {gid} ct direction original ct mark set {gid}",
+            # Inside the node nothing is slowed: the node's own connections to its addresses,
+            f"ct mark {gid} ct direction original ip daddr {cidr} accept",
+            f"ct mark {gid} ct direction reply ip saddr {cidr} accept",
+            f"ct mark {gid} ct direction original goto up",
+            f"ct mark {gid} ct direction reply goto down",
+            # and anything else between two of its addresses.
+            f"ip saddr {cidr} ip daddr {cidr} accept",
+            f"ip saddr {cidr} goto up",
+            f"ip daddr {cidr} goto down",
+        ],
+        "up": [police],
+        "down": [police],
+    }
+
+
+def slow_link(state_dir: Path, node: str, rate_bytes_per_s: int) -> None:
+    """Police the node's traffic with the rest to `rate_bytes_per_s` each way (replacing an
+    earlier rate); `heal_node` ends it. Packets over the rate are dropped, so TCP backs off
+    to about the rate; after a quiet second a node may send one second's worth at once (the
+    nftables bucket holds a second of the rate)."""
+    if rate_bytes_per_s < 1:
+        raise FaultError(f"a slow link needs a rate of at least 1 byte/s, not {rate_bytes_per_s}")
+    _, net, gid = _table(state_dir, node)
+    if gid is None or os.geteuid() != 0:
+        raise FaultError("slow links need root: the node's processes must run with their own "
+                         "group id (start the cluster as root)")
+    chains = slow_link_rules(net.cidr, gid, rate_bytes_per_s)
+    _replace_table(_slow_table(state_dir, node), chains.pop("output"), "slow-link rules",
+                   chains)
+
+
 def heal_node(state_dir: Path, node: str, missing_ok: bool = True) -> bool:
-    """Lift a partition; True if the node was partitioned."""
-    table, _, _ = _table(state_dir, node)
+    """Lift a partition and a slow link; True if the node had either."""
+    tables = [_table(state_dir, node)[0], _slow_table(state_dir, node)]
     if shutil.which("nft") is None:
         if missing_ok:
             return False
-        raise FaultError("nftables is not installed, so no node can be partitioned")
-    result = _nft(["delete", "table", "inet", table])
-    if result.returncode != 0 and not missing_ok:
-        raise FaultError(f"node {node!r} is not partitioned")
-    return result.returncode == 0
+        raise FaultError("nftables is not installed, so no node can be partitioned or slowed")
+    deleted = [_nft(["delete", "table", "inet", t]).returncode == 0 for t in tables]
+    if not any(deleted) and not missing_ok:
+        raise FaultError(f"node {node!r} is neither partitioned nor slowed")
+    return any(deleted)
 
 
-def is_partitioned(state_dir: Path, node: str) -> bool:
-    table, _, _ = _table(state_dir, node)
+def _has_table(table: str) -> bool:
     if shutil.which("nft") is None:
         return False
     return _nft(["list", "table", "inet", table]).returncode == 0
+
+
+def is_partitioned(state_dir: Path, node: str) -> bool:
+    return _has_table(_table(state_dir, node)[0])
+
+
+def is_slowed(state_dir: Path, node: str) -> bool:
+    return _has_table(_slow_table(state_dir, node))
 
 
 def add_node(kubeconfig: Path, pki: Pki, state_dir: Path, spec: nodes.NodeSpec,

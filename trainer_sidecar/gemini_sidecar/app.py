@@ -178,11 +178,16 @@ class Sidecar:
                      ) -> tuple[ReplicaFetch, ...]:
         """Pull `version` (default: the newest complete) of every held rank (a replacement
         sidecar does this after its own shard; a recovery names the version it restores, which
-        its owner may have newer ones of): from the holders given per rank, else from that
-        rank's own sidecar. One failed rank does not stop the others; each gets its result or
-        error."""
+        its owner may have newer ones of, and then every holder has it): from the holders given
+        per rank, else from that rank's own sidecar. A rank whose `version` is already complete
+        here is kept as it is. One failed rank does not stop the others; each gets its result
+        or error."""
         results: list[ReplicaFetch] = []
         for rank in self.placement.hold_ranks:
+            held = self._complete_replica(rank, version)
+            if held is not None:  # already here: fetching again would overwrite this copy
+                results.append(ReplicaFetch(rank, version, held, ()))
+                continue
             try:
                 got = await self.fetch(rank, version, self.holders_for(rank, holders.get(rank)),
                                        "store")
@@ -191,6 +196,13 @@ class Sidecar:
                 continue
             results.append(ReplicaFetch(rank, got.version, got.length, got.holders_used))
         return tuple(results)
+
+    def _complete_replica(self, rank: int, version: int | None) -> int | None:
+        """The size of `version` of `rank` if the store holds it complete, else None."""
+        if version is None:
+            return None
+        return next((c.bytes for c in self.store.inventory()
+                     if c.rank == rank and c.version == version and c.complete), None)
 
     # -- S3 ----------------------------------------------------------------------------------
     def _need_s3(self) -> s3mod.S3Store:

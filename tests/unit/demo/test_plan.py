@@ -136,3 +136,19 @@ def test_a_failure_is_injected_only_once_training_runs_and_progressed(
     kind: str, step: int | None, status: dict[str, object], expected: bool,
 ) -> None:
     assert plan.ready_to_inject(kind, step, 7, status) is expected
+
+
+def test_a_slow_link_is_opt_in_takes_no_node_away_and_gets_its_steps() -> None:
+    with_slow = DemoConfig(failures=(*plan.DEFAULT_FAILURES, "slow-link"))
+    assert "slow-link" not in DemoConfig().failures
+    assert plan.spare_nodes(with_slow) == plan.spare_nodes(DemoConfig())
+    # one more failure's STEPS_BETWEEN, and the steps made through the slow link
+    assert with_slow.total_steps == (DemoConfig().total_steps + plan.STEPS_BETWEEN
+                                     + plan.SLOW_LINK_STEPS)
+
+
+def test_the_slow_link_is_healed_after_its_steps() -> None:
+    assert not plan.slow_link_over(10, None)
+    assert not plan.slow_link_over(10, 10 + plan.SLOW_LINK_STEPS - 1)
+    assert plan.slow_link_over(10, 10 + plan.SLOW_LINK_STEPS)
+    assert plan.slow_link_over(None, plan.SLOW_LINK_STEPS)  # injected before any step printed

@@ -14,8 +14,8 @@ import pytest
 
 from gemini_operator.background import BackgroundCalls, Finished, Running
 from gemini_operator.cache import ClusterCache, Snapshot
+from gemini_operator.decide import DeliverPlacement, JobView, ReconcileConfig
 from gemini_operator.observed import PodView
-from gemini_operator.reconcile import DeliverPlacement, JobView, ReconcileConfig
 from gemini_operator.reconciler import Reconciler
 from gemini_operator.render import RenderConfig
 from gemini_operator.sidecars import DELIVERY_TIMEOUT_SECONDS

@@ -11,7 +11,7 @@ from gemini_operator.failures import (
     FailureReason,
     Progress,
     RankFailure,
-    decide,
+    apply_policy,
     detect_failures,
     detect_hang,
     matching_rule,
@@ -118,14 +118,14 @@ def test_rule_matching(rules, failure, name):
 
 def test_fail_job_wins_over_other_rules_for_simultaneous_failures():
     policy = FailurePolicy(rules=(OOM, DATA))
-    got = decide(policy, [_failure(code=3), _failure(FailureReason.OOM_KILLED)])
+    got = apply_policy(policy, [_failure(code=3), _failure(FailureReason.OOM_KILLED)])
     assert got.action is RuleAction.FAIL_JOB and got.rule == OOM
 
 
 def test_recovery_is_free_only_when_every_failure_matches_an_ignore_rule():
     policy = FailurePolicy(rules=(DATA,))
-    assert decide(policy, [_failure(code=3)]).counts is False
-    assert decide(policy, [_failure(code=3), _failure(code=9)]).counts is True
+    assert apply_policy(policy, [_failure(code=3)]).counts is False
+    assert apply_policy(policy, [_failure(code=3), _failure(code=9)]).counts is True
 
 
 def test_views_parse_api_objects():

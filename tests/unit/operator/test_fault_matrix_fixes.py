@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gemini_operator.poller import stale_placements
-from gemini_operator.sidecars import SidecarAddress, placement_bodies
+from gemini_operator.placement_delivery import stale_placements
+from gemini_operator.sidecars import SidecarAddress, peers_bodies
 
 ADDRESSES = {r: SidecarAddress(r, f"10.0.0.{r}", 7071, 7070) for r in range(4)}
 PLACEMENT = {"holders": {"0": [0, 1], "1": [1, 0], "2": [2, 3], "3": [3, 2]}}
@@ -16,17 +16,17 @@ def _inventory(hold: list[int], send: list[int]) -> dict[str, Any]:
 
 
 def test_a_restarted_sidecar_without_its_placement_gets_it_again() -> None:
-    bodies = placement_bodies(PLACEMENT, ADDRESSES)
+    bodies = peers_bodies(PLACEMENT, ADDRESSES)
     inventories = {0: _inventory([1], [1]), 1: _inventory([], []), 2: _inventory([3], [3]),
                    3: _inventory([2], [2])}
     stale = stale_placements(inventories, bodies)
     assert stale == {1: bodies[1]}
-    assert stale[1]["hold_ranks"] == [0] and stale[1]["send_to"] == [0]
+    assert stale[1].hold_ranks == (0,) and stale[1].send_to == (0,)
 
 
 def test_sidecars_with_the_delivered_placement_are_left_alone() -> None:
-    bodies = placement_bodies(PLACEMENT, ADDRESSES)
-    inventories = {r: _inventory(list(b["hold_ranks"]), list(b["send_to"]))
+    bodies = peers_bodies(PLACEMENT, ADDRESSES)
+    inventories = {r: _inventory(list(b.hold_ranks), list(b.send_to))
                    for r, b in bodies.items()}
     assert stale_placements(inventories, bodies) == {}
     assert stale_placements({}, bodies) == {}  # a silent sidecar is not judged
@@ -34,19 +34,41 @@ def test_sidecars_with_the_delivered_placement_are_left_alone() -> None:
     assert stale_placements(wrong, bodies) == {2: bodies[2]}
 
 
+def test_one_delivery_path_sends_to_the_stale_sidecars_only() -> None:
+    import socket
+
+    import pytest
+
+    from gemini_operator.observed import PodView
+    from gemini_operator.placement_delivery import deliver, stale_ranks
+    from gemini_operator.render import RenderConfig
+    from gemini_operator.sidecars import DeliveryError
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        closed = free.getsockname()[1]  # nothing listens once the socket is closed
+    ports = RenderConfig(sidecar_port=closed - 1)  # the API port is the next one
+    pods = {r: PodView(f"p{r}", r, 0, f"u{r}", "Running", ip="127.0.0.1") for r in range(4)}
+    inventories = {0: _inventory([1], [1]), 1: _inventory([], [])}
+    assert stale_ranks(PLACEMENT, pods, ports, inventories) == [1]
+    with pytest.raises(DeliveryError) as err:
+        deliver(PLACEMENT, pods, ports, "token", ranks=[1], timeout=1.0)
+    assert (err.value.failed, err.value.total) == (1, 1) and "rank 1" in str(err.value)
+
+
 def test_a_hung_job_is_reconciled_again_when_its_hang_timeout_runs_out() -> None:
     from datetime import timedelta
 
     from gemini_operator.failures import Progress
-    from gemini_operator.recovery import launch_document
+    from gemini_operator.worker_calls import launch_record
     from tests.unit.operator.builders import make_job
-    from tests.unit.operator.test_reconcile import CONFIG, Harness
+    from tests.unit.operator.test_decide import CONFIG, Harness
 
     h = Harness(make_job().set("failurePolicy.hangTimeoutSeconds", 60))
     h.step()
     h.run_pods()
     h.step()
-    h.job["status"]["launch"] = launch_document(1, 0, h.pods, CONFIG.render)
+    h.job["status"]["launch"] = launch_record(1, 0, h.pods, CONFIG.render).to_dict()
     h.progress = Progress(9, h.now)  # type: ignore[attr-defined]
     h.now += timedelta(seconds=20)
     decision = h.step()
@@ -62,7 +84,7 @@ def test_progress_from_before_a_restart_does_not_count_towards_a_hang() -> None:
     from gemini_operator.failures import Progress
     from gemini_operator.poller import CheckpointPoller, Findings
     from gemini_operator.status import CheckpointStatus
-    from tests.unit.operator.test_reconcile import CONFIG
+    from tests.unit.operator.test_decide import CONFIG
 
     cache = ClusterCache()
     job: dict[str, Any] = {"metadata": {"namespace": "ns", "name": "train", "uid": "u"},

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gemini_operator.reconcile import JobView, Observed, ReconcileConfig, reconcile
+from gemini_operator.decide import JobView, Observed, ReconcileConfig, decide
 from gemini_operator.status import CheckpointStatus, status_patch
 from tests.unit.operator.builders import make_job
-from tests.unit.operator.test_reconcile import NODES, NOW
+from tests.unit.operator.test_decide import NODES, NOW
 
 CONFIG = ReconcileConfig(default_sidecar_image="gemini:side")
 OK = CheckpointStatus(in_memory_step=7, persisted_step=5, persisted_time="2026-11-29T18:00:00Z")
@@ -22,7 +22,7 @@ def _reasons(job: dict[str, Any], checkpoint: CheckpointStatus
              ) -> tuple[list[tuple[str, bool]], dict[str, Any]]:
     observed = Observed(job=JobView.from_object(job), pods={}, nodes=NODES, has_service=False,
                         has_secret=False, now=NOW, checkpoint=checkpoint)
-    decision = reconcile(observed, CONFIG)
+    decision = decide(observed, CONFIG)
     job["status"] = decision.status.to_dict()
     return [(e.reason, e.warning) for e in decision.events if "Persist" in e.reason], job
 

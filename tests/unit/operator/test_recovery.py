@@ -7,28 +7,26 @@ from datetime import UTC, datetime, timedelta
 
 from gemini.domain.placement import mixed_placement
 from gemini.domain.recovery import FailureKind, plan_recovery
+from gemini_operator.decide import Recover, StartTraining, trainer_exits
 from gemini_operator.failures import Progress
 from gemini_operator.observed import ContainerExit, PodView, pod_view
 from gemini_operator.poller import complete_in_memory, progress_of
-from gemini_operator.reconcile import Recover, StartTraining, trainer_exits
-from gemini_operator.recovery import (
-    _breakdown,
-    inventory_copies,
-    launch_document,
-    plan_document,
-    rendezvous,
-    source_word,
-)
+from gemini_operator.records import PlanRecord, RecoveryRecord
 from gemini_operator.render import RenderConfig
+from gemini_operator.restore import breakdown
+from gemini_operator.spec import parse_spec
+from gemini_operator.status import JobStatus
+from gemini_operator.worker_calls import inventory_copies, launch_record, rendezvous
 from tests.unit.operator.builders import make_job
-from tests.unit.operator.test_reconcile import CONFIG, Harness, _of
+from tests.unit.operator.test_decide import CONFIG, Harness, _of
 
+SPEC = parse_spec(make_job().obj()["spec"], "gemini:side")
 PODS = {r: PodView(f"train-worker-{r}", r, 0, f"u{r}", "Running", node_name=f"n{r}",
                    ready=True, ip=f"10.0.0.{r}") for r in range(4)}
 
 
 def test_a_trainer_restart_after_the_launch_is_a_software_failure_with_its_exit_code() -> None:
-    launch = launch_document(1, 0, PODS, RenderConfig())
+    launch = launch_record(1, 0, PODS, RenderConfig())
     assert trainer_exits(PODS, launch, 0) == {}
     crashed = dict(PODS)
     crashed[2] = replace(PODS[2], trainer_restarts=1, trainer_last_exit=ContainerExit(137, "Error"))
@@ -38,7 +36,7 @@ def test_a_trainer_restart_after_the_launch_is_a_software_failure_with_its_exit_
 
 
 def test_a_replacement_pod_starts_from_a_zero_baseline() -> None:
-    launch = launch_document(1, 0, {**PODS, 1: replace(PODS[1], trainer_restarts=3)},
+    launch = launch_record(1, 0, {**PODS, 1: replace(PODS[1], trainer_restarts=3)},
                              RenderConfig())
     fresh = {**PODS, 1: replace(PODS[1], uid="new")}
     assert trainer_exits(fresh, launch, 0) == {}
@@ -55,7 +53,7 @@ def test_training_starts_once_every_worker_runs_then_a_crash_restarts_in_place()
     assert not _of(h.step(), StartTraining)  # the placement goes to the sidecars first
     h.deliver()
     assert _of(h.step(), StartTraining)
-    h.job["status"]["launch"] = launch_document(1, 0, h.pods, CONFIG.render)
+    h.job["status"]["launch"] = launch_record(1, 0, h.pods, CONFIG.render).to_dict()
     assert not _of(h.step(), StartTraining)
     h.pods[3] = replace(h.pods[3], trainer_restarts=1,
                         trainer_last_exit=ContainerExit(1, "Error"))
@@ -96,17 +94,20 @@ def test_inventories_become_a_plan_document() -> None:
     }
     copies = inventory_copies(inventories)
     plan = plan_recovery(2, placement, [1], [1], copies, [])
-    doc = plan_document(plan, 12)
+    record = PlanRecord.from_plan(plan, 12)
+    doc = record.to_dict()
     assert doc["version"] == 12 and doc["replaceRanks"] == [1]
     assert doc["sources"]["1"]["kind"] == "peer" and doc["sources"]["0"]["kind"] == "local"
-    assert source_word(doc) == "Peers"
-    assert source_word({"mode": "s3"}) == "S3"
-    assert source_word({"mode": "memory", "sources": {"0": {"kind": "local"}}}) == "Local"
+    assert record.source_word == "Peers"
+    assert PlanRecord.from_dict(doc) == record
+    assert PlanRecord.from_dict({"mode": "s3"}).source_word == "S3"
+    local = {"mode": "memory", "sources": {"0": {"kind": "local"}}}
+    assert PlanRecord.from_dict(local).source_word == "Local"
 
 
 def test_breakdown_turns_cumulative_marks_into_phase_seconds() -> None:
     marks = {"planning": 0.5, "replacing": 4.0, "fetching": 5.0, "restarting": 5.5}
-    assert _breakdown(marks) == {"planning": 0.5, "replacing": 3.5, "fetching": 1.0,
+    assert breakdown(marks) == {"planning": 0.5, "replacing": 3.5, "fetching": 1.0,
                                  "restarting": 0.5}
 
 
@@ -137,7 +138,7 @@ def test_no_progress_for_the_hang_timeout_restarts_every_rank_in_place() -> None
     h.step()
     h.run_pods()
     h.step()
-    h.job["status"]["launch"] = launch_document(1, 0, h.pods, CONFIG.render)
+    h.job["status"]["launch"] = launch_record(1, 0, h.pods, CONFIG.render).to_dict()
     since = h.now
     h.progress = Progress(9, since)
     h.now = since + timedelta(seconds=30)
@@ -153,23 +154,26 @@ def test_a_node_lost_after_planning_makes_the_recovery_plan_again() -> None:
 
     crash = RankFailure(0, FailureKind.SOFTWARE, FailureReason.ERROR, 1, "exited")
     lost = RankFailure(1, FailureKind.HARDWARE, FailureReason.NODE_LOST, None, "node gone")
-    planned_soft = {"plan": {"lostRanks": []}}
-    assert not newly_lost(Recover(FailureKind.SOFTWARE, (crash,)), planned_soft)
-    assert newly_lost(Recover(FailureKind.HARDWARE, (crash, lost)), planned_soft)
-    assert not newly_lost(Recover(FailureKind.HARDWARE, (lost,)), {"plan": {"lostRanks": [1]}})
+    planned_soft = RecoveryRecord.from_dict({"plan": {"lostRanks": []}})
+    planned_hard = RecoveryRecord.from_dict({"plan": {"lostRanks": [1]}})
+    assert not newly_lost(Recover(FailureKind.SOFTWARE, (crash,), SPEC), planned_soft)
+    assert newly_lost(Recover(FailureKind.HARDWARE, (crash, lost), SPEC), planned_soft)
+    assert not newly_lost(Recover(FailureKind.HARDWARE, (lost,), SPEC), planned_hard)
 
 
 def test_a_replan_for_newly_lost_ranks_is_confirmed_with_the_api_first() -> None:
+    from gemini_operator.decide import Decision
     from gemini_operator.failures import FailureReason, RankFailure
-    from gemini_operator.reconcile import Decision
     from gemini_operator.reconciler import _replans
     from gemini_operator.status import JobStatus
 
     lost = RankFailure(1, FailureKind.HARDWARE, FailureReason.NODE_LOST, None, "node gone")
-    action = Recover(FailureKind.HARDWARE, (lost,))
-    planned = JobStatus(recovery={"epoch": 2, "phase": "Fetching", "plan": {"lostRanks": []}})
+    action = Recover(FailureKind.HARDWARE, (lost,), SPEC)
+    planned = JobStatus(recovery=RecoveryRecord.from_dict(
+        {"epoch": 2, "phase": "Fetching", "plan": {"lostRanks": []}}))
     assert _replans(Decision(planned, (action,)))
-    done = JobStatus(recovery={"epoch": 2, "phase": "Fetching", "plan": {"lostRanks": [1]}})
+    done = JobStatus(recovery=RecoveryRecord.from_dict(
+        {"epoch": 2, "phase": "Fetching", "plan": {"lostRanks": [1]}}))
     assert not _replans(Decision(done, (action,)))
     assert not _replans(Decision(JobStatus(), (action,)))  # a new recovery: confirmed anyway
 
@@ -185,3 +189,45 @@ def test_a_replacement_is_kept_off_lost_nodes_with_one_value_per_requirement() -
         {"key": "metadata.name", "operator": "NotIn", "values": ["n3"]}]
     assert "podAntiAffinity" in pod["spec"]["affinity"]
     assert _avoid_nodes({"spec": {}}, []) == {"spec": {}}
+
+
+# status.recovery and status.launch as the operator wrote them before they were typed: the
+# records must read them and write back exactly the same JSON (the CRD, the kubectl plugin
+# and a restarted operator read it).
+RECOVERY_DOC = {
+    "epoch": 3, "phase": "Fetching", "kind": "hardware", "cause": "rank 1's node was lost",
+    "failedRanks": [1], "detectedAt": "2026-11-29T18:00:00Z",
+    "startedAt": "2026-11-29T18:00:00Z", "startedUnix": 1795975200.25,
+    "marks": {"planning": 0.4, "replacing": 6.1},
+    "plan": {"version": 12, "mode": "memory", "reason": "restore version 12 from memory",
+             "replaceRanks": [1], "sources": {"0": {"kind": "local", "holder": 0},
+                                              "1": {"kind": "peer", "holder": 0}},
+             "refetch": {"1": [0]}, "newestSeen": 13, "lostRanks": [1]},
+}
+LAUNCH_DOC = {"epoch": 2, "restartAttempt": 0, "masterAddr": "10.0.0.0", "masterPort": 29502,
+              "trainerRestarts": {"0": 0, "1": 2}, "podUIDs": {"0": "u0", "1": "u1"}}
+
+
+def test_the_typed_records_write_back_exactly_the_json_they_read() -> None:
+    from gemini_operator.records import LaunchRecord, RecoveryPhase
+
+    record = RecoveryRecord.from_dict(RECOVERY_DOC)
+    assert record.phase is RecoveryPhase.FETCHING and record.lost_ranks == (1,)
+    assert record.plan is not None and record.plan.peer_sources() == {1: 0}
+    assert record.to_dict() == RECOVERY_DOC
+    planning = {**RECOVERY_DOC, "phase": "Planning", "marks": {}, "plan": {"lostRanks": [1]}}
+    assert RecoveryRecord.from_dict(planning).plan is None
+    assert RecoveryRecord.from_dict(planning).to_dict() == planning
+    assert LaunchRecord.from_dict(LAUNCH_DOC).to_dict() == LAUNCH_DOC
+    status = {"launch": LAUNCH_DOC, "recovery": RECOVERY_DOC}
+    assert {k: v for k, v in JobStatus.from_dict(status).to_dict().items()
+            if k in status} == status
+
+
+def test_each_phase_is_marked_with_the_seconds_since_the_start() -> None:
+    from gemini_operator.records import RecoveryPhase
+
+    record = RecoveryRecord.from_dict(RECOVERY_DOC)
+    moved = record.at(RecoveryPhase.RESTARTING, record.started_unix + 7.0)
+    assert moved.phase is RecoveryPhase.RESTARTING and moved.plan == record.plan
+    assert moved.marks == {"planning": 0.4, "replacing": 6.1, "fetching": 7.0}

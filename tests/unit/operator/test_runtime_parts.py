@@ -141,7 +141,7 @@ def test_state_is_the_most_telling_true_condition(types, state):
     conditions: tuple[cond.Condition, ...] = ()
     for reason in types:
         conditions = cond.upsert(conditions, reason.condition("t", 1, total=1, cause="c",
-                                                              plan="p", detail="d"))
+                                                              intent="p", detail="d"))
     assert cond.state_of(conditions) is state
 
 
@@ -173,3 +173,14 @@ def test_jobs_by_state_gauge_follows_each_jobs_latest_state():
         return metrics.registry.get_sample_value("gemini_operator_jobs", {"state": state})
 
     assert (value("Running"), value("Recovering")) == (0, 1)
+
+
+def test_every_event_reason_is_explained_with_its_type() -> None:
+    from pathlib import Path
+
+    from gemini_operator.events import WARNINGS, EventReason
+
+    docs = (Path(__file__).resolve().parents[3] / "docs" / "troubleshooting.md").read_text()
+    for reason in EventReason:
+        kind = "Warning" if reason in WARNINGS else "Normal"
+        assert f"| `{reason.value}` | {kind} |" in docs, reason

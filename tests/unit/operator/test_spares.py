@@ -8,8 +8,8 @@ from typing import Any
 
 from gemini_operator import naming, render
 from gemini_operator.cache import ClusterCache
+from gemini_operator.decide import JobView, Observed, decide
 from gemini_operator.observed import NodeView
-from gemini_operator.reconcile import JobView, Observed, reconcile
 from gemini_operator.recovery import _avoid_nodes
 from gemini_operator.spares import (
     GRACE_SECONDS,
@@ -24,7 +24,7 @@ from gemini_operator.spares import (
 )
 from gemini_operator.spec import parse_spec
 from tests.unit.operator.builders import make_job
-from tests.unit.operator.test_reconcile import CONFIG, Harness
+from tests.unit.operator.test_decide import CONFIG, Harness
 
 JOB = render.JobRef("train", "ns", "uid-1")
 RESOURCED = (make_job("train").set("failurePolicy.spareNodes", 2)
@@ -52,7 +52,7 @@ class SpareHarness(Harness):
             has_service=self.has_children, has_secret=self.has_children, now=self.now,
             pending_creates=self.pending, spares=dict(self.spares),
         )
-        decision = reconcile(observed, CONFIG)
+        decision = decide(observed, CONFIG)
         self.job["status"] = decision.status.to_dict()
         return decision
 

@@ -6,24 +6,21 @@ from dataclasses import replace
 from typing import Any
 
 from gemini_operator.cache import Snapshot
-from gemini_operator.reconcile import (
+from gemini_operator.decide import (
     DeletePods,
     DeliverPlacement,
     JobView,
     SaveBeforeSuspend,
     StartTraining,
 )
-from gemini_operator.recovery import (
-    RESUME,
-    S3_RETRY_SECONDS,
-    RecoveryExecutor,
-    S3Unreadable,
-    launch_document,
-    resuming,
-)
+from gemini_operator.outcome import S3Unreadable
+from gemini_operator.records import RESUME, LaunchRecord
+from gemini_operator.spec import Persistence, parse_spec
+from gemini_operator.start import S3_RETRY_SECONDS, TrainingStarter, resuming
 from gemini_operator.status import JobStatus
+from gemini_operator.worker_calls import launch_record
 from tests.unit.operator.builders import make_job
-from tests.unit.operator.test_reconcile import CONFIG, Harness, _of
+from tests.unit.operator.test_decide import CONFIG, Harness, _of
 
 
 def _training() -> Harness:
@@ -34,7 +31,7 @@ def _training() -> Harness:
     h.step()
     h.deliver()
     assert _of(h.step(), StartTraining)
-    h.job["status"]["launch"] = launch_document(1, 0, h.pods, CONFIG.render)
+    h.job["status"]["launch"] = launch_record(1, 0, h.pods, CONFIG.render).to_dict()
     assert not _of(h.step(), StartTraining)
     return h
 
@@ -82,7 +79,7 @@ def test_resume_places_the_new_pods_afresh_and_then_restores_instead_of_starting
     h.job["status"]["recovery"] = {"epoch": 2, "phase": "Fetching", "kind": RESUME}
     assert resuming(JobStatus.from_dict(h.status()))
     h.job["status"].pop("recovery")
-    h.job["status"]["launch"] = launch_document(2, 1, h.pods, CONFIG.render)
+    h.job["status"]["launch"] = launch_record(2, 1, h.pods, CONFIG.render).to_dict()
     assert not resuming(JobStatus.from_dict(h.status()))
     assert not _of(h.step(), StartTraining)
 
@@ -101,17 +98,18 @@ def test_suspending_during_a_recovery_ends_it_and_resume_restores_instead() -> N
 
 
 def test_a_resume_waits_for_an_unreadable_s3_instead_of_starting_over() -> None:
-    def unreadable(job: JobView) -> list[int]:
+    def unreadable(job: JobView, persistence: Persistence | None) -> list[int]:
         raise S3Unreadable("s3://bucket/prefix: connection refused")
 
     written: list[Any] = []
-    executor = RecoveryExecutor(None, CONFIG, lambda job, doc: written.append(doc),  # type: ignore[arg-type]
-                                s3_steps=unreadable)
+    starter = TrainingStarter(None, CONFIG, lambda job, doc: written.append(doc),  # type: ignore[arg-type]
+                              s3_steps=unreadable)
     job = JobView.from_object(make_job("train").obj())
-    status = JobStatus(launch={"epoch": 3, "restartAttempt": 0}, restart_attempt=1)
+    status = JobStatus(launch=LaunchRecord(epoch=3, restart_attempt=0), restart_attempt=1)
     assert resuming(status)
-    outcome = executor.start_training(job, Snapshot({}, {}, {}), status)
+    action = StartTraining(parse_spec(job.spec, CONFIG.default_sidecar_image))
+    outcome = starter.start_training(job, Snapshot({}, {}, {}), action, status)
     assert outcome.requeue_after == S3_RETRY_SECONDS
-    assert [e[0] for e in outcome.events] == ["ResumeWaitingForS3"]
-    assert "connection refused" in outcome.events[0][1]
+    assert [e.reason for e in outcome.events] == ["ResumeWaitingForS3"]
+    assert "connection refused" in outcome.events[0].message
     assert not outcome.status and not written  # nothing started, nothing recorded

@@ -1,10 +1,12 @@
-"""One reconcile of one GeminiJob as a pure function: observed state in, decision out.
+"""The decision of one reconcile of one GeminiJob, as a pure function: observed state in,
+decision out.
 
-`reconcile(observed, config)` runs a short list of guarded steps (invalid spec, finished,
+`decide(observed, config)` runs a short list of guarded steps (invalid spec, finished,
 suspended, deadline, children, success, failures, placement, readiness); a step that settles
 the job stops the list. The `Decision` holds the actions for the executor (an action table in
-`reconciler.py` maps each action type to its handler), the new status (written once, only if
-changed) and the events to send after that write. No clock is read: `observed.now` is given.
+`reconciler.py` maps each action type to its handler; actions that talk to workers carry the
+spec parsed here), the new status (written only if changed) and the events to send after the
+write. No clock is read: `observed.now` is given.
 """
 
 from __future__ import annotations
@@ -20,15 +22,17 @@ from gemini_operator import conditions as cond
 from gemini_operator import render, spares
 from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.conditions import ConditionType, Reason
+from gemini_operator.events import Event, EventReason
 from gemini_operator.failures import (
     Progress,
     RankFailure,
-    decide,
+    apply_policy,
     describe,
     detect_failures,
     detect_hang,
 )
 from gemini_operator.observed import NodeView, PodView
+from gemini_operator.records import LaunchRecord
 from gemini_operator.spares import HoldSpares, SpareView
 from gemini_operator.spec import (
     JobSpec,
@@ -128,6 +132,7 @@ class Recover:
 
     kind: FailureKind
     failures: tuple[RankFailure, ...]
+    spec: JobSpec
 
 
 @dataclass(frozen=True)
@@ -135,10 +140,15 @@ class SaveBeforeSuspend:
     """Persist and commit the newest step complete in memory before the pods are deleted
     (bounded; the executor says in events what was kept)."""
 
+    spec: JobSpec
+
 
 @dataclass(frozen=True)
 class StartTraining:
-    """Every worker runs and has its placement: tell every launcher to start epoch 1."""
+    """Every worker runs and has its placement: tell every launcher to start epoch 1 (or,
+    after a suspend, restore the committed step first)."""
+
+    spec: JobSpec
 
 
 @dataclass(frozen=True)
@@ -153,13 +163,6 @@ Action = (
 
 
 @dataclass(frozen=True)
-class Event:
-    reason: str
-    message: str
-    warning: bool = False
-
-
-@dataclass(frozen=True)
 class Decision:
     status: JobStatus
     actions: tuple[Action, ...] = ()
@@ -167,7 +170,7 @@ class Decision:
     requeue_after: float | None = None  # seconds until the next time-based check
 
 
-class _Plan:
+class _Draft:
     """What the steps accumulate; turned into the frozen Decision at the end."""
 
     def __init__(self, observed: Observed, status: JobStatus) -> None:
@@ -194,178 +197,182 @@ class _Plan:
         return Decision(self.status, tuple(self.actions), tuple(events), after)
 
 
-Step = Callable[[Observed, JobSpec, ReconcileConfig, _Plan], bool]
+Step = Callable[[Observed, JobSpec, ReconcileConfig, _Draft], bool]
 
 
-def reconcile(observed: Observed, config: ReconcileConfig) -> Decision:
+def decide(observed: Observed, config: ReconcileConfig) -> Decision:
     old = JobStatus.from_dict(observed.job.status)
-    plan = _Plan(observed, old.with_changes(observed_generation=observed.job.generation))
+    draft = _Draft(observed, old.with_changes(observed_generation=observed.job.generation))
     try:
         validate_job_name(observed.job.name)
         spec = parse_spec(observed.job.spec, config.default_sidecar_image)
     except SpecError as err:
-        _refuse(plan, err)
-        _hold_spares(observed, None, config, plan)
-        return plan.decision(old)
-    plan.status = plan.status.with_changes(workers=_counts(observed, spec, old.restart_attempt))
+        _refuse(draft, err)
+        _hold_spares(observed, None, config, draft)
+        return draft.decision(old)
+    draft.status = draft.status.with_changes(workers=_counts(observed, spec, old.restart_attempt))
     if observed.checkpoint is not None:
-        plan.events.extend(persist_events(plan.status.checkpoint, observed.checkpoint))
-        plan.status = plan.status.with_changes(checkpoint=observed.checkpoint)
+        draft.events.extend(persist_events(draft.status.checkpoint, observed.checkpoint))
+        draft.events.extend(interval_events(draft.status.checkpoint, observed.checkpoint))
+        draft.status = draft.status.with_changes(checkpoint=observed.checkpoint)
     steps: tuple[Step, ...] = (
         _finished, _suspended, _deadline, _children, _succeeded, _failures, _placement, _running,
     )
     for step in steps:
-        if step(observed, spec, config, plan):
+        if step(observed, spec, config, draft):
             break
-    _hold_spares(observed, spec, config, plan)
-    return plan.decision(old)
+    _hold_spares(observed, spec, config, draft)
+    return draft.decision(old)
 
 
 def _hold_spares(
-    observed: Observed, spec: JobSpec | None, config: ReconcileConfig, plan: _Plan,
+    observed: Observed, spec: JobSpec | None, config: ReconcileConfig, draft: _Draft,
 ) -> None:
     """Spare placeholders (spares.py) while the job runs, whatever the steps decided; none
     for a finished, suspended or invalid job."""
     if spec is None:
         names = tuple(sorted(s.name for s in observed.spares.values() if not s.deleting))
         if names:
-            plan.actions.append(HoldSpares(delete=names))
+            draft.actions.append(HoldSpares(delete=names))
         return
-    active = not plan.is_true(ConditionType.SUSPENDED) and not any(
-        plan.is_true(t) for t in cond.FINISHED_TYPES)
-    current = _current_pods(observed, plan.status.restart_attempt)
+    active = not draft.is_true(ConditionType.SUSPENDED) and not any(
+        draft.is_true(t) for t in cond.FINISHED_TYPES)
+    current = _current_pods(observed, draft.status.restart_attempt)
     placed = len(current) == spec.num_nodes and all(p.node_name for p in current.values())
-    held = spares.plan_spares(observed.job.ref, spec, config.render, observed.spares,
+    held = spares.decide_spares(observed.job.ref, spec, config.render, observed.spares,
                               observed.nodes, active=active, workers_placed=placed,
-                              old=plan.status.spares)
+                              old=draft.status.spares)
     if held.action is not None:
-        plan.actions.append(held.action)
-    plan.status = plan.status.with_changes(spares=held.status)
-    plan.events.extend(Event(reason, message, warning) for reason, message, warning in held.events)
+        draft.actions.append(held.action)
+    draft.status = draft.status.with_changes(spares=held.status)
+    draft.events.extend(held.events)
 
 
-def _refuse(plan: _Plan, err: SpecError) -> None:
-    if plan.is_true(ConditionType.FAILED):
+def _refuse(draft: _Draft, err: SpecError) -> None:
+    if draft.is_true(ConditionType.FAILED):
         return
-    plan.set(cond.INVALID_SPEC, detail=str(err))
-    _finish(plan)
-    plan.actions.extend(_delete_active(plan.observed, "the spec is invalid"))
+    draft.set(cond.INVALID_SPEC, detail=str(err))
+    _finish(draft)
+    draft.actions.extend(_delete_active(draft.observed, "the spec is invalid"))
 
 
-def _finished(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
-    if not any(plan.is_true(t) for t in cond.FINISHED_TYPES):
+def _finished(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft) -> bool:
+    if not any(draft.is_true(t) for t in cond.FINISHED_TYPES):
         return False
-    plan.actions.extend(_delete_active(observed, "the job has finished"))
+    draft.actions.extend(_delete_active(observed, "the job has finished"))
     ttl = spec.ttl_seconds_after_finished
-    finished_at = parse_api_time(plan.status.completion_time)
+    finished_at = parse_api_time(draft.status.completion_time)
     if ttl is not None and finished_at is not None:
         left = (finished_at + timedelta(seconds=ttl) - observed.now).total_seconds()
         if left <= 0:
-            plan.actions.append(DeleteJob())
+            draft.actions.append(DeleteJob())
         else:
-            plan.requeue.append(left)
+            draft.requeue.append(left)
     return True
 
 
-def _suspended(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
+def _suspended(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft) -> bool:
     if not spec.suspend:
-        if plan.is_true(ConditionType.SUSPENDED):
-            plan.set(cond.JOB_RESUMED)
+        if draft.is_true(ConditionType.SUSPENDED):
+            draft.set(cond.JOB_RESUMED)
             # Pods that ran before get successors of a new attempt; the deadline clock
             # restarts, as for a Job.
-            had_pods = cond.find(plan.status.conditions, ConditionType.CREATED) is not None
+            had_pods = cond.find(draft.status.conditions, ConditionType.CREATED) is not None
             # The new pods get a placement of their own (delivered to their sidecars), and
             # training resumes from S3 (recovery.py) since the old pods took their memory.
-            plan.status = plan.status.with_changes(
-                restart_attempt=plan.status.restart_attempt + (1 if had_pods else 0),
+            draft.status = draft.status.with_changes(
+                restart_attempt=draft.status.restart_attempt + (1 if had_pods else 0),
                 start_time=None, placement=None,
             )
         return False
-    if not plan.is_true(ConditionType.SUSPENDED):
-        plan.set(cond.JOB_SUSPENDED)
-    if plan.is_true(ConditionType.CREATED):
-        plan.set(cond.WORKERS_DELETED)
-    plan.set(cond.RUNNING_SUSPENDED)
-    if plan.is_true(ConditionType.RECOVERING):
-        plan.set(cond.RECOVERY_SUSPENDED)  # its pods go: resume restores instead
-    plan.status = plan.status.with_changes(start_time=None, recovery=None)
-    current = _current_pods(observed, plan.status.restart_attempt)
-    if training_started(plan.status) and any(
+    if not draft.is_true(ConditionType.SUSPENDED):
+        draft.set(cond.JOB_SUSPENDED)
+    if draft.is_true(ConditionType.CREATED):
+        draft.set(cond.WORKERS_DELETED)
+    draft.set(cond.RUNNING_SUSPENDED)
+    if draft.is_true(ConditionType.RECOVERING):
+        draft.set(cond.RECOVERY_SUSPENDED)  # its pods go: resume restores instead
+    draft.status = draft.status.with_changes(start_time=None, recovery=None)
+    current = _current_pods(observed, draft.status.restart_attempt)
+    if training_started(draft.status) and any(
             p.ip and not p.deleting and not p.terminal for p in current.values()):
-        plan.actions.append(SaveBeforeSuspend())  # before the memory goes with the pods
-    plan.actions.extend(_delete_all(observed, "the job is suspended"))
+        draft.actions.append(SaveBeforeSuspend(spec))  # before the memory goes with the pods
+    draft.actions.extend(_delete_all(observed, "the job is suspended"))
     return True
 
 
-def _deadline(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
-    started = parse_api_time(plan.status.start_time)
+def _deadline(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft) -> bool:
+    started = parse_api_time(draft.status.start_time)
     if spec.active_deadline_seconds is None or started is None:
         return False
     left = (started + timedelta(seconds=spec.active_deadline_seconds) - observed.now)
     if left.total_seconds() > 0:
-        plan.requeue.append(left.total_seconds())
+        draft.requeue.append(left.total_seconds())
         return False
-    plan.set(cond.DEADLINE_EXCEEDED, seconds=spec.active_deadline_seconds)
-    _finish(plan)
-    plan.actions.extend(_delete_active(observed, "the job exceeded its active deadline"))
+    draft.set(cond.DEADLINE_EXCEEDED, seconds=spec.active_deadline_seconds)
+    _finish(draft)
+    draft.actions.extend(_delete_active(observed, "the job exceeded its active deadline"))
     return True
 
 
-def _children(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
+def _children(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft) -> bool:
     """Secret, Service and, until every rank has its pod, the missing worker pods."""
-    if plan.status.start_time is None:
-        plan.status = plan.status.with_changes(start_time=plan.now)
+    if draft.status.start_time is None:
+        draft.status = draft.status.with_changes(start_time=draft.now)
     if not observed.has_secret:
-        plan.actions.append(CreateSecret())
+        draft.actions.append(CreateSecret())
     if not observed.has_service:
-        plan.actions.append(CreateService(render.headless_service(observed.job.ref, config.render)))
-    if plan.is_true(ConditionType.CREATED):
+        service = render.headless_service(observed.job.ref, config.render)
+        draft.actions.append(CreateService(service))
+    if draft.is_true(ConditionType.CREATED):
         return False
-    attempt = plan.status.restart_attempt
+    attempt = draft.status.restart_attempt
     stale = [p.name for p in observed.pods.values() if p.attempt != attempt and not p.deleting]
     if stale:
-        plan.actions.append(DeletePods(tuple(sorted(stale)), "the pod belongs to an older attempt"))
+        older = "the pod belongs to an older attempt"
+        draft.actions.append(DeletePods(tuple(sorted(stale)), older))
     missing = [r for r in range(spec.num_nodes) if r not in observed.pods
                and r not in observed.pending_creates and r not in observed.foreign_ranks]
     if missing:
-        plan.actions.append(CreatePods(tuple(
+        draft.actions.append(CreatePods(tuple(
             _worker(observed, spec, config, rank, attempt) for rank in missing
         )))
-        plan.events.append(Event("CreatedWorkers", f"created worker pods for {_ranks(missing)}"))
+        draft.events.append(Event.of(EventReason.CREATED_WORKERS,
+                                      f"created worker pods for {_ranks(missing)}"))
     waiting = [r for r in range(spec.num_nodes) if r in observed.foreign_ranks
                or (r in observed.pods and observed.pods[r].attempt != attempt)]
     if not waiting:
-        plan.set(cond.CHILDREN_CREATED, workers=spec.num_nodes)
+        draft.set(cond.CHILDREN_CREATED, workers=spec.num_nodes)
     return True  # the pods are new: nothing else to judge until they are observed
 
 
-def _succeeded(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
-    current = _current_pods(observed, plan.status.restart_attempt)
+def _succeeded(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft) -> bool:
+    current = _current_pods(observed, draft.status.restart_attempt)
     if len(current) < spec.num_nodes or any(p.phase != "Succeeded" for p in current.values()):
         return False
-    plan.set(cond.ALL_WORKERS_SUCCEEDED, total=spec.num_nodes)
-    _finish(plan)
+    draft.set(cond.ALL_WORKERS_SUCCEEDED, total=spec.num_nodes)
+    _finish(draft)
     if spec.ttl_seconds_after_finished is not None:
-        plan.requeue.append(float(spec.ttl_seconds_after_finished))
+        draft.requeue.append(float(spec.ttl_seconds_after_finished))
     return True
 
 
-def _failures(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
-    current = _current_pods(observed, plan.status.restart_attempt)
+def _failures(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft) -> bool:
+    current = _current_pods(observed, draft.status.restart_attempt)
     expected = frozenset(
         r for r in range(spec.num_nodes)
         if r not in observed.pending_creates and not (r in current and current[r].phase ==
                                                          "Succeeded")
     )
-    exits = {**trainer_exits(current, plan.status.launch, plan.status.restart_attempt),
+    exits = {**trainer_exits(current, draft.status.launch, draft.status.restart_attempt),
              **observed.process_exits}
     failures = detect_failures(current, observed.nodes, spec.num_nodes, expected, exits)
     if not failures:
         failures = detect_hang(observed.progress, observed.now,
                                spec.failure_policy.hang_timeout_seconds, sorted(expected))
-    if plan.is_true(ConditionType.RECOVERING):
+    if draft.is_true(ConditionType.RECOVERING):
         # A recovery is under way (perhaps begun by a previous operator): continue it.
-        plan.actions.append(Recover(_kind(failures), failures))
+        draft.actions.append(Recover(_kind(failures), failures, spec))
         return True
     if not failures:
         if observed.progress is not None:
@@ -373,67 +380,66 @@ def _failures(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: 
             # hang timeout runs out.
             since = (observed.now - observed.progress.since).total_seconds()
             left = spec.failure_policy.hang_timeout_seconds - since
-            plan.requeue.append(max(1.0, left + 1.0))
+            draft.requeue.append(max(1.0, left + 1.0))
         return False
-    _decide_recovery(spec, plan, failures)
+    _decide_recovery(spec, draft, failures)
     return True
 
 
-def _decide_recovery(spec: JobSpec, plan: _Plan, failures: tuple[RankFailure, ...]) -> None:
-    decision = decide(spec.failure_policy, failures)
+def _decide_recovery(spec: JobSpec, draft: _Draft, failures: tuple[RankFailure, ...]) -> None:
+    decision = apply_policy(spec.failure_policy, failures)
     cause = describe(failures)
     if decision.action is RuleAction.FAIL_JOB:
         rule = decision.rule.name if decision.rule else ""
-        plan.set(cond.FAILURE_POLICY_FAIL_JOB, cause=cause, rule=rule)
-        _finish(plan)
-        plan.actions.extend(_delete_active(plan.observed, "the failure policy failed the job"))
+        draft.set(cond.FAILURE_POLICY_FAIL_JOB, cause=cause, rule=rule)
+        _finish(draft)
+        draft.actions.extend(_delete_active(draft.observed, "the failure policy failed the job"))
         return
-    if decision.counts and plan.status.restarts >= spec.failure_policy.max_restarts:
-        plan.set(cond.MAX_RESTARTS_EXCEEDED, cause=cause, restarts=plan.status.restarts)
-        _finish(plan)
-        plan.actions.extend(_delete_active(plan.observed, "the job ran out of restarts"))
+    if decision.counts and draft.status.restarts >= spec.failure_policy.max_restarts:
+        draft.set(cond.MAX_RESTARTS_EXCEEDED, cause=cause, restarts=draft.status.restarts)
+        _finish(draft)
+        draft.actions.extend(_delete_active(draft.observed, "the job ran out of restarts"))
         return
     kind = _kind(failures)
-    plan.set(cond.RECOVERY_NEEDED, cause=cause, plan=_intent(kind))
+    draft.set(cond.RECOVERY_NEEDED, cause=cause, intent=_intent(kind))
     if decision.counts:
-        plan.status = plan.status.with_changes(restarts=plan.status.restarts + 1)
-    plan.actions.append(Recover(kind, failures))
+        draft.status = draft.status.with_changes(restarts=draft.status.restarts + 1)
+    draft.actions.append(Recover(kind, failures, spec))
 
 
-def _placement(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
+def _placement(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft) -> bool:
     """Once every worker is scheduled, place replicas by its node's failure domains and publish
     the placement in status (again whenever a rank moved to another node). Delivery to the
     sidecars follows once every worker runs, independently: until all of them took it, the
     executor retries and records how it went in the PlacementDelivered condition."""
-    current = _current_pods(observed, plan.status.restart_attempt)
+    current = _current_pods(observed, draft.status.restart_attempt)
     if len(current) < spec.num_nodes or any(not p.node_name for p in current.values()):
         return False
     nodes = {str(r): p.node_name for r, p in sorted(current.items())}
-    old = plan.status.placement
+    old = draft.status.placement
     if old is None or old.get("nodes") != nodes:
-        doc = placement_document(spec, current, observed.nodes, plan.status.restart_attempt)
-        plan.status = plan.status.with_changes(placement=doc)
-        plan.events.append(Event("PlacementComputed", str(doc["reason"])))
-        plan.set(cond.PLACEMENT_PENDING, ranks=spec.num_nodes)
-    placement = plan.status.placement
-    if (placement is not None and not plan.is_true(ConditionType.PLACEMENT_DELIVERED)
+        doc = placement_document(spec, current, observed.nodes, draft.status.restart_attempt)
+        draft.status = draft.status.with_changes(placement=doc)
+        draft.events.append(Event.of(EventReason.PLACEMENT_COMPUTED, str(doc["reason"])))
+        draft.set(cond.PLACEMENT_PENDING, ranks=spec.num_nodes)
+    placement = draft.status.placement
+    if (placement is not None and not draft.is_true(ConditionType.PLACEMENT_DELIVERED)
             and all(p.phase == "Running" and p.ip for p in current.values())):
-        plan.actions.append(DeliverPlacement(placement))
+        draft.actions.append(DeliverPlacement(placement))
     return False
 
 
 def trainer_exits(
-    pods: Mapping[int, PodView], launch: Mapping[str, Any] | None, attempt: int,
+    pods: Mapping[int, PodView], launch: LaunchRecord | None, attempt: int,
 ) -> dict[int, int]:
     """Ranks whose trainer container restarted since the launchers were last told to run
     (the launcher exits when training fails), with the exit code it ended with."""
-    if not launch or int(launch.get("restartAttempt", -1)) != attempt:
+    if launch is None or launch.restart_attempt != attempt:
         return {}
-    counts = launch.get("trainerRestarts") or {}
-    uids = launch.get("podUIDs") or {}
     exits = {}
     for rank, pod in pods.items():
-        base = int(counts.get(str(rank), 0)) if uids.get(str(rank)) == pod.uid else 0
+        same_pod = launch.pod_uids.get(rank) == pod.uid
+        base = launch.trainer_restarts.get(rank, 0) if same_pod else 0
         if pod.trainer_restarts > base:
             code = pod.trainer_last_exit.exit_code if pod.trainer_last_exit else 1
             exits[rank] = code or 1
@@ -441,22 +447,22 @@ def trainer_exits(
 
 
 def training_started(status: JobStatus) -> bool:
-    launch = status.launch
-    return bool(launch) and int((launch or {}).get("restartAttempt", -1)) == status.restart_attempt
+    """Whether the launchers of the current attempt were told to train."""
+    return status.launch is not None and status.launch.restart_attempt == status.restart_attempt
 
 
-def _running(observed: Observed, spec: JobSpec, config: ReconcileConfig, plan: _Plan) -> bool:
-    current = _current_pods(observed, plan.status.restart_attempt)
-    if (not training_started(plan.status) and plan.status.placement is not None
-            and plan.is_true(ConditionType.PLACEMENT_DELIVERED)
+def _running(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft) -> bool:
+    current = _current_pods(observed, draft.status.restart_attempt)
+    if (not training_started(draft.status) and draft.status.placement is not None
+            and draft.is_true(ConditionType.PLACEMENT_DELIVERED)
             and len(current) == spec.num_nodes
             and all(p.phase == "Running" and p.ip for p in current.values())):
-        plan.actions.append(StartTraining())
-    workers = plan.status.workers
+        draft.actions.append(StartTraining(spec))
+    workers = draft.status.workers
     if workers.ready == spec.num_nodes:
-        plan.set(cond.ALL_WORKERS_READY, total=spec.num_nodes)
+        draft.set(cond.ALL_WORKERS_READY, total=spec.num_nodes)
     else:
-        plan.set(cond.WORKERS_STARTING, ready=workers.ready, total=spec.num_nodes)
+        draft.set(cond.WORKERS_STARTING, ready=workers.ready, total=spec.num_nodes)
     return True
 
 
@@ -530,10 +536,10 @@ def _delete_active(observed: Observed, reason: str) -> list[Action]:
     return [DeletePods(tuple(names), reason)] if names else []
 
 
-def _finish(plan: _Plan) -> None:
-    if plan.status.completion_time is None:
-        plan.status = plan.status.with_changes(completion_time=plan.now)
-    plan.set(cond.JOB_FINISHED)
+def _finish(draft: _Draft) -> None:
+    if draft.status.completion_time is None:
+        draft.status = draft.status.with_changes(completion_time=draft.now)
+    draft.set(cond.JOB_FINISHED)
 
 
 def _kind(failures: tuple[RankFailure, ...]) -> FailureKind:
@@ -550,26 +556,35 @@ def persist_events(old: CheckpointStatus, new: CheckpointStatus) -> list[Event]:
     """A warning when persisting to S3 starts failing, and a note when it works again (once
     per outage: the retries in between change only the message in status)."""
     if new.persist_error and not old.persist_error:
-        return [Event("PersistFailed", f"persisting to S3 failed (training goes on, retrying): "
-                      f"{new.persist_error}", warning=True)]
+        return [Event.of(EventReason.PERSIST_FAILED, "persisting to S3 failed (training goes "
+                         f"on, retrying): {new.persist_error}")]
     if old.persist_error and not new.persist_error and new.persisted_step is not None:
-        return [Event("PersistRecovered", f"persisted step {new.persisted_step} to S3 after "
-                      f"earlier failures")]
+        return [Event.of(EventReason.PERSIST_RECOVERED, f"persisted step {new.persisted_step} "
+                         "to S3 after earlier failures")]
+    return []
+
+
+def interval_events(old: CheckpointStatus, new: CheckpointStatus) -> list[Event]:
+    """A warning when replication lags so that snapshots are skipped (the interval between
+    them grows), and a note when every step is snapshotted again; each saying why."""
+    before, after = old.effective_interval or 1, new.effective_interval or 1
+    if after > 1 and before == 1:
+        return [Event.of(EventReason.CHECKPOINT_INTERVAL_LENGTHENED, (
+            f"a checkpoint every {after} steps instead of every step: replication lags "
+            f"({new.interval_reason or 'no measurement yet'}); the trainers keep step "
+            f"{new.recoverable_step} until the newer one is on every holder"))]
+    if after == 1 and before > 1:
+        return [Event.of(EventReason.CHECKPOINT_INTERVAL_RESTORED, (
+            f"a checkpoint every step again ({new.interval_reason or 'replication keeps up'})"
+        ))]
     return []
 
 
 def _transition_events(old: JobStatus, new: JobStatus) -> list[Event]:
     """An event for every condition whose status or reason changed."""
     before = {c.type: (c.status, c.reason) for c in old.conditions}
-    events = []
-    for c in new.conditions:
-        if before.get(c.type) != (c.status, c.reason):
-            warning = any(r.reason == c.reason and r.warning for r in _REASONS)
-            events.append(Event(c.reason, c.message, warning))
-    return events
-
-
-_REASONS = tuple(v for v in vars(cond).values() if isinstance(v, Reason))
+    return [Event.of_change(c) for c in new.conditions
+            if before.get(c.type) != (c.status, c.reason)]
 
 
 def _ranks(ranks: list[int], limit: int = 8) -> str:

@@ -7,8 +7,7 @@ from datetime import UTC, datetime, timedelta
 from gemini.domain.recovery import FailureKind
 from gemini_operator import naming
 from gemini_operator.conditions import PLACEMENT_DELIVERED, SIDECARS_UNREACHABLE, upsert
-from gemini_operator.observed import ContainerExit, NodeView, PodView
-from gemini_operator.reconcile import (
+from gemini_operator.decide import (
     CreatePods,
     CreateSecret,
     CreateService,
@@ -20,10 +19,11 @@ from gemini_operator.reconcile import (
     ReconcileConfig,
     Recover,
     StartTraining,
-    reconcile,
+    decide,
 )
-from gemini_operator.recovery import launch_document
+from gemini_operator.observed import ContainerExit, NodeView, PodView
 from gemini_operator.status import JobStatus, status_patch
+from gemini_operator.worker_calls import launch_record
 from tests.unit.operator.builders import make_job
 
 NOW = datetime(2026, 11, 29, 18, 0, 0, tzinfo=UTC)
@@ -52,7 +52,7 @@ class Harness:
             pending_creates=self.pending, process_exits=self.exits,
             progress=getattr(self, "progress", None),
         )
-        decision = reconcile(observed, CONFIG)
+        decision = decide(observed, CONFIG)
         self.previous_status = self.job.get("status")
         self.job["status"] = decision.status.to_dict()
         return decision
@@ -128,7 +128,7 @@ def test_reconciling_an_unchanged_job_writes_nothing_and_says_nothing():
     assert _of(h.step(), DeliverPlacement)
     h.deliver()
     assert _of(h.step(), StartTraining)
-    h.job["status"]["launch"] = launch_document(1, 0, h.pods, CONFIG.render)
+    h.job["status"]["launch"] = launch_record(1, 0, h.pods, CONFIG.render).to_dict()
     h.now += timedelta(seconds=5)
     d = h.step()
     assert status_patch(h.previous_status, d.status.to_dict()) is None
@@ -376,7 +376,7 @@ def test_pods_left_by_an_earlier_job_of_the_same_name_are_waited_for():
     observed = Observed(job=JobView.from_object(h.job), pods={}, nodes=h.nodes,
                         has_service=True, has_secret=True, now=NOW,
                         foreign_ranks=frozenset({1, 2}))
-    d = reconcile(observed, CONFIG)
+    d = decide(observed, CONFIG)
     (create,) = _of(d, CreatePods)
     assert [p["metadata"]["name"] for p in create.manifests] == ["train-worker-0",
                                                                  "train-worker-3"]

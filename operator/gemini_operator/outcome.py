@@ -1,0 +1,36 @@
+"""What an executor of training steps (start, resume, suspend save, recovery) hands back to
+the reconciler, and the ways such a step stops short."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gemini_operator.conditions import Condition
+from gemini_operator.events import Event
+
+
+class RecoveryWait(Exception):
+    """A phase must wait for the cluster (a pod starting, a launcher restarting)."""
+
+
+class S3Unreadable(Exception):
+    """The job's S3 prefix cannot be listed now (endpoint down, credentials refused)."""
+
+
+class Unrecoverable(Exception):
+    """No consistent step is left anywhere (memory or S3); the message says what is missing."""
+
+
+@dataclass
+class Outcome:
+    """What a step leaves for the reconciler: status fields to set (JSON; None removes one),
+    when to call again, and the events to send."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    requeue_after: float | None = None
+    events: list[Event] = field(default_factory=list)
+    finished: Mapping[str, Any] | None = None  # the lastRecovery document when one finished
+    unrecoverable: tuple[str, str] | None = None  # (cause, why): the job fails
+    conditions: list[Condition] = field(default_factory=list)  # set on top of the decided

@@ -1,0 +1,189 @@
+"""Typed status records of training and recovery: status.launch, status.recovery and its plan.
+
+Each record reads and writes exactly the JSON the CRD's status schema describes (the kubectl
+plugin and a restarted operator read it). The plan is built from the domain's RecoveryPlan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any
+
+from gemini.domain.recovery import MODE_S3, RankSource, RecoveryPlan
+
+MODE_FRESH = "fresh"  # nothing to restore (training never started or never checkpointed)
+RESUME = "resume"  # status.recovery.kind and lastRecovery.cause of a resume after suspend
+
+
+class RecoveryPhase(StrEnum):
+    """The steps of a recovery, in order; each is recorded before it acts."""
+
+    PLANNING = "Planning"
+    REPLACING = "Replacing"
+    FETCHING = "Fetching"
+    RESTARTING = "Restarting"
+
+
+@dataclass(frozen=True)
+class LaunchRecord:
+    """status.launch: the epoch the launchers run, its rendezvous, and each rank's trainer
+    container restarts and pod UID at that time (a later restart is a failure)."""
+
+    epoch: int
+    restart_attempt: int
+    master_addr: str | None = None
+    master_port: int | None = None
+    trainer_restarts: Mapping[int, int] = field(default_factory=dict)
+    pod_uids: Mapping[int, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"epoch": self.epoch, "restartAttempt": self.restart_attempt}
+        if self.master_addr is not None:
+            out["masterAddr"] = self.master_addr
+        if self.master_port is not None:
+            out["masterPort"] = self.master_port
+        out["trainerRestarts"] = {str(r): n for r, n in sorted(self.trainer_restarts.items())}
+        out["podUIDs"] = {str(r): uid for r, uid in sorted(self.pod_uids.items())}
+        return out
+
+    @staticmethod
+    def from_dict(raw: Mapping[str, Any]) -> LaunchRecord:
+        port = raw.get("masterPort")
+        return LaunchRecord(
+            epoch=int(raw.get("epoch", 0)),
+            restart_attempt=int(raw.get("restartAttempt", -1)),
+            master_addr=raw.get("masterAddr"),
+            master_port=None if port is None else int(port),
+            trainer_restarts={int(r): int(n) for r, n in
+                              (raw.get("trainerRestarts") or {}).items()},
+            pod_uids={int(r): str(uid) for r, uid in (raw.get("podUIDs") or {}).items()},
+        )
+
+
+@dataclass(frozen=True)
+class PlanRecord:
+    """status.recovery.plan: the version every rank restores and from where."""
+
+    version: int | None
+    mode: str
+    reason: str
+    replace_ranks: tuple[int, ...] = ()
+    sources: Mapping[int, RankSource] = field(default_factory=dict)
+    refetch: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
+    newest_seen: int | None = None  # the newest step any sidecar held (steps lost = it - version)
+
+    @staticmethod
+    def from_plan(plan: RecoveryPlan, newest_seen: int | None) -> PlanRecord:
+        # The status keeps where each rank loads from, not the checksums.
+        sources = {r: RankSource(s.kind, s.holder) for r, s in plan.sources.items()}
+        return PlanRecord(plan.version, plan.mode, plan.reason, plan.replace_ranks, sources,
+                          dict(plan.refetch), newest_seen)
+
+    @property
+    def source_word(self) -> str:
+        """lastRecovery.source: S3, Peers (some rank loaded from a peer) or Local."""
+        if self.mode == MODE_S3:
+            return "S3"
+        return "Peers" if self.peer_sources() else "Local"
+
+    def peer_sources(self) -> dict[int, int]:
+        """rank -> the peer it loads its shard from, for the ranks that load from a peer."""
+        return {r: s.holder for r, s in self.sources.items()
+                if s.kind == "peer" and s.holder is not None}
+
+    @property
+    def steps_lost(self) -> int:
+        if self.newest_seen is None or self.version is None:
+            return 0
+        return max(0, self.newest_seen - self.version)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "mode": self.mode,
+            "reason": self.reason,
+            "replaceRanks": list(self.replace_ranks),
+            "sources": {str(r): {"kind": s.kind, "holder": s.holder}
+                        for r, s in sorted(self.sources.items())},
+            "refetch": {str(r): list(h) for r, h in sorted(self.refetch.items())},
+            "newestSeen": self.newest_seen,
+        }
+
+    @staticmethod
+    def from_dict(raw: Mapping[str, Any]) -> PlanRecord:
+        version, newest = raw.get("version"), raw.get("newestSeen")
+        return PlanRecord(
+            version=None if version is None else int(version),
+            mode=str(raw.get("mode", "")),
+            reason=str(raw.get("reason", "")),
+            replace_ranks=tuple(int(r) for r in raw.get("replaceRanks") or ()),
+            sources={int(r): _source(s) for r, s in (raw.get("sources") or {}).items()},
+            refetch={int(r): tuple(int(h) for h in hs)
+                     for r, hs in (raw.get("refetch") or {}).items()},
+            newest_seen=None if newest is None else int(newest),
+        )
+
+
+def _source(raw: Mapping[str, Any]) -> RankSource:
+    holder = raw.get("holder")
+    return RankSource(raw.get("kind", "local"), None if holder is None else int(holder))
+
+
+@dataclass(frozen=True)
+class RecoveryRecord:
+    """status.recovery: the recovery (or resume) under way, each phase written before it acts.
+
+    `lost_ranks` (stored as plan.lostRanks) are known before planning; `plan` is None until
+    the Planning phase has planned."""
+
+    epoch: int
+    phase: RecoveryPhase
+    kind: str  # a FailureKind value, or RESUME
+    cause: str = ""
+    failed_ranks: tuple[int, ...] = ()
+    detected_at: str | None = None
+    started_at: str | None = None
+    started_unix: float = 0.0  # the clock's time at the start, for durations
+    marks: Mapping[str, float] = field(default_factory=dict)  # cumulative seconds per phase
+    lost_ranks: tuple[int, ...] = ()
+    plan: PlanRecord | None = None
+
+    def at(self, phase: RecoveryPhase, now_unix: float,
+           plan: PlanRecord | None = None) -> RecoveryRecord:
+        """This record moved on to `phase`, with the time the current phase ended marked."""
+        marks = {**self.marks, self.phase.value.lower(): round(now_unix - self.started_unix, 3)}
+        return replace(self, phase=phase, marks=marks, plan=plan or self.plan)
+
+    def to_dict(self) -> dict[str, Any]:
+        plan = self.plan.to_dict() if self.plan is not None else {}
+        return {
+            "epoch": self.epoch,
+            "phase": self.phase.value,
+            "kind": self.kind,
+            "cause": self.cause,
+            "failedRanks": list(self.failed_ranks),
+            "detectedAt": self.detected_at,
+            "startedAt": self.started_at,
+            "startedUnix": self.started_unix,
+            "marks": dict(self.marks),
+            "plan": {**plan, "lostRanks": list(self.lost_ranks)},
+        }
+
+    @staticmethod
+    def from_dict(raw: Mapping[str, Any]) -> RecoveryRecord:
+        plan = raw.get("plan") or {}
+        return RecoveryRecord(
+            epoch=int(raw.get("epoch", 0)),
+            phase=RecoveryPhase(raw.get("phase", RecoveryPhase.PLANNING.value)),
+            kind=str(raw.get("kind", "software")),
+            cause=str(raw.get("cause", "")),
+            failed_ranks=tuple(int(r) for r in raw.get("failedRanks") or ()),
+            detected_at=raw.get("detectedAt"),
+            started_at=raw.get("startedAt"),
+            started_unix=float(raw.get("startedUnix", 0.0)),
+            marks={str(k): float(v) for k, v in (raw.get("marks") or {}).items()},
+            lost_ranks=tuple(int(r) for r in plan.get("lostRanks") or ()),
+            plan=PlanRecord.from_dict(plan) if "mode" in plan else None,
+        )
