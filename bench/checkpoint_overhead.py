@@ -12,8 +12,9 @@ BLOCK iterations cycle through the modes, so that drift on this shared machine h
 alike:
 
   none         no snapshot (the baseline)
-  interleaved  snapshot every iteration, pair A (forced: every version is offered; versions
-               the sidecar cannot send in time are coalesced, and it says how many)
+  interleaved  snapshot every iteration, pair A (forced: every version is offered; the ranks
+               skip together while the newest one is not on its peer yet, and the output
+               counts those skips per mode)
   immediate    snapshot every iteration, pair B (all chunks sent at once, for comparison)
   default      pair A, a snapshot every k iterations, k = the interval the sidecar's plan
                reports (interval_iterations): 1 when the traffic fits the idle spans; larger
@@ -29,6 +30,7 @@ Where the time goes: per mode, the median compute (forward, backward, step), the
 snapshot stall (the copy into shm), and the CPU seconds the two sidecars of the mode
 used per iteration; on these 2 cores that CPU is taken from training.
 BENCH_CYCLES (default 4) and BENCH_BLOCK (default 4) set the number of iterations.
+Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from support.cleanup import cleaning_up
 from support.sidecar_procs import JOB, ROOT, TOKEN, SidecarProc, free_port, wait_until
 
 MODEL = ["--engine", "deepspeed", "--layers", "6", "--d-model", "512", "--heads", "8",
@@ -101,9 +104,10 @@ def worker(plan_path: Path, out_path: Path) -> None:
         engine.step()
         loss.item()
         compute = time.perf_counter() - start
-        stall = snap.snapshot(step + 1).stall_s if snap is not None else 0.0
+        stats = snap.snapshot(step + 1) if snap is not None else None
         rows.append({"mode": mode, "step": step, "seconds": time.perf_counter() - start,
-                     "compute": compute, "stall": stall})
+                     "compute": compute, "stall": stats.stall_s if stats else 0.0,
+                     "skipped": bool(stats and stats.skipped)})
         step += 1
 
     for _ in range(WARMUP):
@@ -236,6 +240,10 @@ def summarize(data: dict[str, Any]) -> None:
         for key in ("seconds", "compute", "stall"):
             per_mode[mode][key].append(max(row[key] for row in pair))
     med = {m: {k: statistics.median(v) for k, v in d.items()} for m, d in per_mode.items()}
+    # Snapshots the ranks skipped together (the newest version was not on its peer yet):
+    # those iterations copied nothing, so the ratio is only honest beside this count.
+    skipped = {m: sum(1 for pair in rows if pair[0]["mode"] == m and pair[0].get("skipped"))
+               for m in MODES}
     iters = CYCLES * BLOCK
     base = med["none"]["seconds"]
     params = data["results"][0]["params"]
@@ -246,7 +254,8 @@ def summarize(data: dict[str, Any]) -> None:
         sidecar_cpu = sum(data["cpu"][mode]) / iters
         print(f"{mode:12s} iteration {m['seconds'] * 1e3:8.1f} ms  ratio "
               f"{m['seconds'] / base:5.3f}  compute {m['compute'] * 1e3:8.1f} ms  stall "
-              f"{m['stall'] * 1e3:6.1f} ms  sidecar CPU {sidecar_cpu * 1e3:7.1f} ms/iteration")
+              f"{m['stall'] * 1e3:6.1f} ms  sidecar CPU {sidecar_cpu * 1e3:7.1f} ms/iteration"
+              f"  skipped {skipped[mode]}/{iters}")
     for name, status in data["status"].items():
         print(f"pair {name} ({status['mode']}): skipped (coalesced) versions "
               f"{status['skipped_versions']}, fits idle spans {status['fits_idle_spans']}, "
@@ -262,7 +271,9 @@ def summarize(data: dict[str, Any]) -> None:
         "default_interval_iterations": data["interval"],
         "baseline_iteration_s": round(base, 4),
         "stall_s": round(med["interleaved"]["stall"], 4),
+        "skipped_snapshots": skipped,
         "params": params,
+        "load_1min": round(os.getloadavg()[0], 2),
     }))
 
 
@@ -270,7 +281,9 @@ def main() -> None:
     if len(sys.argv) == 4 and sys.argv[1] == "--worker":
         worker(Path(sys.argv[2]), Path(sys.argv[3]))
         return
-    summarize(run())
+    with cleaning_up():  # sidecars and trainers stopped, also when interrupted
+        results = run()
+    summarize(results)
 
 
 if __name__ == "__main__":

@@ -111,6 +111,12 @@ def _unpack(raw: bytes) -> tuple[Frame, int]:
 
 BULK_BYTES = 64 * 1024  # payloads at least this large move on a worker thread
 BULK_TIMEOUT_S = 120.0
+# A peer that stops answering (its node cut off or gone) is noticed by the kernel within
+# seconds, whatever the size of the transfer: bytes sent and not acknowledged for
+# PEER_SILENCE_S end the connection (TCP_USER_TIMEOUT), and so do keepalive probes left
+# unanswered on a connection that waits for a reply (about KEEPALIVE_IDLE_S + 3 x 2 s).
+PEER_SILENCE_S = 10.0
+KEEPALIVE_IDLE_S = 5
 CRC_PIECE_BYTES = 1 << 20  # received bytes are checksummed in pieces of about L2 size
 # Bulk transfers block their thread until the peer keeps up; a pool of their own keeps them
 # from starving (or deadlocking, with several sidecars in one process) the default executor.
@@ -126,6 +132,15 @@ def _crc_stream(pieces: queue.SimpleQueue[memoryview | None]) -> int:
     while (piece := pieces.get()) is not None:
         crc = crc32(piece, crc)
     return crc
+
+
+def watch_for_silence(sock: socket.socket) -> None:
+    """Have the kernel end the connection when the peer stops answering (see PEER_SILENCE_S)."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(PEER_SILENCE_S * 1000))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 2)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
 
 
 class Channel:
@@ -145,6 +160,7 @@ class Channel:
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):  # acks must not wait for Nagle
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            watch_for_silence(sock)
         self.sock = sock
         self._bulk = sock.dup()
         self._bulk.settimeout(BULK_TIMEOUT_S)
