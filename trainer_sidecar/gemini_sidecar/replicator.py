@@ -31,6 +31,9 @@ from gemini_trainer.shm import SlotInfo
 
 log = logging.getLogger(__name__)
 DEFAULT_LINK = LinkModel(alpha_seconds=50e-6, bandwidth_bytes_per_second=2.0 * (1 << 30))
+# A send that failed is tried again after these (doubling): the trainers wait for its
+# acknowledgement and send no newer version meanwhile (a peer cut off and healed, say).
+RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
 
 
 @dataclass
@@ -76,11 +79,15 @@ class Replicator:
         self._queued: int | None = None  # the version notified and not started yet
         self.idle = asyncio.Event()
         self.idle.set()
+        self._retry_delay = RETRY_FIRST_S
+        self._retry: asyncio.TimerHandle | None = None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
         for task in (self._task, self._sending):
             if task is not None:
                 task.cancel()
@@ -139,6 +146,30 @@ class Replicator:
             # keep replicating later versions whatever went wrong here
             log.error("replication of version %d failed", version, exc_info=err)
         self._sending = None
+        self._retry_if_failed(version)
+
+    def _retry_if_failed(self, version: int) -> None:
+        if self.status.acknowledged_version == version:
+            self._retry_delay = RETRY_FIRST_S
+            return
+        failed = [r for r in self._placement().send_to
+                  if self.status.peers.get(r, PeerState()).last_error]
+        if not failed or self._queued is not None:
+            return
+        log.info("sending version %d to ranks %s again in %.0f s", version, failed,
+                 self._retry_delay)
+        self._retry = asyncio.get_running_loop().call_later(
+            self._retry_delay, self._send_again, version)
+        self._retry_delay = min(2 * self._retry_delay, RETRY_MAX_S)
+
+    def _send_again(self, version: int) -> None:
+        self._retry = None
+        newest = self.local.latest()  # still the trainer's newest, still not acknowledged
+        if (self._queued is None and self._sending is None and newest is not None
+                and newest.version == version and newest.seq > self.local.acknowledged_seq()):
+            self._queued = version
+            self.idle.clear()
+            self._wake.set()
 
     async def _replicate(self, version: int) -> None:
         targets = self._placement().send_to

@@ -1,6 +1,6 @@
 """A peer that stops answering mid-send (its node cut off) is noticed within seconds by the
 kernel (TCP_USER_TIMEOUT and keepalive on every peer connection), not after the 120 s reply
-timeout: the send fails and the replicator is free for the next placement. Real sidecars on
+timeout: the send fails, and it is tried again once the peer answers. Real sidecars on
 loopback; the cut is an nftables rule dropping the peer port's packets (needs root and nft,
 which `./dev` installs)."""
 
@@ -57,6 +57,12 @@ async def test_a_silent_peer_ends_the_send_within_seconds(tmp_path):
         took = time.monotonic() - started
         assert took < PEER_SILENCE_S + 15, f"noticed after {took:.1f} s"
         assert not replica_complete(b, 0, 2)
+        # Healed: the send is tried again by itself (the trainer sends no new notice while
+        # it waits for the acknowledgement), and the version gets acknowledged.
+        subprocess.run(["nft", "delete", "table", "inet", table], check=True)
+        await wait_for(partial(replica_complete, b, 0, 2), timeout=60, what="version 2 again")
+        await wait_for(lambda: a.replicator.status.acknowledged_version == 2, timeout=10,
+                       what="the acknowledgement")
     finally:
         subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
         await asyncio.wait_for(a.stop(), 30)
