@@ -154,7 +154,8 @@ class Sidecar:
             for slots in opened[-1:]:
                 slots.abort()
             raise
-        opened[-1].commit(result.version, result.checksum)
+        info = opened[-1].commit(result.version, result.checksum)
+        self.replicator.seen(info.seq)  # fetched from its holders: nothing to send
         self.metrics.latest_local_version.set(result.version)
         return result
 

@@ -14,6 +14,7 @@ which would hold it until the reply timeout) and sends that version again to the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -34,6 +35,9 @@ DEFAULT_LINK = LinkModel(alpha_seconds=50e-6, bandwidth_bytes_per_second=2.0 * (
 # A send that failed is tried again after these (doubling): the trainers wait for its
 # acknowledgement and send no newer version meanwhile (a peer cut off and healed, say).
 RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
+# How often the slot file is checked for a version the trainer committed without a notice
+# reaching the sidecar (its POST timed out, say): the trainers would wait for it for good.
+UNANNOUNCED_CHECK_S = 2.0
 
 
 @dataclass
@@ -81,6 +85,7 @@ class Replicator:
         self.idle.set()
         self._retry_delay = RETRY_FIRST_S
         self._retry: asyncio.TimerHandle | None = None
+        self._seen_seq = 0  # newest slot sequence number queued here (or written here)
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -126,15 +131,36 @@ class Replicator:
         self.idle.clear()
         self._wake.set()
 
+    def seen(self, seq: int) -> None:
+        """A slot the sidecar wrote itself (a fetch): its holders have it already."""
+        self._seen_seq = max(self._seen_seq, seq)
+
     async def _run(self) -> None:
         while True:
-            await self._wake.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), UNANNOUNCED_CHECK_S)
+            if not self._wake.is_set():
+                self._queue_unannounced()
+                if not self._wake.is_set():
+                    continue
             self._wake.clear()
             version, self._queued = self._queued, None
             if version is not None:
                 await self._replicate_once(version)
             if not self._wake.is_set():
                 self.idle.set()
+
+    def _queue_unannounced(self) -> None:
+        newest = self.local.latest()
+        if (newest is None or newest.seq <= self._seen_seq or self._retry is not None
+                or newest.seq <= self.local.acknowledged_seq()
+                or time.time_ns() - newest.committed_unix_ns < UNANNOUNCED_CHECK_S * 1e9):
+            return  # nothing new, or its notice may still be on its way
+        log.warning("version %d is in shared memory without a notice from the trainer: "
+                    "sending it", newest.version)
+        self._queued = newest.version
+        self.idle.clear()
+        self._wake.set()
 
     async def _replicate_once(self, version: int) -> None:
         self._sending = asyncio.create_task(self._replicate(version))
@@ -178,6 +204,7 @@ class Replicator:
         except LocalShardError as err:
             log.warning("cannot replicate: %s", err)
             return
+        self.seen(info.seq)
         self.metrics.latest_local_version.set(info.version)
         plans = plan(len(data), len(targets), self.cfg.chunk_bytes, self._profile(), self.link)
         self._record_plan(plans)

@@ -83,3 +83,18 @@ async def test_a_restarted_sidecar_sends_the_newest_version_without_a_notice(tmp
             await a.stop()
     finally:
         await b.stop()
+
+
+async def test_a_version_whose_notice_was_lost_is_still_sent(tmp_path):
+    ports = {0: free_port(), 1: free_port()}
+    a = Sidecar(make_config(0, 2, tmp_path, ports, send_to=(1,), replicas=2))
+    b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,), replicas=2))
+    await a.start()
+    await b.start()
+    try:
+        info = write_local(a.cfg, 4, payload(4, 1 << 20))  # committed; no notice follows
+        await wait_for(partial(replica_complete, b, 0, 4), timeout=15, what="version 4")
+        await wait_for(lambda: acknowledged(a) == info.seq, what="the acknowledgement")
+    finally:
+        await a.stop()
+        await b.stop()
