@@ -6,6 +6,7 @@ Starts its own control plane and 4 nodes in a temporary directory, then measures
 - node lost (all its processes SIGKILLed) -> Node Ready condition Unknown/False seen through
   the API (target <= 10 s; KCM's node-monitor-grace-period is 8 s).
 The last line is the JSON summary for pod -> Running; the line before it is node lost.
+Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from kubernetes import client, config
+from support.cleanup import cleaning_up
 
 from gemini_local import faults
 from gemini_local.controlplane import start_control_plane, stop_control_plane
@@ -92,9 +94,14 @@ def node_lost(plane, core: client.CoreV1Api, index: int) -> float:
 
 
 def main() -> int:
-    state_dir = Path(tempfile.mkdtemp(prefix="gemini-bench-"))
-    plane = start_control_plane(state_dir)
+    with cleaning_up() as cleanup:
+        state_dir = cleanup.cluster(Path(tempfile.mkdtemp(prefix="gemini-bench-")))
+        return measure(state_dir)
+
+
+def measure(state_dir: Path) -> int:
     try:
+        plane = start_control_plane(state_dir)
         specs = [NodeSpec(f"node-{i}", f"zone-{i // 2}", f"rack-{i % 2}", i) for i in range(4)]
         for spec in specs:
             start_node_agent(plane.kubeconfig, plane.pki, state_dir, spec)

@@ -3,6 +3,7 @@
 The baseline measured in the same run is the bare control plane (etcd, API server, KCM,
 scheduler) without nodes: the ratio says what the node agents add on top of it.
 Prints medians of several runs; the last line is the JSON result.
+Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
 """
 
 from __future__ import annotations
@@ -14,34 +15,43 @@ import tempfile
 import time
 from pathlib import Path
 
+from support.cleanup import Cleanup, cleaning_up
+
 from gemini_local import cluster, controlplane
 
 RUNS = 3
 TARGET_SECONDS = 20.0
 
 
-def time_cluster_up(nodes: int) -> float:
+def time_cluster_up(cleanup: Cleanup, nodes: int) -> float:
     with tempfile.TemporaryDirectory(prefix="bench-up-") as tmp:
-        started = time.monotonic()
-        cluster.up(Path(tmp), cluster.Topology(nodes=nodes, zones=2, racks=2))
-        elapsed = time.monotonic() - started
-        cluster.down(Path(tmp))
+        state = cleanup.cluster(Path(tmp))
+        try:
+            started = time.monotonic()
+            cluster.up(state, cluster.Topology(nodes=nodes, zones=2, racks=2))
+            elapsed = time.monotonic() - started
+        finally:
+            cluster.down(state)
     return elapsed
 
 
-def time_control_plane_only() -> float:
+def time_control_plane_only(cleanup: Cleanup) -> float:
     with tempfile.TemporaryDirectory(prefix="bench-cp-") as tmp:
-        started = time.monotonic()
-        controlplane.start_control_plane(Path(tmp))
-        elapsed = time.monotonic() - started
-        controlplane.stop_control_plane(Path(tmp))
+        state = cleanup.cluster(Path(tmp))
+        try:
+            started = time.monotonic()
+            controlplane.start_control_plane(state)
+            elapsed = time.monotonic() - started
+        finally:
+            controlplane.stop_control_plane(state)
     return elapsed
 
 
 def main() -> int:
     controlplane.binaries_dir()  # build outside the timed region if missing
-    bare = [time_control_plane_only() for _ in range(RUNS)]
-    full = [time_cluster_up(4) for _ in range(RUNS)]
+    with cleaning_up() as cleanup:
+        bare = [time_control_plane_only(cleanup) for _ in range(RUNS)]
+        full = [time_cluster_up(cleanup, 4) for _ in range(RUNS)]
     print(f"control plane alone: {[round(x, 2) for x in bare]} s, median "
           f"{statistics.median(bare):.2f} s")
     print(f"local up, 4 nodes:   {[round(x, 2) for x in full]} s, median "

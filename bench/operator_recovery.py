@@ -18,6 +18,7 @@ installs crds/geminijob.yaml and runs the operator in this process. Two measurem
 
 Medians over the runs; the last line is the node-loss JSON, the line before it the detection
 JSON. A step that never happens ends the bench with the message of what is missing.
+Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 
 import yaml
 from kubernetes import client, config
+from support.cleanup import cleaning_up
 
 from gemini_local import cluster, faults
 from gemini_local.controlplane import REPO_ROOT
@@ -227,9 +229,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node-runs", type=int, default=1, help="node losses to time")
     parser.add_argument("--workers", type=int, default=2, help="ranks of the node-loss job")
     args = parser.parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="gemini-bench-") as tmp:
-        # One spare per node loss: a lost node stays lost.
-        bench = Bench(Path(tmp), nodes=max(2, args.workers) + args.node_runs)
+    with cleaning_up() as cleanup, tempfile.TemporaryDirectory(prefix="gemini-bench-") as tmp:
+        # One spare per node loss: a lost node stays lost. Down also if Bench() fails midway.
+        state = cleanup.cluster(Path(tmp))
+        try:
+            bench = Bench(state, nodes=max(2, args.workers) + args.node_runs)
+        except BaseException:
+            cluster.down(state)
+            raise
         try:
             latencies = measure_detection(bench, args.runs)
             print(json.dumps({"metric": "failure_to_first_corrective_write_seconds",

@@ -22,6 +22,7 @@ the operator's last warning), the JSON lines carry "value": null and that "error
 measured before it are still shown, and no further runs are made; never a made-up number.
 Then the creation JSON line, the recovery JSON line, and last a JSON line with the worse of
 the two as a fraction of its target (<= 1: both targets met).
+Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from support.cleanup import Cleanup, cleaning_up
 
 from gemini_local import kwok, processes
 from gemini_local.controlplane import REPO_ROOT, ControlPlane
@@ -432,6 +435,11 @@ def baseline_pods(core: Any, ranks: int, lost: int) -> tuple[float, float]:
 
 
 def main() -> int:
+    with cleaning_up() as cleanup:
+        return measure(cleanup)
+
+
+def measure(cleanup: Cleanup) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=1000)
     parser.add_argument("--lost", type=int, default=10)
@@ -449,7 +457,8 @@ def main() -> int:
     results: list[RunResult] = []
     setup: dict[str, float] = {}
     error = ""
-    state_dir = Path(tempfile.mkdtemp(prefix="gemini-scale-"))
+    # whatever happens, nothing naming the state dir (control plane, kwok, operator) outlives it
+    state_dir = cleanup.cluster(Path(tempfile.mkdtemp(prefix="gemini-scale-")))
     try:
         check_operator_available()
         t = time.monotonic()

@@ -6,6 +6,10 @@ reports. Targets (issue 6): trainer crash <= 10 s, node loss <= 30 s. The final 
 object; its value is the worst median's share of its target (<= 1: every target met).
 
     .venv/bin/python bench/recovery_downtime.py [--runs 3] [--workers 4] [--replicas 2]
+
+Ctrl-C or SIGTERM (a timeout) stops it cleanly: the signal is passed on to the demo, which
+tears down its cluster, operator and S3; the bench then makes sure (`gemini local down` on
+the run's state directory, and no process naming it left) and exits with 130 or 143.
 """
 
 from __future__ import annotations
@@ -22,29 +26,51 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from support.cleanup import Cleanup, cleaning_up, kill_processes_naming
+
 from gemini_local.processes import venv_tools_env
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"trainer-crash": 10.0, "node-loss": 30.0}
+DEMO_TIMEOUT_S = 1200
 
 
-def one_run(args: argparse.Namespace) -> dict[str, Any]:
-    state = Path(tempfile.mkdtemp(prefix="gbench-", dir="/tmp"))
+def one_run(args: argparse.Namespace, cleanup: Cleanup) -> dict[str, Any]:
+    state = cleanup.cluster(Path(tempfile.mkdtemp(prefix="gbench-", dir=args.tmp_dir)))
     # the reference run and the pods use the same ninja and JIT folder (see venv_tools_env)
     env = venv_tools_env(sys.executable, os.environ)
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "gemini_cli", "demo", "--workers", str(args.workers),
-             "--replicas", str(args.replicas), "--failures", args.failures, "--state-dir",
-             str(state), "--output", "json", *(["--warm-standby"] if args.warm_standby else [])],
-            cwd=REPO, capture_output=True, text=True, timeout=1200, check=False, env=env)
-    finally:
-        subprocess.run([sys.executable, "-m", "gemini_cli", "local", "--state-dir", str(state),
-                        "down"], cwd=REPO, capture_output=True, check=False)
-        shutil.rmtree(state, ignore_errors=True)
-    if not result.stdout.strip():
-        raise SystemExit(f"the demo failed (exit {result.returncode}):\n{result.stderr[-4000:]}")
-    report: dict[str, Any] = json.loads(result.stdout)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        demo: subprocess.Popen[bytes] | None = None
+        try:
+            demo = cleanup.spawn(
+                [sys.executable, "-m", "gemini_cli", "demo", "--workers", str(args.workers),
+                 "--replicas", str(args.replicas), "--failures", args.failures, "--state-dir",
+                 str(state), "--output", "json",
+                 *(["--warm-standby"] if args.warm_standby else [])],
+                cwd=REPO, stdout=out, stderr=err, env=env)
+            try:
+                demo.wait(timeout=DEMO_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                print(f"the demo did not finish within {DEMO_TIMEOUT_S} s; stopping it",
+                      file=sys.stderr, flush=True)
+        finally:
+            # Passes on this bench's SIGTERM/SIGINT (SIGTERM after the timeout) and waits for
+            # the demo's own teardown; then makes sure nothing of its state dir runs.
+            code = cleanup.stop_child(demo) if demo is not None else None
+            if cleanup.received is not None:  # the demo's own word on its teardown
+                err.seek(0)
+                print(f"demo (exit {code}): " + (err.read().decode(errors="replace").strip()
+                      .splitlines() or ["(no output)"])[-1], file=sys.stderr, flush=True)
+            subprocess.run([sys.executable, "-m", "gemini_cli", "local", "--state-dir",
+                            str(state), "down"], cwd=REPO, capture_output=True, check=False)
+            kill_processes_naming(state)  # the demo's operator, should it have outlived it
+            shutil.rmtree(state, ignore_errors=True)
+        out.seek(0)
+        err.seek(0)
+        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
+    if not stdout.strip():
+        raise SystemExit(f"the demo failed (exit {code}):\n{stderr[-4000:]}")
+    report: dict[str, Any] = json.loads(stdout)
     return report
 
 
@@ -56,13 +82,20 @@ def main() -> None:
     parser.add_argument("--failures", default="trainer-crash,node-loss,group-loss")
     parser.add_argument("--warm-standby", action="store_true",
                         help="run the demo with the launchers' warm standby")
+    parser.add_argument("--tmp-dir", default="/tmp",
+                        help="where each run's state directory (gbench-*) is made")
     args = parser.parse_args()
+    with cleaning_up() as cleanup:
+        measure(args, cleanup)
+
+
+def measure(args: argparse.Namespace, cleanup: Cleanup) -> None:
     downtimes: dict[str, list[float]] = defaultdict(list)
     breakdowns: dict[str, list[dict[str, float]]] = defaultdict(list)
     lost: dict[str, list[int]] = defaultdict(list)
     iterations = []
     for run in range(args.runs):
-        report = one_run(args)
+        report = one_run(args, cleanup)
         iterations.append(report["iteration_seconds"])
         for row in report["failures"]:
             if row["downtime_seconds"] is None:

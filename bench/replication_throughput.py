@@ -18,6 +18,7 @@ CRC-32 of each piece as it lands on a second thread (as the sidecar does): the c
 transfer that checks every byte with CRC-32, i.e. the ceiling for the sidecar. It is reported
 beside the target ratio (`vs_raw_crc32`), not in it.
 BENCH_BYTES and BENCH_RUNS override the size and the number of pairs.
+Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from support.cleanup import cleaning_up
 from support.sidecar_procs import (
     JOB,
     ROOT,
@@ -137,6 +139,11 @@ def sidecar_run(sender: SidecarProc, holder: SidecarProc, slots, version: int, d
 
 
 def main() -> None:
+    with cleaning_up():  # the sidecars and raw TCP processes stopped, also when interrupted
+        measure()
+
+
+def measure() -> None:
     shm_root = Path(tempfile.mkdtemp(prefix="gemini-bench-", dir="/dev/shm"))
     ports = {0: free_port(), 1: free_port()}
     sender = SidecarProc(0, 2, shm_root, ports, send_to="1")

@@ -10,6 +10,7 @@ the same bytes into a preallocated buffer, and raw Python TCP between two proces
 The figure: peer restore time over (raw TCP transfer + local restore), i.e. what the peer
 path costs beyond moving the bytes over a bare socket and restoring them as from local
 memory (both end in the same verified read). Medians of BENCH_RUNS (default 3).
+Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from replication_throughput import raw_run
+from support.cleanup import Cleanup, cleaning_up
 from support.sidecar_procs import SidecarProc, commit_version, free_port, pattern, wait_until
 
 from gemini_trainer.shm import ShardSlots
@@ -44,12 +46,13 @@ def trainer_read(slots: ShardSlots, out: np.ndarray) -> None:
     view.release()
 
 
-def start_s3_if_installed(state: Path) -> dict[str, str] | None:
+def start_s3_if_installed(state: Path, cleanup: Cleanup) -> dict[str, str] | None:
     if not shutil.which("radosgw"):
         print("radosgw not installed: S3 path skipped", flush=True)
         return None
-    from gemini_local.s3 import start_s3
+    from gemini_local.s3 import start_s3, stop_s3
 
+    cleanup.at_exit(stop_s3, state)
     ep = start_s3(state, stop_with_pid=os.getpid())
     return {"GEMINI_S3_BUCKET": ep.bucket, "GEMINI_S3_ENDPOINT": ep.url,
             "GEMINI_S3_REGION": ep.region, "GEMINI_S3_ACCESS_KEY": ep.access_key,
@@ -64,9 +67,16 @@ def timed(work) -> float:
 
 
 def main() -> None:
+    # the sidecars are stopped, and the S3 server, also when interrupted or failing to start
+    with cleaning_up() as cleanup:
+        measure(cleanup)
+
+
+def measure(cleanup: Cleanup) -> None:
     root = Path(tempfile.mkdtemp(prefix="gemini-restore-", dir="/dev/shm"))
+    cleanup.at_exit(shutil.rmtree, root, True)
     s3_state = Path(tempfile.mkdtemp(prefix="gemini-restore-s3-"))
-    s3_env = start_s3_if_installed(s3_state)
+    s3_env = start_s3_if_installed(s3_state, cleanup)
     ports = {0: free_port(), 1: free_port()}
     owner = SidecarProc(0, 2, root / "owner", ports, send_to="1", extra=s3_env)
     holder = SidecarProc(1, 2, root / "holder", ports, hold="0", extra=s3_env)

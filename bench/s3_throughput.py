@@ -6,6 +6,8 @@ with the loopback TCP throughput measured here too (the physical limit of any lo
 Also reports the daemons' resident memory with the object stored. Last line: one JSON object.
 
     .venv/bin/python bench/s3_throughput.py [--mib 256] [--runs 3]
+
+Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 import boto3
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
+from support.cleanup import Cleanup, cleaning_up
 
 from gemini_local.s3 import S3Endpoint, s3_status, start_s3, stop_s3
 
@@ -98,10 +101,11 @@ def daemons_rss_mib(state_dir: Path) -> float:
     return total_kib / 1024
 
 
-def startup_seconds(root: Path, runs: int) -> list[float]:
+def startup_seconds(root: Path, runs: int, cleanup: Cleanup) -> list[float]:
     times = []
     for run in range(runs):
         state_dir = root / f"startup-{run}"
+        cleanup.at_exit(stop_s3, state_dir)
         started = time.perf_counter()
         start_s3(state_dir)
         times.append(time.perf_counter() - started)
@@ -115,13 +119,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs per measurement")
     args = parser.parse_args()
     size = args.mib * MiB
-    with tempfile.TemporaryDirectory(prefix="s3-bench-") as tmp:
+    with cleaning_up() as cleanup, tempfile.TemporaryDirectory(prefix="s3-bench-") as tmp:
         root = Path(tmp)
-        startups = startup_seconds(root, args.runs)
+        startups = startup_seconds(root, args.runs, cleanup)
         print(f"start-up s: {[round(t, 2) for t in startups]}", flush=True)
         loopback = [loopback_mib_s(size) for _ in range(args.runs)]
         print(f"loopback TCP MiB/s: {[round(x) for x in loopback]}", flush=True)
         state_dir = root / "server"
+        cleanup.at_exit(stop_s3, state_dir)
         endpoint = start_s3(state_dir)
         try:
             client = client_for(endpoint)

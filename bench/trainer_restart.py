@@ -9,6 +9,8 @@ printed again, with the standby (default) over the same with GEMINI_LAUNCHER_STA
 the same run. No sidecar, no operator: only the launcher's and the training processes' share.
 
     .venv/bin/python bench/trainer_restart.py [--crashes 3] [--workers 4]
+
+Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from support.cleanup import cleaning_up
 
 from gemini_local.processes import venv_tools_env
 
@@ -151,8 +155,9 @@ def main() -> None:
                         help="steps trained before each crash (the standby warms meanwhile)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gbench-restart-", dir="/tmp"))
-    cold, _ = one_mode(root, False, args.workers, args.crashes, args.steps_between)
-    warm, used = one_mode(root, True, args.workers, args.crashes, args.steps_between)
+    with cleaning_up():  # the launchers (and their trainers) stopped, also when interrupted
+        cold, _ = one_mode(root, False, args.workers, args.crashes, args.steps_between)
+        warm, used = one_mode(root, True, args.workers, args.crashes, args.steps_between)
     shutil.rmtree(root, ignore_errors=True)  # kept when it failed, for its logs
     cold_m, warm_m = statistics.median(cold), statistics.median(warm)
     print(f"restart to first step: standby {warm_m:.2f} s (runs {[round(t, 2) for t in warm]}),"

@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "starts the operator, runs an uninterrupted reference, then trains a small GPT with "
             "DeepSpeed ZeRO-3 as a GeminiJob while injecting a trainer crash, a node loss and "
             "the loss of a whole placement group; ends with a report per failure (source, "
-            "downtime, steps lost, losses equal to the reference) and tears everything down."),
+            "downtime, steps lost, losses equal to the reference) and tears everything down, "
+            "also when stopped by SIGTERM or SIGINT (Ctrl-C; exit code 143 or 130)."),
     )
     parser.add_argument("--workers", type=int, default=4, help="training nodes (default 4)")
     parser.add_argument("--replicas", type=int, default=2,
@@ -59,6 +60,7 @@ def config_of(args: argparse.Namespace) -> DemoConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    from gemini_demo.interrupt import DemoInterrupted
     from gemini_demo.report import render_text
     from gemini_demo.session import DemoError, DemoOptions, run_demo
     from gemini_local.controlplane import ControlPlaneError
@@ -76,6 +78,9 @@ def run(args: argparse.Namespace) -> int:
         report = run_demo(options)
     except (DemoError, ControlPlaneError, FaultError, S3Error) as err:
         raise CliError(f"the demo failed: {err}") from err
+    except DemoInterrupted as stop:  # SIGTERM or SIGINT, once the teardown is done
+        print(f"gemini demo: {stop}", file=sys.stderr, flush=True)
+        return stop.exit_code
 
     def text(data: Any) -> str:
         return render_text(data) + (f"\nfigure: {data['plot']}" if data.get("plot") else "")

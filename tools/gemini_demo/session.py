@@ -2,7 +2,8 @@
 
 The reference run starts first and runs while the cluster comes up; the job is submitted only
 once it finished, so the failures' timings are not distorted by a second training run on the
-same cores (docs/demo.md).
+same cores (docs/demo.md). SIGTERM and SIGINT stop it at any point through the same teardown
+(gemini_demo.interrupt), unless --keep.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any, TextIO
 
 from gemini_demo import plan
 from gemini_demo.crash import kill_training_process
+from gemini_demo.interrupt import DemoInterrupted, SignalGuard
 from gemini_demo.logs import StepLine, StepLog, resumption
 from gemini_demo.plan import DemoConfig
 from gemini_demo.reference import ReferenceRun, ReferenceRunError
@@ -164,6 +166,7 @@ class Demo:
         self.timeline: list[str] = []  # what say() said, for the error report
         self.watch: RecoveringWatch | None = None
         self.cluster_started = False
+        self.guard = SignalGuard()
         self.log = StepLog(self.state_dir, plan.NAMESPACE, f"{plan.JOB_NAME}-worker-0",
                            started=self.t0)
 
@@ -178,22 +181,42 @@ class Demo:
     # --- the whole run ---------------------------------------------------------------------
 
     def run(self) -> dict[str, Any]:
+        """The whole demo; SIGTERM or SIGINT at any point ends it with DemoInterrupted once
+        everything it started is torn down (or left running with --keep)."""
+        self.guard.install()
         try:
-            return self._run()
+            try:
+                return self._run()
+            finally:
+                # A signal during the teardown waits for its end (and then wins over the
+                # report or an error: the process was asked to stop).
+                with self.guard.shielded(raise_after=False):
+                    note = self.clean_up()
+                self.guard.raise_pending(note)
         finally:
-            if self.reference is not None:
-                self.reference.stop()
-            if self.options.keep and self.cluster_started:
-                self.say("left running (--keep); explore with:\n" + self.explore_hint())
-            elif self.cluster_started:
-                self.teardown()
+            self.guard.uninstall()
+
+    def clean_up(self) -> str:
+        """Stop the reference run; tear down operator and cluster unless --keep. Says what
+        became of the cluster."""
+        if self.reference is not None:
+            self.reference.stop()
+        if not self.cluster_started:
+            return "nothing was running yet"
+        if self.options.keep:
+            self.say("left running (--keep); explore with:\n" + self.explore_hint())
+            return (f"left running (--keep): gemini local --state-dir {self.state_dir} down"
+                    + (f" && kill {self.operator.pid}" if self.operator else ""))
+        return self.teardown()
 
     def _run(self) -> dict[str, Any]:
         self.work.mkdir(parents=True, exist_ok=True)
         self.say(f"reference run: {self.config.workers} local processes, "
                  f"{self.config.total_steps} steps")
-        self.reference = ReferenceRun(SCRIPT, plan.trainer_args(self.config, with_sleep=False),
-                                      self.config.workers, self.work).start()
+        with self.guard.shielded():  # a signal now would lose the handles of its processes
+            self.reference = ReferenceRun(
+                SCRIPT, plan.trainer_args(self.config, with_sleep=False), self.config.workers,
+                self.work).start()
         self.bring_up()
         self.say("waiting for the reference run to finish before submitting the job")
         try:
@@ -217,9 +240,14 @@ class Demo:
         nodes = self.config.workers + plan.spare_nodes(self.config)
         self.say(f"local cluster: {nodes} nodes ({plan.spare_nodes(self.config)} spare) in 2 "
                  "zones, S3")
-        info = cluster.up(self.state_dir, cluster.Topology(nodes=nodes, zones=2, racks=2),
-                          with_s3=True, timeout=120)
-        self.cluster_started = True  # from here on, teardown owns it (up cleans up itself)
+        try:
+            info = cluster.up(self.state_dir, cluster.Topology(nodes=nodes, zones=2, racks=2),
+                              with_s3=True, timeout=120)
+            self.cluster_started = True  # from here on, teardown owns it
+        except DemoInterrupted:
+            # up stops what it started when interrupted; the teardown makes sure (and says so)
+            self.cluster_started = True
+            raise
         self.s3 = info["s3"]
         self.kubeconfig = Path(info["kubeconfig"])
         self.api = config.new_client_from_config(str(self.kubeconfig))
@@ -276,7 +304,8 @@ class Demo:
 
     def start_operator(self) -> None:
         log = self.work / "operator.log"
-        with open(log, "wb") as out:
+        # a signal now would lose the operator's handle: it waits until the handle is kept
+        with self.guard.shielded(), open(log, "wb") as out:
             self.operator = subprocess.Popen(
                 [sys.executable, "-m", "gemini_cli", "operator", "run", "--kubeconfig",
                  str(self.kubeconfig), "--namespace", plan.NAMESPACE, "--lease-namespace",
@@ -566,7 +595,7 @@ class Demo:
             + (f" && kill {self.operator.pid}" if self.operator else ""),
         ])
 
-    def teardown(self) -> None:
+    def teardown(self) -> str:
         if self.operator is not None and self.operator.poll() is None:
             os.killpg(self.operator.pid, signal.SIGTERM)
             try:
@@ -576,6 +605,7 @@ class Demo:
                 self.operator.wait()
         stopped = cluster.down(self.state_dir)
         self.say(f"torn down ({len(stopped)} components)")
+        return f"tore down the operator, cluster and S3 in {self.state_dir}"
 
 
 def downtime_breakdown(injected: float, detected: float | None, resumed: float | None,
