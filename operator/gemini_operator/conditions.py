@@ -98,6 +98,9 @@ WORKERS_DELETED = Reason(
 WORKERS_STARTING = Reason(
     T.RUNNING, False, "WorkersStarting", "{ready} of {total} workers are ready"
 )
+WORKERS_CANNOT_START = Reason(
+    T.RUNNING, False, "WorkersCannotStart", "pod {pod} {problem}{more}", warning=True,
+)
 ALL_WORKERS_READY = Reason(T.RUNNING, True, "AllWorkersReady", "all {total} workers are ready")
 JOB_FINISHED = Reason(T.RUNNING, False, "JobFinished", "the job has finished")
 JOB_SUSPENDED = Reason(
@@ -125,11 +128,12 @@ DEADLINE_EXCEEDED = Reason(
 )
 MAX_RESTARTS_EXCEEDED = Reason(
     T.FAILED, True, "MaxRestartsExceeded",
-    "{cause}; no recovery left after {restarts} (spec.failurePolicy.maxRestarts)", warning=True,
+    "{cause}; no recovery left after {restarts} (spec.failurePolicy.maxRestarts){log}",
+    warning=True,
 )
 FAILURE_POLICY_FAIL_JOB = Reason(
     T.FAILED, True, "FailurePolicyRuleMatched",
-    "{cause}; failure policy rule {rule} fails the job", warning=True,
+    "{cause}; failure policy rule {rule} fails the job{log}", warning=True,
 )
 UNRECOVERABLE = Reason(T.FAILED, True, "Unrecoverable", "{cause}; {why}", warning=True)
 PLACEMENT_PENDING = Reason(

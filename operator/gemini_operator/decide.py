@@ -30,6 +30,7 @@ from gemini_operator.failures import (
     describe,
     detect_failures,
     detect_hang,
+    log_note,
 )
 from gemini_operator.observed import NodeView, PodView
 from gemini_operator.records import LaunchRecord
@@ -371,6 +372,9 @@ def _failures(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft:
         failures = detect_hang(observed.progress, observed.now,
                                spec.failure_policy.hang_timeout_seconds, sorted(expected))
     if draft.is_true(ConditionType.RECOVERING):
+        _cannot_start(observed, draft, current)
+        if _failed_again(observed, spec, draft, current):
+            return True
         # A recovery is under way (perhaps begun by a previous operator): continue it.
         draft.actions.append(Recover(_kind(failures), failures, spec))
         return True
@@ -386,17 +390,61 @@ def _failures(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft:
     return True
 
 
+def _failed_again(observed: Observed, spec: JobSpec, draft: _Draft,
+                  current: Mapping[int, PodView]) -> bool:
+    """Whether the recovery under way failed itself: a launcher took the recovery's epoch and
+    its training process died again (a script that dies at start dies on every restart, and
+    its launcher exits before the recovery sees it run). That is a new failure: it counts as
+    a restart, or fails the job once maxRestarts are used up; the next recovery begins from
+    the epoch that failed, and its trainer restarts count from now."""
+    record = draft.status.recovery
+    launch = draft.status.launch
+    attempt = draft.status.restart_attempt
+    exits = relaunch_exits(current, launch, attempt)
+    if record is None or launch is None or not exits:
+        return False
+    failures = detect_failures(current, observed.nodes, spec.num_nodes, frozenset(exits), exits)
+    if not failures:
+        return False
+    draft.status = draft.status.with_changes(recovery=None, launch=LaunchRecord(
+        epoch=record.epoch, restart_attempt=attempt,
+        trainer_restarts={r: p.trainer_restarts for r, p in current.items()},
+        pod_uids={r: p.uid for r, p in current.items()}))
+    _decide_recovery(spec, draft, failures)
+    if draft.is_true(ConditionType.RECOVERING):  # unchanged, so no transition event: say it
+        again = cond.find(draft.status.conditions, ConditionType.RECOVERING)
+        message = again.message if again is not None else describe(failures)
+        draft.events.append(Event.of_condition(
+            cond.RECOVERY_NEEDED, f"the recovery's epoch {record.epoch} failed too: {message}"))
+    return True
+
+
+def _cannot_start(observed: Observed, draft: _Draft, current: Mapping[int, PodView]) -> bool:
+    """Running False, naming a pod and why, when workers cannot start without help from
+    outside (the scheduler cannot place them, a Secret or ConfigMap is missing, an image
+    cannot be pulled): the reason would otherwise be only in the pods' events."""
+    stuck = sorted((p.name, p.start_problem) for p in current.values()
+                   if p.start_problem and not p.deleting)
+    if not stuck:
+        return False
+    name, problem = stuck[0]
+    more = f" (and {len(stuck) - 1} more pods)" if len(stuck) > 1 else ""
+    draft.set(cond.WORKERS_CANNOT_START, pod=name, problem=problem, more=more)
+    return True
+
+
 def _decide_recovery(spec: JobSpec, draft: _Draft, failures: tuple[RankFailure, ...]) -> None:
     decision = apply_policy(spec.failure_policy, failures)
     cause = describe(failures)
     if decision.action is RuleAction.FAIL_JOB:
         rule = decision.rule.name if decision.rule else ""
-        draft.set(cond.FAILURE_POLICY_FAIL_JOB, cause=cause, rule=rule)
+        draft.set(cond.FAILURE_POLICY_FAIL_JOB, cause=cause, rule=rule, log=log_note(failures))
         _finish(draft)
         draft.actions.extend(_delete_active(draft.observed, "the failure policy failed the job"))
         return
     if decision.counts and draft.status.restarts >= spec.failure_policy.max_restarts:
-        draft.set(cond.MAX_RESTARTS_EXCEEDED, cause=cause, restarts=draft.status.restarts)
+        draft.set(cond.MAX_RESTARTS_EXCEEDED, cause=cause, restarts=draft.status.restarts,
+                  log=log_note(failures))
         _finish(draft)
         draft.actions.extend(_delete_active(draft.observed, "the job ran out of restarts"))
         return
@@ -446,6 +494,26 @@ def trainer_exits(
     return exits
 
 
+def relaunch_exits(
+    pods: Mapping[int, PodView], launch: LaunchRecord | None, attempt: int,
+) -> dict[int, int]:
+    """During a recovery: ranks whose trainer container restarted more often than the failed
+    epoch explains, with the exit code it ended with. A launcher of the failed epoch ends at
+    most once more (its process may die after the failure was seen), then holds until told
+    the recovery's epoch; so a further restart is that epoch's process dying. A pod new since
+    the launch (a replacement) has no failed epoch to end: any restart counts."""
+    if launch is None or launch.restart_attempt != attempt:
+        return {}
+    exits = {}
+    for rank, pod in pods.items():
+        same_pod = launch.pod_uids.get(rank) == pod.uid
+        allowed = launch.trainer_restarts.get(rank, 0) + 1 if same_pod else 0
+        if pod.trainer_restarts > allowed:
+            code = pod.trainer_last_exit.exit_code if pod.trainer_last_exit else 1
+            exits[rank] = code or 1
+    return exits
+
+
 def training_started(status: JobStatus) -> bool:
     """Whether the launchers of the current attempt were told to train."""
     return status.launch is not None and status.launch.restart_attempt == status.restart_attempt
@@ -461,7 +529,7 @@ def _running(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: 
     workers = draft.status.workers
     if workers.ready == spec.num_nodes:
         draft.set(cond.ALL_WORKERS_READY, total=spec.num_nodes)
-    else:
+    elif not _cannot_start(observed, draft, current):
         draft.set(cond.WORKERS_STARTING, ready=workers.ready, total=spec.num_nodes)
     return True
 

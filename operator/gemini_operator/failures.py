@@ -18,6 +18,8 @@ from gemini.domain.recovery import FailureKind
 from gemini_operator.observed import NodeView, PodView
 from gemini_operator.spec import FailurePolicy, FailureRule, RuleAction
 
+LOG_TAIL_LINES, LOG_TAIL_CHARS = 10, 1500
+
 
 class FailureReason(StrEnum):
     """The values of failurePolicy.rules[].onPodFailureReasons (the CRD's enum)."""
@@ -38,6 +40,7 @@ class RankFailure:
     reason: FailureReason
     exit_code: int | None
     detail: str  # a lower-case phrase for messages: "the pod was evicted"
+    log_tail: str = ""  # the last lines of the trainer's log, when the kubelet kept them
 
 
 @dataclass(frozen=True)
@@ -109,8 +112,10 @@ def _rank_failure(
         return RankFailure(rank, hardware, FailureReason.NODE_LOST, None,
                            f"node {pod.node_name} is not ready")
     if process_exit is not None and process_exit != 0:
+        last = pod.trainer_last_exit
         return RankFailure(rank, FailureKind.SOFTWARE, FailureReason.ERROR, process_exit,
-                           f"the training process exited with code {process_exit}")
+                           f"the training process exited with code {process_exit}",
+                           log_tail(last.message if last else ""))
     return None
 
 
@@ -123,7 +128,8 @@ def _failed_pod(rank: int, pod: PodView) -> RankFailure:
         return RankFailure(rank, hardware, FailureReason.OOM_KILLED, code,
                            "the trainer ran out of memory")
     what = "the pod failed" if code is None else f"the trainer container exited with code {code}"
-    return RankFailure(rank, hardware, FailureReason.ERROR, code, what)
+    tail = log_tail(pod.trainer_exit.message if pod.trainer_exit else "")
+    return RankFailure(rank, hardware, FailureReason.ERROR, code, what, tail)
 
 
 def _node_ready(node: NodeView | None) -> bool:
@@ -157,6 +163,23 @@ def apply_policy(policy: FailurePolicy, failures: Sequence[RankFailure]) -> Poli
     if free:
         return PolicyDecision(RuleAction.RESTART_JOB_AND_IGNORE_MAX_RESTARTS, first_rule, False)
     return PolicyDecision(RuleAction.RESTART_JOB, first_rule, counts=True)
+
+
+def log_tail(message: str, lines: int = LOG_TAIL_LINES, chars: int = LOG_TAIL_CHARS) -> str:
+    """The last `lines` non-blank lines of a termination message (the kubelet's tail of the
+    log), at most `chars` characters of them: enough for a traceback's last frames."""
+    kept = [line.rstrip() for line in message.splitlines() if line.strip()][-lines:]
+    return "\n".join(kept)[-chars:]
+
+
+def log_note(failures: Sequence[RankFailure]) -> str:
+    """The last log lines of the first failure that has any, as the end of the message of a
+    job that fails on them ("" when none has): a script that dies at start (an ImportError,
+    a bad path) is explained in the job's status, not only in the pod's logs."""
+    logged = next((f for f in failures if f.log_tail), None)
+    if logged is None:
+        return ""
+    return f"; the last lines of rank {logged.rank}'s log:\n{logged.log_tail}"
 
 
 def describe(failures: Sequence[RankFailure], limit: int = 3) -> str:

@@ -6,6 +6,7 @@ A registry of its own, so several operators in one process (tests) do not collid
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +103,9 @@ class OperatorMetrics:
             ["namespace", "job"], registry=r,
         )
         self._states: dict[tuple[str, str], str] = {}
+        # Reconciles of different jobs run in parallel threads: counting the states walks the
+        # dict while another job's first (or last) reconcile may add (or remove) its entry.
+        self._states_lock = threading.Lock()
 
     def observe_recovery(self, last: Mapping[str, Any]) -> None:
         """Count a finished recovery (a status.lastRecovery document)."""
@@ -140,11 +144,12 @@ class OperatorMetrics:
 
     def job_state(self, key: tuple[str, str], state: State | None) -> None:
         """Record a job's state (None: the job is gone) and refresh the per-state gauge."""
-        if state is None:
-            self._states.pop(key, None)
-        else:
-            self._states[key] = state.value
-        for each in State:
-            self.jobs.labels(state=each.value).set(
-                sum(1 for s in self._states.values() if s == each.value)
-            )
+        with self._states_lock:
+            if state is None:
+                self._states.pop(key, None)
+            else:
+                self._states[key] = state.value
+            for each in State:
+                self.jobs.labels(state=each.value).set(
+                    sum(1 for s in self._states.values() if s == each.value)
+                )

@@ -23,6 +23,9 @@ RACK_LABEL = "topology.gemini.io/rack"
 class ContainerExit:
     exit_code: int
     reason: str  # the kubelet's words: Completed, Error, OOMKilled, ...
+    # The termination message: with FallbackToLogsOnError (render.py) the kubelet puts the
+    # last lines of the log here when the container failed.
+    message: str = ""
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,10 @@ class PodView:
     trainer_finished_at: datetime | None = None  # the trainer's latest termination
     disrupted_at: datetime | None = None  # the DisruptionTarget condition turned true
     delete_requested_at: datetime | None = None  # deletionTimestamp less the grace period
+    # Why the pod cannot start, in the API's words ("" when nothing holds it back): the
+    # scheduler cannot place it, or a container cannot be created (a missing Secret or
+    # ConfigMap, an image that cannot be pulled).
+    start_problem: str = ""
 
     @property
     def terminal(self) -> bool:
@@ -93,6 +100,7 @@ def pod_view(pod: Mapping[str, Any]) -> PodView | None:
         trainer_finished_at=_trainer_finished_at(status),
         disrupted_at=_condition_time(status, "DisruptionTarget", true_only=True),
         delete_requested_at=_delete_requested_at(meta),
+        start_problem=start_problem(status),
     )
 
 
@@ -204,5 +212,32 @@ def _trainer_exit(status: Mapping[str, Any], key: str = "state") -> ContainerExi
         terminated = (container.get(key) or {}).get("terminated")
         if terminated:
             return ContainerExit(int(terminated.get("exitCode", 0)),
-                                 str(terminated.get("reason") or ""))
+                                 str(terminated.get("reason") or ""),
+                                 str(terminated.get("message") or ""))
     return None
+
+
+# Container waiting reasons that do not pass by themselves: the pod needs a fix from outside.
+CANNOT_START_REASONS = frozenset({
+    "CreateContainerConfigError", "CreateContainerError", "ErrImagePull", "ImagePullBackOff",
+    "InvalidImageName", "ErrImageNeverPull", "RunContainerError",
+})
+
+
+def start_problem(status: Mapping[str, Any]) -> str:
+    """Why a pod cannot start, naming the cause as the API gives it; "" when nothing holds
+    it back. The scheduler's verdict first (no container runs before it), then the first
+    container (init containers too: the sidecar is one) that cannot be created."""
+    for cond in status.get("conditions") or ():
+        if (cond.get("type"), cond.get("status"), cond.get("reason")) == (
+                "PodScheduled", "False", "Unschedulable"):
+            return f"cannot be scheduled: {cond.get('message') or 'no node fits'}"
+    for key in ("initContainerStatuses", "containerStatuses"):
+        for container in status.get(key) or ():
+            waiting = (container.get("state") or {}).get("waiting") or {}
+            reason = str(waiting.get("reason") or "")
+            if reason in CANNOT_START_REASONS:
+                message = str(waiting.get("message") or "").strip()
+                detail = f": {message}" if message else ""
+                return f"container {container.get('name')} cannot start: {reason}{detail}"
+    return ""

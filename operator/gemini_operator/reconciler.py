@@ -21,6 +21,7 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -81,7 +82,19 @@ RELIST_SECONDS = 5.0
 PARALLEL_WRITES = 16
 # Placement delivery to sidecars that did not take it is retried after 0.5, 1, 2, ... 30 s.
 DELIVERY_RETRY_SECONDS, DELIVERY_RETRY_MAX_SECONDS = 0.5, 30.0
-Handler = Callable[[JobView, Snapshot, Any], None]
+
+
+@dataclass
+class _Call:
+    """What one reconcile gathers while it acts. Local to the call: the work queue runs
+    several jobs' reconciles at once, and one job's results must never land in another's."""
+
+    decided: JobStatus  # the status the decision set, before any action
+    outcomes: list[Outcome] = field(default_factory=list)
+    overrides: dict[str, Any] = field(default_factory=dict)  # status fields the steps set
+
+
+Handler = Callable[[_Call, JobView, Snapshot, Any], None]
 
 
 class Reconciler:
@@ -111,15 +124,12 @@ class Reconciler:
             HoldSpares: self._hold_spares,
             DeleteJob: self._delete_job,
         }
-        # One clock for every time and duration the executors record.
-        self.recovery = RecoveryExecutor(kube, config, self._write_status, clock)
-        self.starter = TrainingStarter(kube, config, self._write_status, clock)
+        # One clock for every time and duration the executors record. What they write is noted
+        # by the reconcile at hand (`keeping`), never in a place shared between jobs.
+        self.recovery = RecoveryExecutor(kube, config, self._send_patch, clock)
+        self.starter = TrainingStarter(kube, config, self._send_patch, clock)
         self.suspend_saver = SuspendSaver(kube, config, clock)
         self.poller = CheckpointPoller(kube, cache, config, clock)
-        # Per reconcile: status fields the recovery steps set, and what they asked for.
-        self._overrides: dict[str, Any] = {}
-        self._outcomes: list[Outcome] = []
-        self._decided = JobStatus()
 
     def reconcile(self, key: JobKey) -> float | None:
         """One reconcile of job `key`; returns seconds until a time-based re-check, if any."""
@@ -147,22 +157,22 @@ class Reconciler:
             # have listed every pod and node yet, and a missing pod must not count as lost.
             snap = self._refresh(key, snap, _failed_ranks(decision))
             decision = decide(self._observe(key, job, snap), self.config)
-        self._overrides, self._outcomes, self._decided = {}, [], decision.status
+        context = _Call(decided=decision.status)
         if _new_failure(decision):
             # On record before it is acted on: planning may wait seconds on sidecars, and
             # the failure must show (Recovering, restarts) within a second of the API event.
-            self._patch_status(key, job, self._final_status(job, decision)[0])
+            self._patch_status(key, job, self._final_status(context, job, decision)[0])
         for action in decision.actions:
             if isinstance(action, Recover) and any(
                 e.reason == RECOVERY_NEEDED.reason for e in decision.events
             ):
                 self.metrics.recoveries.labels(kind=action.kind.value).inc()
                 self._record_detection(job, snap, decision)
-            self._handlers[type(action)](job, snap, action)
-        new, conditions, failed = self._final_status(job, decision)
+            self._handlers[type(action)](context, job, snap, action)
+        new, conditions, failed = self._final_status(context, job, decision)
         self._patch_status(key, job, new)
         self._send_events(job, [*decision.events, *failed,
-                                *(e for o in self._outcomes for e in o.events)])
+                                *(e for o in context.outcomes for e in o.events)])
         self.metrics.job_state(key, state_of(conditions))
         self.metrics.replica_coverage(key, decision.status.checkpoint.replica_coverage)
         self.metrics.checkpoint_pace(key, decision.status.checkpoint)
@@ -171,22 +181,22 @@ class Reconciler:
             age = (self._clock() - persisted).total_seconds()
             self.metrics.persist_age.labels(job=f"{job.namespace}/{job.name}").set(age)
         self.metrics.reconcile_seconds.observe(time.monotonic() - started)
-        waits = [o.requeue_after for o in self._outcomes if o.requeue_after is not None]
+        waits = [o.requeue_after for o in context.outcomes if o.requeue_after is not None]
         if decision.requeue_after is not None:
             waits.append(decision.requeue_after)
         if unsettled:
             waits.append(RELIST_SECONDS)
         return min(waits) if waits else None
 
-    def _final_status(self, job: JobView, decision: Decision
+    def _final_status(self, context: _Call, job: JobView, decision: Decision
                       ) -> tuple[dict[str, Any], tuple[Condition, ...], list[Event]]:
         """The decided status with what the recovery steps wrote or finished on top, and the
         events of a recovery that found nothing left to restore."""
         new = decision.status.to_dict()
         conditions = decision.status.conditions
         events: list[Event] = []
-        for outcome in self._outcomes:
-            self._overrides.update(outcome.status)
+        for outcome in context.outcomes:
+            context.overrides.update(outcome.status)
             for extra in outcome.conditions:
                 conditions = upsert(conditions, extra)
             if outcome.finished is not None:
@@ -204,7 +214,7 @@ class Reconciler:
                                                                      **values))
                 new.setdefault("completionTime", now)
                 events.append(Event.of_condition(UNRECOVERABLE, f"{cause}; {why}"))
-        for name, value in self._overrides.items():
+        for name, value in context.overrides.items():
             if value is None:
                 new.pop(name, None)
             else:
@@ -220,11 +230,6 @@ class Reconciler:
         patch = status_patch(old, dict(new))
         if patch is not None:
             self._send_patch(job, patch)
-
-    def _write_status(self, job: JobView, patch: Mapping[str, Any]) -> None:
-        """A recovery step's record, written before the step acts; kept for the final write."""
-        self._send_patch(job, patch)
-        self._overrides.update(patch)
 
     def _send_patch(self, job: JobView, patch: Mapping[str, Any]) -> None:
         updated = self.kube.patch_job_status(job.namespace, job.name, dict(patch))
@@ -288,15 +293,18 @@ class Reconciler:
 
     # --- the action table ---------------------------------------------------------------
 
-    def _create_secret(self, job: JobView, snap: Snapshot, action: CreateSecret) -> None:
+    def _create_secret(self, context: _Call, job: JobView, snap: Snapshot,
+                       action: CreateSecret) -> None:
         self.kube.create(render.peer_secret(job.ref, secrets.token_urlsafe(32)))
         self._children.add((job.uid, "Secret"))
 
-    def _create_service(self, job: JobView, snap: Snapshot, action: CreateService) -> None:
+    def _create_service(self, context: _Call, job: JobView, snap: Snapshot,
+                        action: CreateService) -> None:
         self.kube.create(action.manifest)
         self._children.add((job.uid, "Service"))
 
-    def _create_pods(self, job: JobView, snap: Snapshot, action: CreatePods) -> None:
+    def _create_pods(self, context: _Call, job: JobView, snap: Snapshot,
+                     action: CreatePods) -> None:
         expected = self._expected.setdefault((job.namespace, job.name), {})
         deadline = time.monotonic() + EXPECTATION_SECONDS
         ranks = [int(m["metadata"]["labels"][naming.LABEL_RANK]) for m in action.manifests]
@@ -307,12 +315,14 @@ class Reconciler:
             if not fresh:  # the name is taken: wait for that pod, do not expect ours
                 expected.pop(rank, None)
 
-    def _delete_pods(self, job: JobView, snap: Snapshot, action: DeletePods) -> None:
+    def _delete_pods(self, context: _Call, job: JobView, snap: Snapshot,
+                     action: DeletePods) -> None:
         log.info("deleting %d pods of %s/%s: %s", len(action.names), job.namespace, job.name,
                  action.reason)
         _parallel(lambda name: self.kube.delete_pod(job.namespace, name), action.names)
 
-    def _deliver_placement(self, job: JobView, snap: Snapshot, action: DeliverPlacement) -> None:
+    def _deliver_placement(self, context: _Call, job: JobView, snap: Snapshot,
+                           action: DeliverPlacement) -> None:
         """POST the published placement to every sidecar, in the background (a reconcile never
         waits on sidecars); its end wakes the job, whose next reconcile records the outcome in
         the PlacementDelivered condition. Sidecars that do not answer (not started yet, a
@@ -324,14 +334,14 @@ class Reconciler:
                           sort_keys=True)
         call = self.sidecar_calls.take(key, what)
         if isinstance(call, Running):  # its end wakes the job; the requeue is a safety net
-            self._outcomes.append(Outcome(requeue_after=DELIVERY_TIMEOUT_SECONDS + 1.0))
+            context.outcomes.append(Outcome(requeue_after=DELIVERY_TIMEOUT_SECONDS + 1.0))
             return
         if isinstance(call, Finished):
-            self._delivered(job, call)
+            self._delivered(context, job, call)
             return
         _, due = self._delivery.get(key, (0, 0.0))
         if due > time.monotonic():
-            self._outcomes.append(Outcome(requeue_after=due - time.monotonic()))
+            context.outcomes.append(Outcome(requeue_after=due - time.monotonic()))
             return
         token = self.kube.secret_value(job.namespace, naming.secret_name(job.name),
                                        naming.SECRET_TOKEN_KEY)
@@ -343,7 +353,7 @@ class Reconciler:
 
         self.sidecar_calls.start(key, what, deliver)
 
-    def _delivered(self, job: JobView, call: Finished) -> None:
+    def _delivered(self, context: _Call, job: JobView, call: Finished) -> None:
         """Record how a finished delivery went; a failed one is retried after a backoff."""
         key = (job.namespace, job.name)
         now = api_time(self._clock())
@@ -351,7 +361,8 @@ class Reconciler:
         if error is None:
             self._delivery.pop(key, None)
             new = PLACEMENT_DELIVERED.condition(now, job.generation, ranks=call.value)
-            self._outcomes.append(Outcome(conditions=[new], events=self._changed(new)))
+            context.outcomes.append(Outcome(conditions=[new],
+                                            events=_changed(context.decided, new)))
             return
         if not isinstance(error, DeliveryError):
             raise error
@@ -360,31 +371,28 @@ class Reconciler:
         self._delivery[key] = (failures + 1, time.monotonic() + delay)
         new = SIDECARS_UNREACHABLE.condition(now, job.generation, failed=error.failed,
                                              ranks=error.total, detail=str(error)[:2000])
-        self._outcomes.append(Outcome(requeue_after=delay, conditions=[new],
-                                      events=self._changed(new)))
+        context.outcomes.append(Outcome(requeue_after=delay, conditions=[new],
+                                        events=_changed(context.decided, new)))
 
-    def _changed(self, new: Condition) -> list[Event]:
-        """An event for a condition an action handler sets, when its reason changes."""
-        old = find(self._decided.conditions, ConditionType(new.type))
-        if old is not None and (old.status, old.reason) == (new.status, new.reason):
-            return []
-        return [Event.of_change(new)]
+    def _recover(self, context: _Call, job: JobView, snap: Snapshot, action: Recover) -> None:
+        recovery = self.recovery.keeping(context.overrides.update)
+        context.outcomes.append(recovery.recover(job, snap, action, context.decided))
 
-    def _recover(self, job: JobView, snap: Snapshot, action: Recover) -> None:
-        self._outcomes.append(self.recovery.recover(job, snap, action, self._decided))
+    def _start_training(self, context: _Call, job: JobView, snap: Snapshot,
+                        action: StartTraining) -> None:
+        starter = self.starter.keeping(context.overrides.update)
+        context.outcomes.append(starter.start_training(job, snap, action, context.decided))
 
-    def _start_training(self, job: JobView, snap: Snapshot, action: StartTraining) -> None:
-        self._outcomes.append(self.starter.start_training(job, snap, action, self._decided))
-
-    def _save_before_suspend(self, job: JobView, snap: Snapshot,
+    def _save_before_suspend(self, context: _Call, job: JobView, snap: Snapshot,
                              action: SaveBeforeSuspend) -> None:
-        outcome = self.suspend_saver.save_before_suspend(job, snap, action, self._decided)
-        self._outcomes.append(outcome)
+        outcome = self.suspend_saver.save_before_suspend(job, snap, action, context.decided)
+        context.outcomes.append(outcome)
         # The poller's findings predate this commit: drop them, or the next reconcile would
         # put the older persistedStep back (it starts again from the status on resume).
         self.poller.forget((job.namespace, job.name))
 
-    def _hold_spares(self, job: JobView, snap: Snapshot, action: HoldSpares) -> None:
+    def _hold_spares(self, context: _Call, job: JobView, snap: Snapshot,
+                     action: HoldSpares) -> None:
         """Placeholders: made again by name when gone (a create of an existing one is a no-op),
         those on lost nodes removed at once (grace 0), unwanted ones gracefully."""
         _parallel(self.kube.create, action.create)
@@ -392,7 +400,7 @@ class Reconciler:
                   action.force_delete)
         _parallel(lambda name: self.kube.delete_pod(job.namespace, name), action.delete)
 
-    def _delete_job(self, job: JobView, snap: Snapshot, action: DeleteJob) -> None:
+    def _delete_job(self, context: _Call, job: JobView, snap: Snapshot, action: DeleteJob) -> None:
         self.kube.delete_job(job.namespace, job.name)
 
     def _send_events(self, job: JobView, events: Iterable[Event]) -> None:
@@ -403,6 +411,14 @@ class Reconciler:
                                        self._clock())
             except Exception as err:
                 log.warning("could not record event %s: %s", event.reason, err)
+
+
+def _changed(decided: JobStatus, new: Condition) -> list[Event]:
+    """An event for a condition an action handler sets, when its reason changes."""
+    old = find(decided.conditions, ConditionType(new.type))
+    if old is not None and (old.status, old.reason) == (new.status, new.reason):
+        return []
+    return [Event.of_change(new)]
 
 
 def _replans(decision: Decision) -> bool:

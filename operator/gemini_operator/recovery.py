@@ -15,6 +15,7 @@ A phase that must wait (a pod not yet running, a launcher restarting) asks to be
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -29,7 +30,7 @@ from gemini_operator.decide import JobView, ReconcileConfig, Recover
 from gemini_operator.failures import describe
 from gemini_operator.kube import KubeClient
 from gemini_operator.observed import pod_view
-from gemini_operator.outcome import Outcome, RecoveryWait, S3Unreadable, Unrecoverable
+from gemini_operator.outcome import Keep, Outcome, RecoveryWait, S3Unreadable, Unrecoverable, kept
 from gemini_operator.records import MODE_FRESH, PlanRecord, RecoveryPhase, RecoveryRecord
 from gemini_operator.restore import Restorer
 from gemini_operator.sidecars import SidecarError
@@ -56,6 +57,14 @@ class RecoveryExecutor:
         self.restorer = Restorer(self.calls, clock)
         self._write = write_status
         self._clock = clock
+
+    def keeping(self, keep: Keep) -> RecoveryExecutor:
+        """This executor for one reconcile: each status record is written as before and also
+        handed to `keep`, that reconcile's own note of what it wrote (jobs reconciled at once
+        never share one; nothing else here is per job)."""
+        bound = copy.copy(self)
+        bound._write = kept(self._write, keep)
+        return bound
 
     def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus
                 ) -> Outcome:

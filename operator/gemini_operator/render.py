@@ -191,6 +191,9 @@ def _trainer(job: JobRef, spec: JobSpec, rank: int, config: RenderConfig) -> Man
             _container_port("launcher", config.launcher_port),
         ],
         "volumeMounts": [{"name": naming.SHM_VOLUME, "mountPath": config.shm_mount_path}],
+        # A failed run's last log lines land in its terminated state: the message of a job
+        # that fails names them (an ImportError, a bad path) without a trip to the logs.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if template.working_dir:
         container["workingDir"] = template.working_dir

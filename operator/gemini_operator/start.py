@@ -9,6 +9,7 @@ resume waits rather than throw the saved steps away.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -20,7 +21,7 @@ from gemini_operator.cache import Snapshot
 from gemini_operator.decide import JobView, ReconcileConfig, StartTraining
 from gemini_operator.events import Event, EventReason
 from gemini_operator.kube import KubeClient
-from gemini_operator.outcome import Outcome, RecoveryWait, S3Unreadable
+from gemini_operator.outcome import Keep, Outcome, RecoveryWait, S3Unreadable, kept
 from gemini_operator.records import RESUME, PlanRecord, RecoveryPhase, RecoveryRecord
 from gemini_operator.restore import Restorer
 from gemini_operator.sidecars import SidecarError
@@ -58,6 +59,14 @@ class TrainingStarter:
         self.restorer = Restorer(self.calls, clock)
         self._write = write_status
         self._clock = clock
+
+    def keeping(self, keep: Keep) -> TrainingStarter:
+        """This executor for one reconcile: each status record is written as before and also
+        handed to `keep`, that reconcile's own note of what it wrote (jobs reconciled at once
+        never share one; nothing else here is per job)."""
+        bound = copy.copy(self)
+        bound._write = kept(self._write, keep)
+        return bound
 
     def start_training(self, job: JobView, snap: Snapshot, action: StartTraining,
                        status: JobStatus) -> Outcome:

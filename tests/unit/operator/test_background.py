@@ -16,9 +16,10 @@ from gemini_operator.background import BackgroundCalls, Finished, Running
 from gemini_operator.cache import ClusterCache, Snapshot
 from gemini_operator.decide import DeliverPlacement, JobView, ReconcileConfig
 from gemini_operator.observed import PodView
-from gemini_operator.reconciler import Reconciler
+from gemini_operator.reconciler import Reconciler, _Call
 from gemini_operator.render import RenderConfig
 from gemini_operator.sidecars import DELIVERY_TIMEOUT_SECONDS
+from gemini_operator.status import JobStatus
 
 KEY = ("ns", "job")
 
@@ -91,19 +92,20 @@ def test_a_silent_sidecar_does_not_hold_the_reconcile(silent_sidecar: int) -> No
     snap = Snapshot(job={}, pods={0: pod}, nodes={})
     action = DeliverPlacement({"holders": {"0": [0]}})
 
+    call = _Call(decided=JobStatus())
     started = time.monotonic()
-    reconciler._deliver_placement(job, snap, action)
+    reconciler._deliver_placement(call, job, snap, action)
     assert time.monotonic() - started < 0.5 < DELIVERY_TIMEOUT_SECONDS
-    assert reconciler._outcomes == []  # started: nothing to record yet
-    reconciler._deliver_placement(job, snap, action)  # still in flight: nothing recorded
-    (waiting,) = reconciler._outcomes
+    assert call.outcomes == []  # started: nothing to record yet
+    reconciler._deliver_placement(call, job, snap, action)  # still in flight: nothing recorded
+    (waiting,) = call.outcomes
     assert waiting.conditions == [] and waiting.requeue_after is not None
 
     assert woken.wait(DELIVERY_TIMEOUT_SECONDS + 5), "the call's end did not wake the job"
     assert time.monotonic() - started >= DELIVERY_TIMEOUT_SECONDS * 0.9
-    reconciler._outcomes = []
-    reconciler._deliver_placement(job, snap, action)
-    (outcome,) = reconciler._outcomes
+    call = _Call(decided=JobStatus())
+    reconciler._deliver_placement(call, job, snap, action)
+    (outcome,) = call.outcomes
     (condition,) = outcome.conditions
     assert (condition.type, condition.reason) == ("PlacementDelivered", "SidecarsUnreachable")
     assert outcome.requeue_after is not None and outcome.requeue_after > 0  # retried later

@@ -94,16 +94,35 @@ async def spawn(
     return proc
 
 
+# The kubelet's limits on a termination message taken from the log.
+LOG_MESSAGE_LINES, LOG_MESSAGE_BYTES = 80, 2048
+
+
+def fallback_message(run: ContainerRun, code: int) -> str:
+    """The termination message as a kubelet gives it under FallbackToLogsOnError: the end of
+    the failed run's log (the last 80 lines, at most 2 KiB); none for a success or another
+    policy. (No terminationMessagePath file is read: nothing here writes one.)"""
+    if code == 0 or run.spec.get("terminationMessagePolicy") != "FallbackToLogsOnError":
+        return ""
+    try:
+        data = run.log_path(run.runs - 1).read_bytes()[-LOG_MESSAGE_BYTES:]
+    except OSError:
+        return ""
+    lines = data.decode(errors="replace").splitlines()[-LOG_MESSAGE_LINES:]
+    return "\n".join(lines)
+
+
 def exit_code(returncode: int) -> int:
     """Kubernetes' exit code: 128+N for a process killed by signal N."""
     return 128 - returncode if returncode < 0 else returncode
 
 
-def terminated_state(code: int, started_at: str, container_id: str) -> Obj:
+def terminated_state(code: int, started_at: str, container_id: str, message: str = "") -> Obj:
     return {"terminated": {
         "exitCode": code, "reason": "Completed" if code == 0 else "Error",
         "startedAt": started_at, "finishedAt": now_iso(), "containerID": container_id,
         **({"signal": code - 128} if code > 128 else {}),
+        **({"message": message} if message else {}),
     }}
 
 

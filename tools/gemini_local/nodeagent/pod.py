@@ -27,6 +27,7 @@ from gemini_local.nodeagent.container import (
     ProbeTarget,
     exec_prefix,
     exit_code,
+    fallback_message,
     now_iso,
     probe_once,
     spawn,
@@ -269,7 +270,11 @@ class PodWorker:
         run.restarting = True
         run.crash_loop += 1
         delay = restart_delay(run.crash_loop)
-        if delay > 0:
+        if delay > 0 and "waiting" in run.state:
+            # Not created (CreateContainerConfigError, ...): as a kubelet, the state keeps
+            # that reason while it retries; only a run that ended is a crash loop.
+            await self._sleep(delay)
+        elif delay > 0:
             run.last_state, run.state = run.state, {"waiting": {
                 "reason": "CrashLoopBackOff",
                 "message": f"back-off {delay:.0f}s restarting failed container={run.name} "
@@ -312,7 +317,8 @@ class PodWorker:
         procs.forget_group(self.ctx.node_dir, proc.pid)
         run.pid_file.unlink(missing_ok=True)
         code = exit_code(returncode)
-        run.state = terminated_state(code, started_at, run.container_id(self.uid))
+        run.state = terminated_state(code, started_at, run.container_id(self.uid),
+                                     fallback_message(run, code))
         run.ready = run.started = False
         if loop.time() - began > 20:
             run.crash_loop = 0

@@ -1,0 +1,128 @@
+"""Reconciles of different jobs run at once (the work queue's worker threads): what one
+reconcile's steps write and hand back belongs to that reconcile alone."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from gemini.domain.recovery import FailureKind
+from gemini_operator import reconciler as reconciler_module
+from gemini_operator.cache import ClusterCache, Snapshot
+from gemini_operator.decide import Decision, JobView, Observed, ReconcileConfig, Recover
+from gemini_operator.events import Event, EventReason
+from gemini_operator.outcome import Outcome
+from gemini_operator.reconciler import Reconciler
+from gemini_operator.status import JobStatus
+
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+JOBS = ("a", "b")
+WAITS = {"a": 1.0, "b": 2.0}
+
+
+def _job(name: str) -> dict[str, Any]:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
+                         "generation": 1, "resourceVersion": "1"},
+            "spec": {"numNodes": 1}, "status": {"state": "Recovering"}}
+
+
+class _Kube:
+    """The API as far as these reconciles touch it; records every status patch and event."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.jobs = {name: _job(name) for name in JOBS}
+        self.patches: dict[str, list[dict[str, Any]]] = {name: [] for name in JOBS}
+        self.events: dict[str, list[str]] = {name: [] for name in JOBS}
+
+    def exists(self, kind: str, namespace: str, name: str) -> bool:
+        return True
+
+    def patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]
+                         ) -> dict[str, Any]:
+        with self.lock:
+            self.patches[name].append(patch)
+            job = self.jobs[name]
+            job["status"] = {**job["status"], **patch}
+            meta = job["metadata"]
+            meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
+            return copy.deepcopy(job)
+
+    def create_event(self, ref: Mapping[str, str], reason: str, message: str, warning: bool,
+                     when: datetime) -> None:
+        with self.lock:
+            self.events[ref["name"]].append(message)
+
+
+class _InterleavedRecovery:
+    """A recovery step per job that records its phase, then waits until the other job's step
+    runs too (both reconciles are past their start), then hands back its own result."""
+
+    def __init__(self, barrier: threading.Barrier, write: Any) -> None:
+        self.barrier = barrier
+        self.write, self.keep = write, None
+
+    def keeping(self, keep: Any) -> _InterleavedRecovery:
+        bound = copy.copy(self)
+        bound.keep = keep
+        return bound
+
+    def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus
+                ) -> Outcome:
+        record = {"recovery": {"phase": f"restarting {job.name}"}}
+        self.write(job, record)  # as the executors do: sent, then noted by the reconcile
+        if self.keep is not None:
+            self.keep(record)
+        self.barrier.wait()
+        return Outcome(status={"lastRecovery": {"job": job.name}},
+                       requeue_after=WAITS[job.name],
+                       events=[Event.of(EventReason.CREATED_WORKERS, f"recovered {job.name}")])
+
+
+def _always_recover(observed: Observed, config: ReconcileConfig) -> Decision:
+    status = JobStatus.from_dict(observed.job.status)
+    action = Recover(FailureKind.SOFTWARE, (), None)  # type: ignore[arg-type]
+    return Decision(status, (action,))
+
+
+def test_two_jobs_reconciled_at_once_keep_their_own_recovery_results(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reconciler_module, "decide", _always_recover)
+    kube, cache = _Kube(), ClusterCache()
+    for name in JOBS:
+        cache.update_job(copy.deepcopy(kube.jobs[name]), deleted=False)
+    reconciler = Reconciler(kube, cache, ReconcileConfig(),  # type: ignore[arg-type]
+                            clock=lambda: NOW)
+    barrier = threading.Barrier(2, timeout=10)
+    reconciler.recovery = _InterleavedRecovery(  # type: ignore[assignment]
+        barrier, reconciler._send_patch)
+    waits: dict[str, float | None] = {}
+    errors: list[BaseException] = []
+
+    def run(name: str) -> None:
+        try:
+            waits[name] = reconciler.reconcile(("ns", name))
+        except BaseException as err:  # reported by the assertion below
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(name,)) for name in JOBS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=20)
+    assert not errors, errors
+
+    for name in JOBS:
+        status = kube.jobs[name]["status"]
+        assert status["lastRecovery"] == {"job": name}
+        assert status["recovery"] == {"phase": f"restarting {name}"}
+        assert waits[name] == WAITS[name]
+        assert kube.events[name] == [f"recovered {name}"]
+        written = [p["lastRecovery"] for p in kube.patches[name] if "lastRecovery" in p]
+        assert written == [{"job": name}]
