@@ -21,7 +21,7 @@ from gemini_local import faults
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.fixtures.operator import OperatorThread
 from tests.fixtures.s3 import create_credentials_secret, persistence_spec
-from tests.fixtures.trainers import EXAMPLE, reference_losses
+from tests.fixtures.trainers import EXAMPLE, SharedReferences
 from tests.unit.operator.builders import make_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -73,9 +73,10 @@ def newest_step(state_dir: Path, namespace: str, pod: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    """Rank 0's losses of an uninterrupted run on loopback (same arguments, same world)."""
-    return reference_losses(tmp_path_factory.mktemp("reference"), 2, ARGS, 300)
+def reference(shared_references: SharedReferences) -> dict[int, str]:
+    """Rank 0's losses of an uninterrupted run on loopback (same arguments but the idle time
+    per step, which changes no loss; same world), run once per session."""
+    return shared_references(2, ARGS)
 
 
 def test_a_killed_trainer_is_restarted_in_place_from_local_memory(

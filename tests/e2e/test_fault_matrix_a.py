@@ -32,7 +32,7 @@ from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import ENV, _recovered_after, losses, newest_step
 from tests.fixtures.isolated_nodes import IsolatedNodes
 from tests.fixtures.operator import OperatorThread
-from tests.fixtures.trainers import EXAMPLE, reference_losses
+from tests.fixtures.trainers import EXAMPLE, SharedReferences
 from tests.unit.operator.builders import make_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
@@ -55,19 +55,11 @@ def job_body(name: str, workers: int, replicas: int, step_sleep: float = 0.5,
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def reference(shared_references: SharedReferences) -> Any:
     """reference(world): rank 0's losses of an uninterrupted loopback run of that world size
-    (losses do not depend on --step-sleep; each world size is run once per module)."""
-    cache: dict[int, dict[int, str]] = {}
-
-    def of(world: int) -> dict[int, str]:
-        if world not in cache:
-            # a loaded machine starts DeepSpeed slowly
-            cache[world] = reference_losses(tmp_path_factory.mktemp(f"reference{world}"),
-                                            world, MODEL, 600)
-        return cache[world]
-
-    yield of
+    (losses do not depend on --step-sleep; each world size is run once per session, shared
+    with the other modules training the same model)."""
+    return lambda world: shared_references(world, MODEL)
 
 
 class Job:

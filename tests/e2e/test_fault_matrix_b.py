@@ -36,16 +36,17 @@ from tests.cluster.test_operator_recovery import (
 from tests.fixtures.isolated_nodes import IsolatedNodes
 from tests.fixtures.operator import OperatorThread
 from tests.fixtures.s3 import create_credentials_secret, persistence_spec
-from tests.fixtures.trainers import EXAMPLE, reference_losses
+from tests.fixtures.trainers import EXAMPLE, SharedReferences
 
 # Each case takes 2-4 minutes on an idle 2-core machine; the limit leaves room for a busy one.
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(1200)]
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
-    """Rank 0's losses of an uninterrupted 2-rank run on loopback (the recovery tests' ARGS)."""
-    return reference_losses(tmp_path_factory.mktemp("reference"), 2, ARGS)
+def reference(shared_references: SharedReferences) -> dict[int, str]:
+    """Rank 0's losses of an uninterrupted 2-rank run on loopback (the recovery tests' ARGS;
+    run once per session)."""
+    return shared_references(2, ARGS)
 
 
 def _sleep_args(seconds: float) -> list[str]:
@@ -54,9 +55,9 @@ def _sleep_args(seconds: float) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def reference4(tmp_path_factory: pytest.TempPathFactory) -> dict[int, str]:
+def reference4(shared_references: SharedReferences) -> dict[int, str]:
     """Rank 0's losses of an uninterrupted 4-rank run on loopback."""
-    return reference_losses(tmp_path_factory.mktemp("reference4"), 4, ARGS)
+    return shared_references(4, ARGS)
 
 
 def _wait_finished(jobs: Jobs, name: str, state: Path, timeout: float = 400) -> None:
