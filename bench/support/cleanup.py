@@ -10,12 +10,13 @@ Ctrl-C): whatever they started (local clusters, sidecars, trainers, an S3 server
             child = cleanup.spawn([...])     # a child in its own session, stopped at the end
             ...
 
-Inside `cleaning_up()`, the first SIGTERM or SIGINT raises `Interrupted` in the main thread,
-so the bench's own `finally` blocks run; later signals are remembered only, so a teardown
-under way is never cut short. At the end (normally, on an error or a signal) the registered
-undo steps run with signals deferred, then every child process still running is stopped
-(its process group SIGTERMed, SIGKILLed after a grace period). A bench stopped by a signal
-prints one line saying so and exits with 128 + the signal (130 for SIGINT, 143 for SIGTERM).
+Inside `cleaning_up()`, the first SIGTERM or SIGINT raises `DemoInterrupted` in the main
+thread (the demo's `SignalGuard`), so the bench's own `finally` blocks run; later signals are
+remembered only, so a teardown under way is never cut short. At the end (normally, on an
+error or a signal) the registered undo steps run with signals deferred, then every child
+process still running is stopped (its process group SIGTERMed, SIGKILLed after a grace
+period). A bench stopped by a signal prints one line saying so and exits with 128 + the
+signal (130 for SIGINT, 143 for SIGTERM).
 """
 
 from __future__ import annotations
@@ -25,60 +26,32 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
-class Interrupted(BaseException):
-    """SIGTERM or SIGINT arrived; like KeyboardInterrupt, `except Exception` does not stop it."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
+from gemini_demo.interrupt import DemoInterrupted, SignalGuard
 
 
 class Cleanup:
-    """What a bench started and how to undo it; see the module's docstring."""
+    """What a bench started and how to undo it; see the module's docstring. Signals are
+    handled by the demo's `SignalGuard` (one mechanism for every tool)."""
 
     def __init__(self) -> None:
-        self.received: int | None = None  # the first signal, if any came
-        self._raised = False
-        self._shield = 0
+        self.guard = SignalGuard()
         self._undo: list[tuple[str, Callable[[], Any]]] = []
         self._children: list[subprocess.Popen[Any]] = []
 
-    # --- signals ------------------------------------------------------------------------
+    @property
+    def received(self) -> int | None:
+        """The first signal, if any came."""
+        return self.guard.received
 
-    def _handle(self, signum: int, _frame: FrameType | None) -> None:
-        if self.received is not None:
-            return
-        self.received = signum
-        if not self._shield:
-            self._raised = True
-            raise Interrupted(signum)
-
-    @contextlib.contextmanager
-    def shielded(self, raise_after: bool = True) -> Iterator[None]:
+    def shielded(self, raise_after: bool = True) -> contextlib.AbstractContextManager[None]:
         """A signal inside the block is raised at its end (e.g. around starting a process
         whose handle must be kept), or only remembered (`raise_after=False`)."""
-        self._shield += 1
-        try:
-            yield
-        finally:
-            self._shield -= 1
-        if raise_after and not self._shield and self.received is not None and not self._raised:
-            self._raised = True
-            raise Interrupted(self.received)
+        return self.guard.shielded(raise_after)
 
     @property
     def stop_signal(self) -> int:
@@ -151,11 +124,10 @@ class Cleanup:
 
 @contextlib.contextmanager
 def cleaning_up() -> Iterator[Cleanup]:
-    """Run a bench's body with SIGTERM/SIGINT turned into `Interrupted` and cleanup at the
+    """Run a bench's body with SIGTERM/SIGINT turned into `DemoInterrupted` and cleanup at the
     end; a signal ends the process with 128 + the signal and one line on stderr."""
     cleanup = Cleanup()
-    main = threading.current_thread() is threading.main_thread()
-    previous = {sig: signal.signal(sig, cleanup._handle) for sig in SIGNALS} if main else {}
+    cleanup.guard.install()
     error: BaseException | None = None
     try:
         yield cleanup
@@ -165,10 +137,9 @@ def cleaning_up() -> Iterator[Cleanup]:
         try:
             cleanup.finish()
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            cleanup.guard.uninstall()
     if cleanup.received is not None:
-        if error is not None and not isinstance(error, Interrupted):
+        if error is not None and not isinstance(error, DemoInterrupted):
             print(f"bench: while stopping: {type(error).__name__}: {error}", file=sys.stderr)
         name = signal.Signals(cleanup.received).name
         print(f"{Path(sys.argv[0]).name}: stopped by {name}; everything it started is "
