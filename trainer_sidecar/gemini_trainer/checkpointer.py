@@ -247,6 +247,8 @@ class Checkpointer:
 
     def _agree_to_write(self) -> bool:
         """Whether every rank may reuse its older slot now (see the module docstring)."""
+        if not self.config.sidecar_url:  # nothing replicates (on any rank): nothing to agree
+            return True
         mine = self._may_overwrite()
         group = self._agreement_group()
         if group is None:
@@ -256,8 +258,6 @@ class Checkpointer:
         return bool(flag.item())
 
     def _may_overwrite(self) -> bool:
-        if not self.config.sidecar_url:  # nothing replicates: the local copy is all there is
-            return True
         if self._slots is None and self.path.exists():
             self._slots = ShardSlots(self.path)
         if self._slots is None:

@@ -358,12 +358,11 @@ class ShardSlots:
         """Whether the slot the next ``begin`` picks holds nothing recoverable (see the module
         docstring). ``acknowledged_seq`` overrides the sidecar's word (after a restore, the
         restored version is on every holder by construction)."""
-        newest = self.latest_complete()
-        if newest is None:
-            return True
-        free = self._info(1 - newest.index)
-        if not free.complete:
-            return True
+        slots = self.slot_info()  # one read of both headers: this runs every step
+        done = [i for i in slots if i.complete]
+        if len(done) < 2:
+            return True  # the slot `begin` picks holds nothing complete
+        newest, free = sorted(done, key=lambda i: i.seq, reverse=True)
         acked = self.acknowledged_seq if acknowledged_seq is None else acknowledged_seq
         return acked >= newest.seq and free.seq != self.pinned_seq
 
