@@ -58,10 +58,7 @@ class Sidecar:
         from gemini_sidecar.api import make_app  # the API module builds on this class
 
         self.peer_port = await self.server.start(self.cfg.bind_host, self.cfg.peer_port)
-        self.replicator.start()
-        newest = self.local.latest()
-        if newest is not None:  # a restarted sidecar: the trainer waits for its acknowledgement
-            self.replicator.notify(newest.version)
+        self.replicator.start()  # a restarted sidecar's check sends the unacknowledged newest
         self._runner = web.AppRunner(make_app(self), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.cfg.bind_host, self.cfg.api_port)

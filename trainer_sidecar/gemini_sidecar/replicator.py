@@ -32,12 +32,11 @@ from gemini_trainer.shm import SlotInfo
 
 log = logging.getLogger(__name__)
 DEFAULT_LINK = LinkModel(alpha_seconds=50e-6, bandwidth_bytes_per_second=2.0 * (1 << 30))
-# A send that failed is tried again after these (doubling): the trainers wait for its
-# acknowledgement and send no newer version meanwhile (a peer cut off and healed, say).
-RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
-# How often the slot file is checked for a version the trainer committed without a notice
-# reaching the sidecar (its POST timed out, say): the trainers would wait for it for good.
-UNANNOUNCED_CHECK_S = 2.0
+# How often the slot file is checked for a newest version that is neither acknowledged nor on
+# its way: its notice never came (a timed-out POST), the sidecar restarted, or its send failed
+# (a peer cut off, then healed). The trainers wait for its acknowledgement and send no newer
+# version meanwhile, so it is sent (again) from here.
+CHECK_S = 2.0
 
 
 @dataclass
@@ -83,16 +82,12 @@ class Replicator:
         self._queued: int | None = None  # the version notified and not started yet
         self.idle = asyncio.Event()
         self.idle.set()
-        self._retry_delay = RETRY_FIRST_S
-        self._retry: asyncio.TimerHandle | None = None
-        self._seen_seq = 0  # newest slot sequence number queued here (or written here)
+        self._seen_seq = 0  # newest slot on its way (or written here); lowered after a failure
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._retry is not None:
-            self._retry.cancel()
         for task in (self._task, self._sending):
             if task is not None:
                 task.cancel()
@@ -105,15 +100,8 @@ class Replicator:
         (the trainer keeps its older slot until then)."""
         if self._sending is not None and not self._sending.done():
             self._sending.cancel()
-            if self._queued is None:
-                self._queued = self.status.notified_version
-        newest = self.local.latest()
-        if (self._queued is None and newest is not None
-                and newest.seq > self.local.acknowledged_seq()):
-            self._queued = newest.version
-        if self._queued is not None:
-            self.idle.clear()
-            self._wake.set()
+        self._seen_seq = 0  # nothing is on its way to the new peers
+        self._send_unacknowledged(notice_may_come=False)
         self._close_channels()
 
     def _close_channels(self) -> None:
@@ -127,7 +115,11 @@ class Replicator:
         previous = self.status.notified_version
         if 0 <= previous < version:
             self.status.effective_interval = version - previous
-        self._queued = self.status.notified_version = version
+        self.status.notified_version = version
+        self._queue(version)
+
+    def _queue(self, version: int) -> None:
+        self._queued = version
         self.idle.clear()
         self._wake.set()
 
@@ -138,9 +130,9 @@ class Replicator:
     async def _run(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), UNANNOUNCED_CHECK_S)
+                await asyncio.wait_for(self._wake.wait(), CHECK_S)
             if not self._wake.is_set():
-                self._queue_unannounced()
+                self._send_unacknowledged(notice_may_come=True)
                 if not self._wake.is_set():
                     continue
             self._wake.clear()
@@ -150,17 +142,18 @@ class Replicator:
             if not self._wake.is_set():
                 self.idle.set()
 
-    def _queue_unannounced(self) -> None:
+    def _send_unacknowledged(self, notice_may_come: bool) -> None:
+        """Queue the trainer's newest version if it is neither acknowledged nor on its way
+        (see CHECK_S); with `notice_may_come`, not before its notice had time to arrive."""
         newest = self.local.latest()
-        if (newest is None or newest.seq <= self._seen_seq or self._retry is not None
-                or newest.seq <= self.local.acknowledged_seq()
-                or time.time_ns() - newest.committed_unix_ns < UNANNOUNCED_CHECK_S * 1e9):
-            return  # nothing new, or its notice may still be on its way
-        log.warning("version %d is in shared memory without a notice from the trainer: "
-                    "sending it", newest.version)
-        self._queued = newest.version
-        self.idle.clear()
-        self._wake.set()
+        if (self._queued is not None or newest is None or newest.seq <= self._seen_seq
+                or newest.seq <= self.local.acknowledged_seq()):
+            return
+        if notice_may_come and time.time_ns() - newest.committed_unix_ns < CHECK_S * 1e9:
+            return
+        log.info("sending version %d: it is not acknowledged and no send of it is under way",
+                 newest.version)
+        self._queue(newest.version)
 
     async def _replicate_once(self, version: int) -> None:
         self._sending = asyncio.create_task(self._replicate(version))
@@ -172,30 +165,6 @@ class Replicator:
             # keep replicating later versions whatever went wrong here
             log.error("replication of version %d failed", version, exc_info=err)
         self._sending = None
-        self._retry_if_failed(version)
-
-    def _retry_if_failed(self, version: int) -> None:
-        if self.status.acknowledged_version == version:
-            self._retry_delay = RETRY_FIRST_S
-            return
-        failed = [r for r in self._placement().send_to
-                  if self.status.peers.get(r, PeerState()).last_error]
-        if not failed or self._queued is not None:
-            return
-        log.info("sending version %d to ranks %s again in %.0f s", version, failed,
-                 self._retry_delay)
-        self._retry = asyncio.get_running_loop().call_later(
-            self._retry_delay, self._send_again, version)
-        self._retry_delay = min(2 * self._retry_delay, RETRY_MAX_S)
-
-    def _send_again(self, version: int) -> None:
-        self._retry = None
-        newest = self.local.latest()  # still the trainer's newest, still not acknowledged
-        if (self._queued is None and self._sending is None and newest is not None
-                and newest.version == version and newest.seq > self.local.acknowledged_seq()):
-            self._queued = version
-            self.idle.clear()
-            self._wake.set()
 
     async def _replicate(self, version: int) -> None:
         targets = self._placement().send_to
@@ -221,6 +190,8 @@ class Replicator:
                 self.status.peers[r].acked_version == info.version for r in targets):
             self.local.acknowledge(info)
             self.status.acknowledged_version = info.version
+        elif any(self.status.peers[r].last_error for r in targets):
+            self._seen_seq = min(self._seen_seq, info.seq - 1)  # the next check sends it again
 
     def _record_plan(self, plans: Plans) -> None:
         sched = plans.schedule
