@@ -120,27 +120,16 @@ class OperatorMetrics:
     def replica_coverage(self, key: JobKey, coverage: ReplicaCoverage | None) -> None:
         """Export a job's replica coverage; None (the job is gone, or nothing is known yet)
         removes its series."""
-        if coverage is None:
-            for gauge in (self.replicas_complete, self.replica_shards):
-                with contextlib.suppress(KeyError):  # never exported
-                    gauge.remove(*key)
-            return
-        self.replicas_complete.labels(namespace=key[0], job=key[1]).set(coverage.complete)
-        self.replica_shards.labels(namespace=key[0], job=key[1]).set(coverage.total)
+        _export(self.replicas_complete, key, None if coverage is None else coverage.complete)
+        _export(self.replica_shards, key, None if coverage is None else coverage.total)
 
     def checkpoint_pace(self, key: JobKey, checkpoint: CheckpointStatus | None) -> None:
         """Export a job's replication pace; None (the job is gone) removes its series, and a
         value not known yet is not exported."""
         known = checkpoint or CheckpointStatus()
-        gauges = ((self.checkpoint_interval, known.effective_interval),
-                  (self.recoverable_step, known.recoverable_step),
-                  (self.replication_lag, known.replication_lag_steps))
-        for gauge, value in gauges:
-            if value is None:
-                with contextlib.suppress(KeyError):  # never exported
-                    gauge.remove(*key)
-            else:
-                gauge.labels(namespace=key[0], job=key[1]).set(value)
+        _export(self.checkpoint_interval, key, known.effective_interval)
+        _export(self.recoverable_step, key, known.recoverable_step)
+        _export(self.replication_lag, key, known.replication_lag_steps)
 
     def job_state(self, key: tuple[str, str], state: State | None) -> None:
         """Record a job's state (None: the job is gone) and refresh the per-state gauge."""
@@ -153,3 +142,12 @@ class OperatorMetrics:
                 self.jobs.labels(state=each.value).set(
                     sum(1 for s in self._states.values() if s == each.value)
                 )
+
+
+def _export(gauge: Gauge, key: JobKey, value: float | None) -> None:
+    """A job's value, or no series at all while it is unknown (None)."""
+    if value is None:
+        with contextlib.suppress(KeyError):  # never exported
+            gauge.remove(*key)
+    else:
+        gauge.labels(namespace=key[0], job=key[1]).set(value)
