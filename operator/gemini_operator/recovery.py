@@ -15,10 +15,8 @@ A phase that must wait (a pod not yet running, a launcher restarting) asks to be
 
 from __future__ import annotations
 
-import copy
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
 from typing import Any
 
 from gemini.domain.placement import Placement
@@ -26,45 +24,24 @@ from gemini.domain.recovery import FailureKind, RecoveryPlan, plan_recovery
 from gemini_operator import render
 from gemini_operator.apitime import api_time
 from gemini_operator.cache import Snapshot
-from gemini_operator.decide import JobView, ReconcileConfig, Recover
+from gemini_operator.decide import JobView, Recover
 from gemini_operator.failures import describe
-from gemini_operator.kube import KubeClient
 from gemini_operator.observed import pod_view
-from gemini_operator.outcome import Keep, Outcome, RecoveryWait, S3Unreadable, Unrecoverable, kept
+from gemini_operator.outcome import Outcome, RecoveryWait, S3Unreadable, Unrecoverable
 from gemini_operator.records import MODE_FRESH, PlanRecord, RecoveryPhase, RecoveryRecord
-from gemini_operator.restore import Restorer
+from gemini_operator.restore import PhaseExecutor
 from gemini_operator.sidecars import SidecarError
 from gemini_operator.spares import prefer_nodes, spare_nodes
 from gemini_operator.spec import JobSpec
 from gemini_operator.status import JobStatus
-from gemini_operator.worker_calls import CommittedSteps, WorkerCalls, inventory_copies
+from gemini_operator.worker_calls import inventory_copies
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 0.25
-WriteStatus = Callable[[JobView, Mapping[str, Any]], None]
 
 
-class RecoveryExecutor:
+class RecoveryExecutor(PhaseExecutor):
     """Carries a recovery from the failure to the restarted epoch, phase by phase."""
-
-    def __init__(
-        self, kube: KubeClient, config: ReconcileConfig, write_status: WriteStatus,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        s3_steps: CommittedSteps | None = None,
-    ) -> None:
-        self.kube, self.config = kube, config
-        self.calls = WorkerCalls(kube, config.render, s3_steps)
-        self.restorer = Restorer(self.calls, clock)
-        self._write = write_status
-        self._clock = clock
-
-    def keeping(self, keep: Keep) -> RecoveryExecutor:
-        """This executor for one reconcile: each status record is written as before and also
-        handed to `keep`, that reconcile's own note of what it wrote (jobs reconciled at once
-        never share one; nothing else here is per job)."""
-        bound = copy.copy(self)
-        bound._write = kept(self._write, keep)
-        return bound
 
     def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus
                 ) -> Outcome:

@@ -5,26 +5,53 @@ restarted operator does no harm."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Mapping
-from datetime import datetime
-from typing import Any
+from datetime import UTC, datetime
+from typing import Any, Self
 
 from gemini.control import FetchReplicasRequest, FetchRequest, RestoreRequest
 from gemini.domain.recovery import MODE_MEMORY, MODE_S3
 from gemini_operator import placement_delivery, sidecars
 from gemini_operator.apitime import api_time
 from gemini_operator.conditions import RECOVERY_FINISHED
-from gemini_operator.decide import JobView
+from gemini_operator.decide import JobView, ReconcileConfig
 from gemini_operator.events import Event, EventReason
+from gemini_operator.kube import KubeClient
 from gemini_operator.observed import PodView
-from gemini_operator.outcome import Outcome, RecoveryWait
+from gemini_operator.outcome import Keep, Outcome, RecoveryWait, kept
 from gemini_operator.records import RESUME, PlanRecord, RecoveryRecord
 from gemini_operator.sidecars import TIMEOUT_SECONDS, SidecarError
 from gemini_operator.spec import JobSpec
 from gemini_operator.status import JobStatus
-from gemini_operator.worker_calls import WorkerCalls, launch_record
+from gemini_operator.worker_calls import CommittedSteps, WorkerCalls, launch_record
 
 PHASE_ORDER = ("planning", "replacing", "fetching", "restarting")
+WriteStatus = Callable[[JobView, Mapping[str, Any]], None]
+
+
+class PhaseExecutor:
+    """What the recovery and the training-start executors share: the calls to the workers,
+    the Fetching/Restarting phases, the status writer and the clock."""
+
+    def __init__(
+        self, kube: KubeClient, config: ReconcileConfig, write_status: WriteStatus,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        s3_steps: CommittedSteps | None = None,
+    ) -> None:
+        self.kube, self.config = kube, config
+        self.calls = WorkerCalls(kube, config.render, s3_steps)
+        self.restorer = Restorer(self.calls, clock)
+        self._write = write_status
+        self._clock = clock
+
+    def keeping(self, keep: Keep) -> Self:
+        """This executor for one reconcile: each status record is written as before and also
+        handed to `keep`, that reconcile's own note of what it wrote (jobs reconciled at once
+        never share one; nothing else here is per job)."""
+        bound = copy.copy(self)
+        bound._write = kept(self._write, keep)
+        return bound
 
 
 class Restorer:

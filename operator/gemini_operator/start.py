@@ -9,27 +9,20 @@ resume waits rather than throw the saved steps away.
 
 from __future__ import annotations
 
-import copy
 import logging
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
-from typing import Any
 
 from gemini.domain.recovery import MODE_S3, RankSource, RecoveryPlan
 from gemini_operator.apitime import api_time
 from gemini_operator.cache import Snapshot
-from gemini_operator.decide import JobView, ReconcileConfig, StartTraining
+from gemini_operator.decide import JobView, StartTraining
 from gemini_operator.events import Event, EventReason
-from gemini_operator.kube import KubeClient
-from gemini_operator.outcome import Keep, Outcome, RecoveryWait, S3Unreadable, kept
+from gemini_operator.outcome import Outcome, RecoveryWait, S3Unreadable
 from gemini_operator.records import RESUME, PlanRecord, RecoveryPhase, RecoveryRecord
-from gemini_operator.restore import Restorer
+from gemini_operator.restore import PhaseExecutor
 from gemini_operator.sidecars import SidecarError
 from gemini_operator.spec import JobSpec
 from gemini_operator.status import JobStatus
 from gemini_operator.worker_calls import (
-    CommittedSteps,
-    WorkerCalls,
     launch_record,
     rendezvous_port,
 )
@@ -37,7 +30,6 @@ from gemini_operator.worker_calls import (
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 0.25
 S3_RETRY_SECONDS = 10.0
-WriteStatus = Callable[[JobView, Mapping[str, Any]], None]
 
 
 def resuming(status: JobStatus) -> bool:
@@ -48,25 +40,8 @@ def resuming(status: JobStatus) -> bool:
     return status.launch is not None and status.launch.restart_attempt != status.restart_attempt
 
 
-class TrainingStarter:
-    def __init__(
-        self, kube: KubeClient, config: ReconcileConfig, write_status: WriteStatus,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        s3_steps: CommittedSteps | None = None,
-    ) -> None:
-        self.config = config
-        self.calls = WorkerCalls(kube, config.render, s3_steps)
-        self.restorer = Restorer(self.calls, clock)
-        self._write = write_status
-        self._clock = clock
-
-    def keeping(self, keep: Keep) -> TrainingStarter:
-        """This executor for one reconcile: each status record is written as before and also
-        handed to `keep`, that reconcile's own note of what it wrote (jobs reconciled at once
-        never share one; nothing else here is per job)."""
-        bound = copy.copy(self)
-        bound._write = kept(self._write, keep)
-        return bound
+class TrainingStarter(PhaseExecutor):
+    """Starts training: a job's first epoch, or its resume after a suspend."""
 
     def start_training(self, job: JobView, snap: Snapshot, action: StartTraining,
                        status: JobStatus) -> Outcome:
