@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import numpy as np
@@ -137,3 +138,17 @@ async def relay(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
         pass
     finally:
         dst.close()
+
+
+@asynccontextmanager
+async def started(*configs: SidecarConfig) -> AsyncIterator[tuple[Sidecar, ...]]:
+    """Sidecars in this process, started in order and stopped at the end."""
+    sidecars: list[Sidecar] = []
+    try:
+        for cfg in configs:
+            sidecars.append(Sidecar(cfg))
+            await sidecars[-1].start()
+        yield tuple(sidecars)
+    finally:
+        for sidecar in reversed(sidecars):
+            await asyncio.wait_for(sidecar.stop(), 30)

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 from functools import partial
+from pathlib import Path
 
 import pytest
 
 from gemini_sidecar.app import Sidecar
-from gemini_sidecar.config import PeerAddress, make_placement
+from gemini_sidecar.config import PeerAddress, SidecarConfig, make_placement
 from gemini_trainer.shm import ShardSlots, shard_path
 from tests.integration.sidecar.conftest import (
     free_port,
     make_config,
     payload,
     replica_complete,
+    started,
     wait_for,
     write_local,
 )
@@ -28,73 +30,45 @@ def acknowledged(sidecar: Sidecar) -> int:
         return s.acknowledged_seq
 
 
-async def test_a_version_is_acknowledged_once_the_peer_has_it(tmp_path):
+def pair(tmp_path: Path, placed: bool = True) -> tuple[SidecarConfig, SidecarConfig]:
+    """Rank 0 sends to rank 1 (m = 2); without `placed`, neither has a placement yet."""
     ports = {0: free_port(), 1: free_port()}
-    a = Sidecar(make_config(0, 2, tmp_path, ports, send_to=(1,), replicas=2))
-    b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,), replicas=2))
-    await a.start()
-    await b.start()
-    try:
+    return (make_config(0, 2, tmp_path, ports, send_to=(1,) if placed else (), replicas=2),
+            make_config(1, 2, tmp_path, ports, hold=(0,) if placed else (), replicas=2))
+
+
+async def test_a_version_is_acknowledged_once_the_peer_has_it(tmp_path):
+    async with started(*pair(tmp_path)) as (a, b):
         info = write_local(a.cfg, 1, payload(1, 1 << 20))
         a.notify(1, 0.0)
         await wait_for(partial(replica_complete, b, 0, 1), what="version 1 at rank 1")
         await wait_for(lambda: acknowledged(a) == info.seq, what="the acknowledgement")
         assert a.replicator.status.acknowledged_version == 1
-    finally:
-        await a.stop()
-        await b.stop()
 
 
 async def test_nothing_is_acknowledged_before_the_placement_then_the_newest_is_sent(tmp_path):
-    ports = {0: free_port(), 1: free_port()}
-    a = Sidecar(make_config(0, 2, tmp_path, ports, replicas=2))  # no placement yet
-    b = Sidecar(make_config(1, 2, tmp_path, ports, replicas=2))
-    await a.start()
-    await b.start()
-    try:
+    async with started(*pair(tmp_path, placed=False)) as (a, b):
         info = write_local(a.cfg, 7, payload(7, 1 << 20))
         a.notify(7, 0.0)
         await asyncio.wait_for(a.replicator.idle.wait(), 10)
         assert acknowledged(a) == 0  # sent to nobody: no peer has it
-        peers = {r: PeerAddress("127.0.0.1", p) for r, p in ports.items()}
+        peers = {r: PeerAddress("127.0.0.1", s.cfg.peer_port) for r, s in enumerate((a, b))}
         b.set_placement(make_placement(peers, (0,), (), 1, 2))
         a.set_placement(make_placement(peers, (), (1,), 0, 2))  # no new notice from the trainer
         await wait_for(partial(replica_complete, b, 0, 7), what="version 7 at rank 1")
         await wait_for(lambda: acknowledged(a) == info.seq, what="the acknowledgement")
-    finally:
-        await a.stop()
-        await b.stop()
 
 
 async def test_a_restarted_sidecar_sends_the_newest_version_without_a_notice(tmp_path):
-    ports = {0: free_port(), 1: free_port()}
-    info = None
-    b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,), replicas=2))
-    await b.start()
-    try:
-        cfg = make_config(0, 2, tmp_path, ports, send_to=(1,), replicas=2)
-        info = write_local(cfg, 3, payload(3, 1 << 20))  # committed while the sidecar was down
-        a = Sidecar(cfg)
-        await a.start()
-        try:
-            await wait_for(partial(replica_complete, b, 0, 3), what="version 3 at rank 1")
-            await wait_for(lambda: acknowledged(a) == info.seq, what="the acknowledgement")
-        finally:
-            await a.stop()
-    finally:
-        await b.stop()
+    cfg_a, cfg_b = pair(tmp_path)
+    info = write_local(cfg_a, 3, payload(3, 1 << 20))  # committed while the sidecar was down
+    async with started(cfg_b, cfg_a) as (b, a):
+        await wait_for(partial(replica_complete, b, 0, 3), what="version 3 at rank 1")
+        await wait_for(lambda: acknowledged(a) == info.seq, what="the acknowledgement")
 
 
 async def test_a_version_whose_notice_was_lost_is_still_sent(tmp_path):
-    ports = {0: free_port(), 1: free_port()}
-    a = Sidecar(make_config(0, 2, tmp_path, ports, send_to=(1,), replicas=2))
-    b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,), replicas=2))
-    await a.start()
-    await b.start()
-    try:
+    async with started(*pair(tmp_path)) as (a, b):
         info = write_local(a.cfg, 4, payload(4, 1 << 20))  # committed; no notice follows
         await wait_for(partial(replica_complete, b, 0, 4), timeout=15, what="version 4")
         await wait_for(lambda: acknowledged(a) == info.seq, what="the acknowledgement")
-    finally:
-        await a.stop()
-        await b.stop()

@@ -6,7 +6,6 @@ which `./dev` installs)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import time
@@ -14,13 +13,13 @@ from functools import partial
 
 import pytest
 
-from gemini_sidecar.app import Sidecar
 from gemini_sidecar.protocol import PEER_SILENCE_S
 from tests.integration.sidecar.conftest import (
     free_port,
     make_config,
     payload,
     replica_complete,
+    started,
     wait_for,
     write_local,
 )
@@ -40,30 +39,27 @@ def cut_port(table: str, port: int) -> None:
 async def test_a_silent_peer_ends_the_send_within_seconds(tmp_path):
     table = f"gemini_test_silence_{os.getpid()}"
     ports = {0: free_port(), 1: free_port()}
-    a = Sidecar(make_config(0, 2, tmp_path, ports, send_to=(1,)))
-    b = Sidecar(make_config(1, 2, tmp_path, ports, hold=(0,)))
-    await a.start()
-    await b.start()
+    configs = (make_config(0, 2, tmp_path, ports, send_to=(1,)),
+               make_config(1, 2, tmp_path, ports, hold=(0,)))
     try:
-        write_local(a.cfg, 1, payload(1, 1 << 20), capacity=256 << 20)
-        a.notify(1, 0.0)
-        await wait_for(partial(replica_complete, b, 0, 1), what="version 1 at rank 1")
-        cut_port(table, ports[1])  # the connection stays open; nothing gets through
-        write_local(a.cfg, 2, bytes(200 << 20), capacity=256 << 20)
-        started = time.monotonic()
-        a.notify(2, 0.0)
-        await wait_for(lambda: bool(a.replicator.status.peers[1].last_error),
-                       timeout=PEER_SILENCE_S + 20, what="the send to fail")
-        took = time.monotonic() - started
-        assert took < PEER_SILENCE_S + 15, f"noticed after {took:.1f} s"
-        assert not replica_complete(b, 0, 2)
-        # Healed: the send is tried again by itself (the trainer sends no new notice while
-        # it waits for the acknowledgement), and the version gets acknowledged.
-        subprocess.run(["nft", "delete", "table", "inet", table], check=True)
-        await wait_for(partial(replica_complete, b, 0, 2), timeout=60, what="version 2 again")
-        await wait_for(lambda: a.replicator.status.acknowledged_version == 2, timeout=10,
-                       what="the acknowledgement")
+        async with started(*configs) as (a, b):
+            write_local(a.cfg, 1, payload(1, 1 << 20), capacity=256 << 20)
+            a.notify(1, 0.0)
+            await wait_for(partial(replica_complete, b, 0, 1), what="version 1 at rank 1")
+            cut_port(table, ports[1])  # the connection stays open; nothing gets through
+            write_local(a.cfg, 2, bytes(200 << 20), capacity=256 << 20)
+            cut_at = time.monotonic()
+            a.notify(2, 0.0)
+            await wait_for(lambda: bool(a.replicator.status.peers[1].last_error),
+                           timeout=PEER_SILENCE_S + 20, what="the send to fail")
+            took = time.monotonic() - cut_at
+            assert took < PEER_SILENCE_S + 15, f"noticed after {took:.1f} s"
+            assert not replica_complete(b, 0, 2)
+            # Healed: the send is tried again by itself (the trainer sends no new notice while
+            # it waits for the acknowledgement), and the version gets acknowledged.
+            subprocess.run(["nft", "delete", "table", "inet", table], check=True)
+            await wait_for(partial(replica_complete, b, 0, 2), timeout=60, what="version 2 again")
+            await wait_for(lambda: a.replicator.status.acknowledged_version == 2, timeout=10,
+                           what="the acknowledgement")
     finally:
         subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
-        await asyncio.wait_for(a.stop(), 30)
-        await b.stop()
