@@ -8,9 +8,11 @@ node agents' files (one per container restart), so every epoch's lines are seen.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +47,26 @@ def log_texts(state_dir: Path, namespace: str, pod: str) -> list[str]:
     """Every trainer log of the pod (all its restarts, every pod of that name), oldest first.
     A log can vanish while it is read: a healed node's agent deletes its replaced pod's files."""
     dated = []
-    for path in state_dir.glob(f"nodes/*/pods/{namespace}_{pod}_*/**/trainer/*.log"):
+    for path in _trainer_logs(state_dir, f"{namespace}_{pod}_"):
         try:
             dated.append((path.stat().st_mtime, path.read_text(errors="replace")))
         except FileNotFoundError:
             continue
     return [text for _, text in sorted(dated, key=lambda item: item[0])]
+
+
+def _trainer_logs(state_dir: Path, pod_prefix: str) -> Iterator[Path]:
+    """nodes/*/pods/<pod_prefix>*/**/trainer/*.log. Not Path.glob: its `**` walk raises when
+    a directory vanishes under it, and os.walk skips one."""
+    nodes = state_dir / "nodes"
+    for root, dirs, files in os.walk(nodes):
+        depth = len(Path(root).relative_to(nodes).parts)
+        if depth == 1:
+            dirs[:] = [d for d in dirs if d == "pods"]
+        elif depth == 2:
+            dirs[:] = [d for d in dirs if d.startswith(pod_prefix)]
+        elif Path(root).name == "trainer":
+            yield from (Path(root, f) for f in files if f.endswith(".log"))
 
 
 def losses(state_dir: Path, namespace: str, pod: str) -> tuple[dict[int, str], list[str]]:
