@@ -18,7 +18,12 @@ be complete in shared memory (the sidecar places peer or S3 copies there before 
 restore waits up to GEMINI_RESTORE_TIMEOUT_S for it); ``latest`` means the newest version that
 is complete on every rank (agreed with an all-gather when torch.distributed is up).
 
+Several processes per node (LOCAL_WORLD_SIZE > 1, as the launcher starts them for
+numProcPerNode > 1) write regions of one slot file per node (gemini_trainer.node_shard): the
+sidecar sees the node's checkpoint as one shard, and only local rank 0 commits and notifies it.
+
 Environment: GEMINI_SHM_DIR, GEMINI_JOB, RANK/WORLD_SIZE (or GEMINI_RANK/GEMINI_WORLD_SIZE),
+LOCAL_RANK/LOCAL_WORLD_SIZE and NODE_RANK (or GEMINI_RANK) with several processes per node,
 GEMINI_SHM_CAPACITY_BYTES (slot size; default: first snapshot's size plus headroom),
 GEMINI_SIDECAR_URL, GEMINI_AUTH_TOKEN, GEMINI_HEARTBEAT_FILE, GEMINI_RESTORE_VERSION,
 GEMINI_RESTORE_SOURCE, GEMINI_RESTORE_TIMEOUT_S, GEMINI_RESTART_EPOCH.
@@ -55,6 +60,7 @@ from gemini_trainer.capture import (
     tensor_view,
 )
 from gemini_trainer.commprof import CommRecorder, phase_path, profile_path
+from gemini_trainer.node_shard import RegionWriter, SoleWriter, region_payload
 from gemini_trainer.shm import (
     SLOT_HEADROOM_BYTES,
     ShardSlots,
@@ -122,6 +128,21 @@ class CheckpointerConfig:
     auth_token: str = field(default="", repr=False)
     heartbeat_file: Path | None = None
     profile_iterations: int = 20  # iterations of communication to profile; 0: none
+    local_rank: int = 0
+    local_world_size: int = 1  # training processes on this node, one slot file for all
+    node_rank: int | None = None  # the slot file's (and sidecar's) rank; None: ``rank``
+
+    def __post_init__(self) -> None:
+        if self.local_world_size > 1 and self.rank != self.node * self.local_world_size + (
+                self.local_rank):
+            raise ValueError(
+                f"rank {self.rank} is not node rank {self.node} x {self.local_world_size} local "
+                f"processes + local rank {self.local_rank}: ranks must be numbered node by node"
+            )
+
+    @property
+    def node(self) -> int:
+        return self.rank if self.node_rank is None else self.node_rank
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CheckpointerConfig:
@@ -132,9 +153,20 @@ class CheckpointerConfig:
 
         capacity = pick("GEMINI_SHM_CAPACITY_BYTES")
         heartbeat = pick("GEMINI_HEARTBEAT_FILE")
+        local_world = int(pick("LOCAL_WORLD_SIZE", default="1"))
+        if local_world > 1:  # the launcher's per-process ranks; GEMINI_RANK is the node's
+            ranks: dict[str, Any] = {
+                "rank": int(pick("RANK", default="0")),
+                "world_size": int(pick("WORLD_SIZE", default="1")),
+                "local_rank": int(pick("LOCAL_RANK", default="0")),
+                "local_world_size": local_world,
+                "node_rank": int(pick("GEMINI_RANK", "NODE_RANK", default="0")),
+            }
+        else:
+            ranks = {"rank": int(pick("GEMINI_RANK", "RANK", default="0")),
+                     "world_size": int(pick("GEMINI_WORLD_SIZE", "WORLD_SIZE", default="1"))}
         return cls(
-            rank=int(pick("GEMINI_RANK", "RANK", default="0")),
-            world_size=int(pick("GEMINI_WORLD_SIZE", "WORLD_SIZE", default="1")),
+            **ranks,
             shm_dir=Path(pick("GEMINI_SHM_DIR", default="/dev/shm")),
             job=pick("GEMINI_JOB"),
             capacity_bytes=int(capacity) if capacity else None,
@@ -168,12 +200,13 @@ class Checkpointer:
     ) -> None:
         self.config = config or CheckpointerConfig.from_env()
         self.adapter = adapter or adapter_for(target, optimizer, lr_scheduler)
-        self.path = shard_path(self.config.rank, self.config.shm_dir, self.config.job)
+        self.path = shard_path(self.config.node, self.config.shm_dir, self.config.job)
         self.extra_state: Tree = None  # the user's extra state, after restore()
         self.errors: deque[str] = deque(maxlen=100)  # background failures, newest last
         self.last: SnapshotStats | None = None
         self._slots: ShardSlots | None = None
         self._layout: tuple[tuple[tuple[int, ...], ...], list[int], int] | None = None
+        self._writer = self._make_writer()
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gemini-commit")
         self._pending: Future[None] | None = None
         self._lock = threading.Lock()
@@ -185,14 +218,36 @@ class Checkpointer:
 
     def _make_recorder(self) -> CommRecorder | None:
         cfg = self.config
-        if cfg.profile_iterations <= 0 or not torch.distributed.is_initialized():
-            return None
+        if (cfg.profile_iterations <= 0 or cfg.local_rank != 0
+                or not torch.distributed.is_initialized()):
+            return None  # one profile per node: the sidecar paces the node's traffic
         cfg.shm_dir.mkdir(parents=True, exist_ok=True)
         return CommRecorder(
-            profile_path(cfg.shm_dir, cfg.rank, cfg.job),
+            profile_path(cfg.shm_dir, cfg.node, cfg.job),
             cfg.profile_iterations,
-            phase_path(cfg.shm_dir, cfg.rank, cfg.job),
+            phase_path(cfg.shm_dir, cfg.node, cfg.job),
         ).install()
+
+    def _make_writer(self) -> SoleWriter | RegionWriter:
+        cfg = self.config
+        if cfg.local_world_size == 1:
+            return SoleWriter(self._slots_for)
+        return RegionWriter(self._slots_for, self._gather_local, cfg.local_rank,
+                            cfg.local_world_size)
+
+    def _gather_local(self, nbytes: int, token: int) -> list[tuple[int, int]]:
+        """Every local process's (payload bytes, token), from an all-gather over all ranks
+        (ranks are numbered node by node)."""
+        group = self._agreement_group()
+        if group is None:
+            raise SlotError("several training processes per node need torch.distributed "
+                            "initialised before the first snapshot")
+        mine = torch.tensor([nbytes, token], dtype=torch.int64)
+        everyone = [torch.zeros_like(mine) for _ in range(torch.distributed.get_world_size())]
+        torch.distributed.all_gather(everyone, mine, group=group)
+        first = self.config.node * self.config.local_world_size
+        return [(int(t[0]), int(t[1]))
+                for t in everyone[first : first + self.config.local_world_size]]
 
     # -- snapshot ----------------------------------------------------------------------------
 
@@ -224,9 +279,7 @@ class Checkpointer:
         ]
         index = encode_index(entries, skeleton)
         nbytes = payload_size(data_end, index)
-        slots = self._slots_for(nbytes)
-        slots.begin(step, nbytes).release()
-        buf = slots.pending_array()
+        buf = self._writer.begin(step, nbytes)
         use_numpy = self.copy_method.next()
         copy_start = time.perf_counter()
         try:
@@ -234,13 +287,13 @@ class Checkpointer:
                 _copy_tensor(buf, off, t, use_numpy)
             write_index(buf, data_end, index)
         except BaseException:
-            slots.abort()
+            self._writer.abort()
             raise
         del buf
         self.copy_method.record(use_numpy, time.perf_counter() - copy_start, nbytes)
         stats = SnapshotStats(step, nbytes, time.perf_counter() - start, waited)
         self.last = stats
-        self._pending = self._pool.submit(self._commit, slots, step, stats.stall_s)
+        self._pending = self._pool.submit(self._commit, step, stats.stall_s)
         if self.recorder is not None:
             self.recorder.iteration_start()
         return stats
@@ -287,10 +340,12 @@ class Checkpointer:
                 self._slots = ShardSlots(self.path)
             else:
                 capacity = self.config.capacity_bytes or nbytes + HEADROOM_BYTES
-                self._slots = ShardSlots(self.path, capacity, rank=self.config.rank)
+                self._slots = ShardSlots(self.path, capacity, rank=self.config.node)
         if nbytes > self._slots.capacity:
+            whose = ("this rank's state" if self.config.local_world_size == 1 else
+                     f"the state of this node's {self.config.local_world_size} processes")
             raise SlotError(
-                f"this rank's state is {nbytes} bytes but {self.path} holds {self._slots.capacity}"
+                f"{whose} is {nbytes} bytes but {self.path} holds {self._slots.capacity}"
                 " per slot; remove the file or set GEMINI_SHM_CAPACITY_BYTES larger"
             )
         return self._slots
@@ -303,13 +358,15 @@ class Checkpointer:
         self._pending = None
         return time.perf_counter() - start
 
-    def _commit(self, slots: ShardSlots, step: int, stall_s: float) -> None:
+    def _commit(self, step: int, stall_s: float) -> None:
         try:
-            info = slots.commit(step)
+            info = self._writer.commit(step)
         except Exception as err:  # recorded, never raised into the training loop
             self._record(f"commit of step {step} failed: {err}")
-            slots.abort()
+            self._writer.abort()
             return
+        if info is None:
+            return  # another process of this node commits the node's version
         self.heartbeat(step)
         if self.config.sidecar_url:
             self._notify(info, stall_s)
@@ -317,7 +374,7 @@ class Checkpointer:
     def _notify(self, info: SlotInfo, stall_s: float) -> None:
         url = self.config.sidecar_url or ""
         request = NotifyRequest(
-            version=info.version, stall_seconds=stall_s, rank=self.config.rank, seq=info.seq,
+            version=info.version, stall_seconds=stall_s, rank=self.config.node, seq=info.seq,
             slot=info.index, bytes=info.payload_len, checksum=info.checksum, path=str(self.path),
         )
         try:
@@ -377,7 +434,8 @@ class Checkpointer:
         step = self._load(slots, info)
         self._restored_seq = info.seq
         log.info("restored step %d from %s (epoch %d)", step, instr.source, instr.epoch)
-        self._drop_abandoned(slots, info.version)
+        if self.config.local_rank == 0:  # one process of the node cleans up
+            self._drop_abandoned(slots, info.version)
         if self.recorder is not None:
             self.recorder.iteration_start()
         return step
@@ -432,7 +490,7 @@ class Checkpointer:
         return info
 
     def _load(self, slots: ShardSlots, info: SlotInfo) -> int:
-        payload = slots.read(info.version, verify=True)
+        payload = self._own_payload(slots, info)
         try:
             entries, views, skeleton = read_payload(payload)
             tensors = [
@@ -454,6 +512,17 @@ class Checkpointer:
                 "restored; only one writer may use the slots during a restore"
             )
         return step
+
+    def _own_payload(self, slots: ShardSlots, info: SlotInfo) -> memoryview:
+        """This process's payload, checked: the slot's, or its region of the node's."""
+        local_world = self.config.local_world_size
+        if local_world == 1:
+            return slots.read(info.version, verify=True)
+        node_payload = slots.read(info.version)
+        try:
+            return region_payload(node_payload, self.config.local_rank, local_world)
+        except SlotError as err:
+            raise RestoreError(f"version {info.version} in {self.path}: {err}") from err
 
     def _check_identity(self, tree: Tree, info: SlotInfo) -> None:
         want = (self.adapter.kind, self.config.rank, self.config.world_size)

@@ -39,6 +39,13 @@ so the operator can hand every rank the rendezvous address of this epoch (rank 0
 changes when rank 0 is replaced; there is no cluster DNS to hide that). The child dies with
 the launcher (parent-death signal): a killed trainer container leaves no orphaned training.
 
+Several processes per node (GEMINI_NUM_PROC_PER_NODE > 1, as the operator renders
+numProcPerNode): the launcher starts that many copies of the command, each with the torchrun
+environment of its rank (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK; MASTER_ADDR
+and MASTER_PORT as for one), and supervises them as one (gemini_trainer.local_group): the first
+to fail stops the others, a restart restarts all. The command is the training script itself,
+not torchrun. No warm standby then.
+
 Warm standby (gemini_trainer.standby; opt-in, GEMINI_LAUNCHER_STANDBY=1): for a ``python ...``
 command the launcher keeps one pre-started interpreter that has imported torch/DeepSpeed
 (GEMINI_LAUNCHER_PREIMPORT) and starts the next run in it, skipping the imports; one extra
@@ -70,6 +77,7 @@ from typing import Any
 from gemini import control
 from gemini_trainer import launcher_metrics
 from gemini_trainer import standby as warm
+from gemini_trainer.local_group import LocalGroup, local_env, local_world_size, relay_output
 from gemini_trainer.standby import PythonCommand, Standby
 
 log = logging.getLogger(__name__)
@@ -78,6 +86,7 @@ MAX_BODY = 64 * 1024
 SOURCES = control.RESTORE_SOURCES
 MAX_ENV = control.MAX_RESTART_ENV
 PR_SET_PDEATHSIG = 1
+Child = subprocess.Popen[bytes] | LocalGroup
 
 
 class LauncherError(Exception):
@@ -162,7 +171,8 @@ class Launcher:
         self._lock = threading.RLock()
         self._restart_lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: Child | None = None
+        self._local_world = local_world_size(self._base_env)
         self._epoch = int(self._base_env.get("GEMINI_RESTART_EPOCH", "0") or 0)
         self._restore = control.RestoreOrder(
             self._base_env.get("GEMINI_RESTORE_VERSION") or None,
@@ -178,7 +188,10 @@ class Launcher:
         self._tmp = tempfile.TemporaryDirectory(prefix="gemini-launch-")
         self.heartbeat_file = config.heartbeat_file or Path(self._tmp.name) / "heartbeat"
         self._spawner = _Spawner()
-        self._python = PythonCommand.parse(config.command) if config.standby else None
+        standby = config.standby and self._local_world == 1
+        if config.standby and not standby:
+            log.info("no warm standby with %d processes per node", self._local_world)
+        self._python = PythonCommand.parse(config.command) if standby else None
         self._standby: Standby | None = None
         self._warm = False
         # next to the heartbeat: on the pod's memory volume, it outlives a container restart
@@ -236,10 +249,10 @@ class Launcher:
     def _start_child(self, extra_env: Mapping[str, str]) -> None:
         env = self._child_env(extra_env)
         self.heartbeat_file.unlink(missing_ok=True)
-        proc = self._from_standby(env)
+        proc: Child | None = self._from_standby(env)
         self._warm = proc is not None
         if proc is None:
-            proc = self._spawner.spawn(list(self.config.command), env)
+            proc = self._spawn(env)
         self._proc = proc
         self._state = "running"
         self._exit_code, self._exited_at = None, None
@@ -249,6 +262,24 @@ class Launcher:
         self._publish()
         threading.Thread(target=self._watch, args=(proc,), daemon=True).start()
         self._arm_standby(env, busy=True)
+
+    def _spawn(self, env: Mapping[str, str]) -> Child:
+        command = list(self.config.command)
+        if self._local_world == 1:
+            return self._spawner.spawn(command, env)
+        procs: list[subprocess.Popen[bytes]] = []
+        lock = threading.Lock()  # one line at a time on the launcher's output
+        try:
+            for local_rank in range(self._local_world):
+                child_env = local_env(env, local_rank, self._local_world)
+                proc = self._spawner.spawn(command, child_env, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT)
+                procs.append(proc)
+                relay_output(proc, f"[rank{child_env['RANK']}]: ".encode(), lock)
+        except BaseException:
+            LocalGroup(procs, 0.0).signal_groups(signal.SIGKILL)
+            raise
+        return LocalGroup(procs, self.config.grace_s)
 
     # -- warm standby ------------------------------------------------------------------------
 
@@ -285,7 +316,7 @@ class Launcher:
         if standby is not None:
             standby.discard()
 
-    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+    def _watch(self, proc: Child) -> None:
         code = proc.wait()
         with self._lock:
             if proc is not self._proc:
@@ -298,7 +329,7 @@ class Launcher:
             if not self._stopping and (code == 0 or self.config.exit_on_failure):
                 self._done.set()
 
-    def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
+    def _terminate(self, proc: Child) -> None:
         if proc.poll() is not None:
             return
         _signal_group(proc, signal.SIGTERM)
@@ -447,7 +478,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+def _signal_group(proc: Child, sig: signal.Signals) -> None:
+    if isinstance(proc, LocalGroup):
+        proc.signal_groups(sig)
+        return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
 

@@ -16,6 +16,10 @@ emptyDir with ``medium: Memory``)::
                               that every holder has (written by the sidecar; 0: none)
     offset 2056  int64        pinned: the sequence number of a version a long read (an S3
                               upload) needs kept (written by the sidecar; 0: none)
+    offset 2064  int64        begin key: with several training processes per node, the key of
+                              the snapshot local rank 0 has begun (gemini_trainer.node_shard)
+    offset 2072  64 x (int64, int64)  per local rank: the key of the snapshot whose region it
+                              has written, and that region's CRC-32
     SLOT_HEADER  "<8sIIiIqQQIIQ" (64 bytes): magic b"GEMSLOT1", format version, state
                               (0 empty, 1 writing, 2 complete), rank, checksum algorithm
                               (1 = CRC-32), version (the training step), payload length,
@@ -93,7 +97,9 @@ _HEADER_CRC_SPAN = 52  # bytes of SLOT_HEADER covered by the header CRC (up to t
 # Words in the file header page that the sidecar writes for the trainer (see the docstring):
 # 8-byte aligned int64s, each stored and loaded whole, so no lock is needed.
 _WORDS_OFFSET = 2048
-_ACKNOWLEDGED, _PINNED = 0, 1
+_ACKNOWLEDGED, _PINNED, _BEGIN_KEY = 0, 1, 2
+_REGION_WORDS = 3  # then (key, crc) per local rank
+MAX_LOCAL_PROCESSES = 64
 
 ENV_SHM_DIR = "GEMINI_SHM_DIR"
 # Room a slot keeps beyond the payload it is first made for, so later versions fit when the
@@ -188,7 +194,8 @@ class ShardSlots:
         flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
         self._mm = mmap.mmap(self._fd, size, flags=flags)
         self._bytes = np.frombuffer(self._mm, dtype=np.uint8)
-        self._words = np.frombuffer(self._mm, dtype="<i8", count=2, offset=_WORDS_OFFSET)
+        self._words = np.frombuffer(self._mm, dtype="<i8", offset=_WORDS_OFFSET,
+                                    count=_REGION_WORDS + 2 * MAX_LOCAL_PROCESSES)
         self.rank, self.capacity, self._stride = self._read_file_header()
 
     # -- opening ---------------------------------------------------------------------------
@@ -354,6 +361,25 @@ class ShardSlots:
         """Keep the version with sequence number ``seq`` (0: keep nothing extra)."""
         self._words[_PINNED] = seq
 
+    # -- what the training processes of one node tell each other (gemini_trainer.node_shard) -
+
+    @property
+    def begin_key(self) -> int:
+        return int(self._words[_BEGIN_KEY])
+
+    def publish_begin(self, key: int) -> None:
+        self._words[_BEGIN_KEY] = key
+
+    def region_done(self, local_rank: int) -> tuple[int, int]:
+        """(key, CRC-32) that local rank ``local_rank`` published last."""
+        at = _REGION_WORDS + 2 * local_rank
+        return int(self._words[at]), int(self._words[at + 1])
+
+    def publish_region(self, local_rank: int, key: int, crc: int) -> None:
+        at = _REGION_WORDS + 2 * local_rank
+        self._words[at + 1] = crc  # the CRC first: the key says the pair is complete
+        self._words[at] = key
+
     def may_overwrite(self, acknowledged_seq: int | None = None) -> bool:
         """Whether the slot the next ``begin`` picks holds nothing recoverable (see the module
         docstring). ``acknowledged_seq`` overrides the sidecar's word (after a restore, the
@@ -435,6 +461,17 @@ class ShardSlots:
         self._pending = (slot, version, seq, nbytes)
         start = self._payload_offset(slot)
         return memoryview(self._mm)[start : start + nbytes]
+
+    def writing_array(self, version: int) -> tuple[SlotInfo, np.ndarray]:
+        """The slot another process is writing ``version`` into, as a uint8 numpy view (a
+        second training process of the node fills its region of it; see node_shard)."""
+        writing = [i for i in self.slot_info()
+                   if i.state == SlotState.WRITING and i.version == version]
+        if not writing:
+            raise SlotError(f"version {version} is not being written to {self.path}")
+        info = max(writing, key=lambda i: i.seq)
+        start = self._payload_offset(info.index)
+        return info, self._bytes[start : start + info.payload_len]
 
     def pending_array(self) -> np.ndarray:
         """The slot being written, as a uint8 numpy view (for ``write_payload``)."""
