@@ -10,7 +10,7 @@ from typing import Any
 
 from gemini_cli import COMMANDS, CliError
 from gemini_cli.output import add_output_flag, emit
-from gemini_demo.plan import DEFAULT_FAILURES, FAILURE_KINDS, MODEL_SIZES, DemoConfig
+from gemini_demo.plan import DEFAULT_FAILURES, ENGINES, FAILURE_KINDS, MODEL_SIZES, DemoConfig
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -36,6 +36,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--failures", default=",".join(DEFAULT_FAILURES),
                         help=f"comma-separated, in order, from {','.join(FAILURE_KINDS)} "
                              f"(default {','.join(DEFAULT_FAILURES)})")
+    parser.add_argument("--procs-per-node", type=int, default=1,
+                        help="training processes per worker pod, numProcPerNode (default 1)")
+    parser.add_argument("--engine", choices=ENGINES, default="deepspeed",
+                        help="the example's training stack (default deepspeed: ZeRO-3)")
     parser.add_argument("--warm-standby", action="store_true",
                         help="launchers keep a pre-imported Python (torch, DeepSpeed) ready, "
                         "so in-place restarts skip the imports (0.3-0.7 GB more per worker)")
@@ -54,7 +58,8 @@ def config_of(args: argparse.Namespace) -> DemoConfig:
     try:
         return DemoConfig(workers=args.workers, replicas=args.replicas,
                           model_size=args.model_size, steps=args.steps, failures=failures,
-                          step_sleep=args.step_sleep, warm_standby=args.warm_standby)
+                          step_sleep=args.step_sleep, warm_standby=args.warm_standby,
+                          procs_per_node=args.procs_per_node, engine=args.engine)
     except ValueError as err:
         raise CliError(str(err), exit_code=2) from err
 

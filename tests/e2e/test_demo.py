@@ -67,6 +67,30 @@ def test_the_demo_recovers_every_failure_with_the_reference_losses(demo_dir: Pat
     assert json.loads(status.stdout)["running"] is False, status.stdout
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("engine", ["fsdp2", "deepspeed"])
+def test_two_processes_per_node_recover_every_failure_with_the_reference_losses(
+        engine: str, demo_dir: Path) -> None:
+    """numProcPerNode 2 on 2 nodes (4 ranks): a trainer crash restores both local shards from
+    the node's memory, a node loss fetches both from the peer, the group loss both from S3."""
+    result = subprocess.run(
+        [sys.executable, "-m", "gemini_cli", "demo", "--workers", "2", "--replicas", "2",
+         "--procs-per-node", "2", "--engine", engine, "--model-size", "tiny",
+         "--failures", "trainer-crash,node-loss,group-loss", "--state-dir", str(demo_dir),
+         "--output", "json"],
+        cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+    start = result.stderr.rfind("error: the demo failed")
+    error = result.stderr[start:] if start >= 0 else result.stderr[-8000:]
+    assert result.returncode == 0, f"stderr:\n{error[:12000]}\nstdout:\n{result.stdout}"
+    report = json.loads(result.stdout)
+    print(json.dumps(report, indent=2))
+    assert (report["procs_per_node"], report["engine"]) == (2, engine)
+    assert report["losses_match"] is True
+    sources = [(f["kind"], f["source"]) for f in report["failures"]]
+    assert sources == [("trainer-crash", "local"), ("node-loss", "peer"), ("group-loss", "s3")]
+    assert all(f["losses_match"] is True for f in report["failures"]), report["failures"]
+
+
 @pytest.mark.integration
 def test_the_reference_run_is_deterministic_to_the_bit(tmp_path: Path) -> None:
     """Two reference runs side by side print the same loss at every step: what makes a

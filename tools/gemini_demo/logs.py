@@ -14,8 +14,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_STEP = re.compile(r"^step (\d+) loss (\S+)\s*$")
-_RESTORED = re.compile(r"^restored step (\d+)")
+from gemini_demo.report import rank0_loss
+
+_RESTORED = re.compile(r"^(?:\[rank0\]: )?restored step (\d+)")
 
 
 @dataclass(frozen=True)
@@ -75,10 +76,10 @@ class StepLog:
         if _RESTORED.match(line):
             self.generation += 1
             return []
-        match = _STEP.match(line)
-        if not match:
+        found = rank0_loss(line)
+        if found is None:
             return []
-        return [StepLine(now, int(match.group(1)), match.group(2), self.generation)]
+        return [StepLine(now, found[0], found[1], self.generation)]
 
     def last(self) -> StepLine | None:
         return self.lines[-1] if self.lines else None

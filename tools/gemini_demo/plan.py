@@ -27,6 +27,10 @@ MODEL_SIZES: Mapping[str, tuple[str, ...]] = {
     "tiny": ("--layers", "1", "--d-model", "32", "--heads", "2"),
     "small": ("--layers", "2", "--d-model", "64", "--heads", "4"),
 }
+# The example's training stacks. DDP rebuilds its gradient buckets after its first iteration,
+# so a restarted DDP of more than two gloo ranks sums some gradients in another order (1 ulp):
+# its losses match a reference only with two ranks in all.
+ENGINES = ("deepspeed", "fsdp2", "ddp")
 JOB_NAME = "gpt-demo"
 NAMESPACE = "gemini-demo"
 S3_SECRET = "demo-s3"
@@ -43,6 +47,8 @@ class DemoConfig:
     step_sleep: float = 0.5  # idle per step: stretches the run so failures land mid-training
     seed: int = 1234
     warm_standby: bool = False  # launchers keep a pre-imported interpreter for restarts
+    procs_per_node: int = 1  # training processes per worker pod (numProcPerNode)
+    engine: str = "deepspeed"
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.failures if f not in FAILURE_KINDS]
@@ -56,6 +62,14 @@ class DemoConfig:
         if not 2 <= self.replicas <= self.workers:
             raise ValueError(f"--replicas must be between 2 and --workers ({self.workers}), "
                              f"got {self.replicas}")
+        if not 1 <= self.procs_per_node <= 8:
+            raise ValueError(f"--procs-per-node must be between 1 and 8, got "
+                             f"{self.procs_per_node}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"--engine must be one of {', '.join(ENGINES)}")
+        if self.engine == "ddp" and self.world > 2:
+            raise ValueError("--engine ddp compares with the reference bit for bit only with "
+                             "two ranks in all (DDP rebuilds its buckets after a restart)")
         if self.steps is not None and self.steps < self.steps_needed:
             raise ValueError(f"--steps {self.steps} is too few for {len(self.failures)} "
                              f"failure(s); use at least {self.steps_needed}")
@@ -69,6 +83,11 @@ class DemoConfig:
             wait_s3 = int(PERSIST_INTERVAL_SECONDS * 1.5 / max(self.step_sleep, 0.1))
         slowed = SLOW_LINK_STEPS * self.failures.count("slow-link")
         return WARMUP_STEPS + STEPS_BETWEEN * (len(self.failures) + 1) + wait_s3 + slowed
+
+    @property
+    def world(self) -> int:
+        """Training processes in all: the reference run starts as many."""
+        return self.workers * self.procs_per_node
 
     @property
     def total_steps(self) -> int:
@@ -89,7 +108,7 @@ def spare_nodes(config: DemoConfig) -> int:
 def trainer_args(config: DemoConfig, with_sleep: bool = True) -> list[str]:
     """The example's arguments. Everything but --step-sleep shapes the losses, so the
     reference uses the same list without the idling."""
-    args = ["--engine", "deepspeed", "--steps", str(config.total_steps),
+    args = ["--engine", config.engine, "--steps", str(config.total_steps),
             *MODEL_SIZES[config.model_size], "--seed", str(config.seed)]
     if with_sleep and config.step_sleep:
         args += ["--step-sleep", str(config.step_sleep)]
@@ -98,14 +117,15 @@ def trainer_args(config: DemoConfig, with_sleep: bool = True) -> list[str]:
 
 def job_manifest(config: DemoConfig, script: str, s3_url: str, bucket: str,
                  prefix: str) -> dict[str, Any]:
-    """The GeminiJob: one trainer per node, checkpoint every iteration, S3 persistence."""
+    """The GeminiJob: procs_per_node trainers per node, a checkpoint every iteration, S3
+    persistence."""
     return {
         "apiVersion": "gemini.io/v1alpha1",
         "kind": "GeminiJob",
         "metadata": {"name": JOB_NAME, "namespace": NAMESPACE},
         "spec": {
             "numNodes": config.workers,
-            "numProcPerNode": 1,
+            "numProcPerNode": config.procs_per_node,
             "template": {
                 "image": "gemini:local",  # local nodes run the host's Python; nothing is pulled
                 "command": ["python", script],

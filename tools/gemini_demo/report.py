@@ -13,17 +13,22 @@ from typing import Any
 
 from gemini.domain.goodput import wasted_seconds_per_failure
 
-_LOSS_LINE = re.compile(r"^step (\d+) loss (\S+)\s*$")
+# With several processes per node the launcher prefixes each line with its rank.
+_LOSS_LINE = re.compile(r"^(?:\[rank(\d+)\]: )?step (\d+) loss (\S+)\s*$")
+
+
+def rank0_loss(line: str) -> tuple[int, str] | None:
+    """(step, loss) of a `step <n> loss <float hex>` line of rank 0 (or unprefixed)."""
+    match = _LOSS_LINE.match(line.strip())
+    if not match or match.group(1) not in (None, "0"):
+        return None
+    return int(match.group(2)), match.group(3)
 
 
 def parse_losses(lines: Iterable[str]) -> list[tuple[int, str]]:
-    """Every `step <n> loss <float hex>` line, in order (a replayed step appears again)."""
-    found = []
-    for line in lines:
-        match = _LOSS_LINE.match(line.strip())
-        if match:
-            found.append((int(match.group(1)), match.group(2)))
-    return found
+    """Every rank 0 `step <n> loss <float hex>` line, in order (a replayed step appears
+    again)."""
+    return [found for line in lines if (found := rank0_loss(line)) is not None]
 
 
 def losses_match(run: Sequence[tuple[int, str]], reference: Mapping[int, str]) -> bool:

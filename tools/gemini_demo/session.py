@@ -211,11 +211,11 @@ class Demo:
 
     def _run(self) -> dict[str, Any]:
         self.work.mkdir(parents=True, exist_ok=True)
-        self.say(f"reference run: {self.config.workers} local processes, "
+        self.say(f"reference run: {self.config.world} local processes, "
                  f"{self.config.total_steps} steps")
         with self.guard.shielded():  # a signal now would lose the handles of its processes
             self.reference = ReferenceRun(
-                SCRIPT, plan.trainer_args(self.config, with_sleep=False), self.config.workers,
+                SCRIPT, plan.trainer_args(self.config, with_sleep=False), self.config.world,
                 self.work).start()
         self.bring_up()
         self.say("waiting for the reference run to finish before submitting the job")
@@ -489,6 +489,8 @@ class Demo:
             "iteration_seconds": round(iteration, 3),
             "steps": self.config.total_steps,
             "workers": self.config.workers,
+            "procs_per_node": self.config.procs_per_node,
+            "engine": self.config.engine,
             "replicas": self.config.replicas,
             "losses_match": everything,
             "failures": rows,
