@@ -333,10 +333,10 @@ class Checkpointer:
             self._layout = (shapes, offsets, end)
         return self._layout[1], self._layout[2]
 
-    def _slots_for(self, nbytes: int) -> ShardSlots:
+    def _slots_for(self, nbytes: int, create: bool = True) -> ShardSlots:
         if self._slots is None:
             self.config.shm_dir.mkdir(parents=True, exist_ok=True)
-            if self.path.exists():
+            if self.path.exists() or not create:
                 self._slots = ShardSlots(self.path)
             else:
                 capacity = self.config.capacity_bytes or nbytes + HEADROOM_BYTES

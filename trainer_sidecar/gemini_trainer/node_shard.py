@@ -48,7 +48,8 @@ REGION_SLACK = 64 << 10
 WAIT_S = 120.0  # how long one local process waits for the others of the same snapshot
 _POLL_S = 0.0005
 
-OpenSlots = Callable[[int], ShardSlots]  # payload bytes -> the node's slots, big enough
+# (payload bytes, whether to create the file) -> the node's slots, big enough
+OpenSlots = Callable[[int, bool], ShardSlots]
 # (this process's payload bytes, its token) -> every local rank's, in local rank order
 GatherLocal = Callable[[int, int], Sequence[tuple[int, int]]]
 
@@ -125,7 +126,7 @@ class SoleWriter:
         self._slots: ShardSlots | None = None
 
     def begin(self, step: int, nbytes: int) -> np.ndarray:
-        self._slots = self._open_slots(nbytes)
+        self._slots = self._open_slots(nbytes, True)
         self._slots.begin(step, nbytes).release()
         return self._slots.pending_array()
 
@@ -185,7 +186,18 @@ class RegionWriter:
             raise SlotError(f"{len(everyone)} local processes answered, {self.local_world} run")
         self._token = everyone[0][1]
         self.layout = NodeLayout(tuple(region_span(n) for n, _ in everyone))
-        self._slots = self._open_slots(self.layout.total)
+        total = self.layout.total
+        if self.local_rank == 0:  # the only one to create it: no race between creators
+            self._slots = self._open_slots(total, True)
+            return
+        _wait(lambda: self._opened(total), "local rank 0 to create the slot file")
+
+    def _opened(self, total: int) -> bool:
+        try:
+            self._slots = self._open_slots(total, False)
+        except (SlotError, ValueError, FileNotFoundError):
+            return False  # not there yet, or being initialised (empty, no header yet)
+        return True
 
     def _await_begin(self, step: int) -> np.ndarray:
         assert self._slots is not None
