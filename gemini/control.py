@@ -52,10 +52,14 @@ Ordering rules (what the servers require of their callers, and why):
 from __future__ import annotations
 
 import http.client
+import io
 import json
-import urllib.error
+import logging
+import math
+import socket
+import threading
+import time
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
@@ -241,8 +245,8 @@ def _peer_map(f: _Fields) -> dict[int, str]:
 def _peer_text(f: _Fields, text: str) -> dict[int, str]:
     if text.strip().startswith("{"):
         try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as err:
+            doc = parse_json(text)  # a peer's text: strict, like every answer
+        except ValueError as err:
             raise f.fail("peers", "an object of rank -> host:port", text) from err
         return _peer_map(_Fields({"peers": doc}, f.where, f.path))
     out: dict[int, str] = {}
@@ -942,6 +946,20 @@ class RestartAnswer:
 
 
 # -- the client ------------------------------------------------------------------------------
+# The peers a client calls (sidecars, launchers) run in images a job's author chooses, so an
+# answer is taken only whole, in time, small and well formed; anything else is a ControlError.
+DEFAULT_MAX_ANSWER_BYTES = 256 * 1024  # the largest real answer (an inventory) is a few KiB
+MAX_ERROR_ANSWER_BYTES = 16 * 1024  # a refusal's {"error": ...} is a message, not data
+MAX_JSON_DEPTH = 32  # real answers nest 4 deep
+REFUSAL_LOG_SECONDS = 60.0  # repeats of one kind of refusal from one address: DEBUG only
+_READ_BYTES = 64 * 1024
+_MIN_REDACTED_TOKEN = 8
+# Parsing amplifies: 256 KiB of "[]," become ~5 MiB of Python objects. One parse at a time
+# (each holds the GIL anyway) bounds that to one answer's worth per process, however many
+# calls are in flight.
+_PARSE_LOCK = threading.Lock()
+log = logging.getLogger(__name__)
+
 
 class ControlError(RuntimeError):
     """A call that did not get a valid answer: the address, the path and the reason (what
@@ -955,16 +973,150 @@ class ControlError(RuntimeError):
         self.detail = detail  # the refusal's ErrorAnswer text, when it sent one
 
 
+def parse_json(raw: str | bytes | bytearray) -> object:
+    """Strict JSON: ValueError (never RecursionError or a non-finite float) for anything but
+    plain JSON with finite numbers, nested at most MAX_JSON_DEPTH deep."""
+    try:
+        doc = json.loads(raw, parse_float=_finite, parse_constant=_not_a_number)
+    except RecursionError as err:  # the C scanner's own depth limit
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH}") from err
+    if _deeper_than(doc, MAX_JSON_DEPTH):
+        raise ValueError(f"nested deeper than {MAX_JSON_DEPTH}")
+    return doc
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _not_a_number(name: str) -> object:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _deeper_than(doc: object, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` deep (walked without recursion, so
+    the walk itself cannot overflow)."""
+    stack: list[tuple[object, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        children = (value.values() if isinstance(value, dict)
+                    else value if isinstance(value, list) else None)
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _json_object(doc: object) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise ValueError(f"the answer must be a JSON object, got {_shown(doc)}")
+    return doc
+
+
+class _TooLarge(Exception):
+    """An answer over the size a client takes."""
+
+
+def _left(deadline: float) -> float:
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the deadline passed")
+    return left
+
+
+class _DeadlineSocket:
+    """A connected socket whose every send and receive ends by the call's deadline. A socket
+    timeout alone bounds each read, and a peer sending a byte a second never trips it."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock, self._deadline = sock, deadline
+
+    def _arm(self) -> None:
+        self._sock.settimeout(_left(self._deadline))
+
+    def sendall(self, data: bytes) -> None:
+        self._arm()
+        self._sock.sendall(data)
+
+    def recv_into(self, buffer: memoryview) -> int:
+        self._arm()
+        return self._sock.recv_into(buffer)
+
+    def makefile(self, mode: str = "rb", *_: object, **__: object) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self))
+
+    def close(self) -> None:
+        """Nothing: http.client closes its side before the body is read; the call closes the
+        real socket once the answer is in."""
+
+
+class _DeadlineReader(io.RawIOBase):
+    def __init__(self, sock: _DeadlineSocket) -> None:
+        self._sock = sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        return self._sock.recv_into(buffer)
+
+
+def _read_capped(answer: http.client.HTTPResponse, limit: int) -> bytearray:
+    """The answer's body, refused (_TooLarge) as soon as it is known to exceed `limit`: by its
+    Content-Length before any of it is read, else once more than `limit` bytes came."""
+    if answer.length is not None and answer.length > limit:
+        raise _TooLarge(f"answered {answer.length} bytes, more than the {limit} it may")
+    body = bytearray()
+    while chunk := answer.read(min(_READ_BYTES, limit + 1 - len(body))):
+        body += chunk
+        if len(body) > limit:
+            raise _TooLarge(f"answered more than the {limit} bytes it may")
+    return body
+
+
+class _RefusalLog:
+    """Every answer a client refuses is logged once, with the peer's address and the reason:
+    the first of its kind from an address in REFUSAL_LOG_SECONDS at WARNING, repeats at DEBUG
+    (a hostile peer polled every 2 s must not flood the log)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[tuple[str, str], float] = {}
+
+    def note(self, address: str, path: str, kind: str, reason: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            loud = now - self._last.get((address, kind), -math.inf) >= REFUSAL_LOG_SECONDS
+            if loud:
+                if len(self._last) > 4096:  # addresses come and go with pods
+                    self._last = {k: t for k, t in self._last.items()
+                                  if now - t < REFUSAL_LOG_SECONDS}
+                self._last[(address, kind)] = now
+        log.log(logging.WARNING if loud else logging.DEBUG,
+                "refused the answer of %s%s (%s): %s", address, path, kind, reason)
+
+
+_REFUSALS = _RefusalLog()
+
+
 class ControlClient:
     """One sidecar's or launcher's control API at ip:port (the caller picks the port). Every
-    call returns the typed answer or raises ControlError."""
+    call returns the typed answer or raises ControlError within `timeout` seconds in all
+    (connecting, sending and every byte of the answer), refusing an answer over
+    `max_answer_bytes` before reading it all. Its errors never carry the token."""
 
     def __init__(self, ip: str, port: int, token: str = "",
-                 timeout: float = DEFAULT_TIMEOUT_SECONDS) -> None:
-        host = f"[{ip}]" if ":" in ip else ip
+                 timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
         self.address = f"{ip}:{port}"
-        self._base = f"http://{host}:{port}"
+        self._scheme, self._host, self._port, self._prefix = "http", ip, port, ""
         self.token, self.timeout = token, timeout
+        self.max_answer_bytes = max_answer_bytes
 
     @classmethod
     def for_url(cls, url: str, token: str = "",
@@ -973,8 +1125,10 @@ class ControlClient:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"the control API URL {url!r} is not http://host:port")
-        client = cls(parts.hostname, parts.port or 80, token, timeout)
-        client._base = client.address = url.rstrip("/")
+        default_port = 443 if parts.scheme == "https" else 80
+        client = cls(parts.hostname, parts.port or default_port, token, timeout)
+        client._scheme, client._prefix = parts.scheme, parts.path.rstrip("/")
+        client.address = url.rstrip("/")
         return client
 
     # -- the sidecar ---------------------------------------------------------------------
@@ -1024,48 +1178,88 @@ class ControlClient:
 
     # -- any call ------------------------------------------------------------------------
     def call_json(self, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """GET `path` (no body) or POST the body; the answer's JSON object (anything else is
-        wrapped as {"answer": ...})."""
-        answer = self._request(path, body)
-        return answer if isinstance(answer, dict) else {"answer": answer}
+        """GET `path` (no body) or POST the body; the answer's JSON object (any other JSON
+        value is refused)."""
+        return self._typed(path, body, _json_object)
 
     def _typed(self, path: str, body: Mapping[str, Any] | None,
                parse: Callable[[object], T]) -> T:
-        answer = self._request(path, body)
-        try:
-            return parse(answer)
-        except ValueError as err:
-            raise ControlError(self.address, path, f"answered an unexpected body: {err}") from err
+        status, raw = self._exchange(path, body)
+        if not 200 <= status < 300:
+            raise self._refused(path, status, raw)
+        with _PARSE_LOCK:
+            try:
+                doc = parse_json(raw or b"{}")
+            except ValueError as err:
+                raise self._refusal(path, "not JSON",
+                                    f"answered a body that is not JSON ({err})") from err
+            try:
+                return parse(doc)
+            # The readers raise ValueError; anything else an untrusted body provokes in one
+            # is still that body's fault, and must reach the caller as a ControlError.
+            except (ValueError, TypeError, LookupError) as err:
+                raise self._refusal(path, "unexpected body",
+                                    f"answered an unexpected body: {err}") from err
 
-    def _request(self, path: str, body: Mapping[str, Any] | None) -> object:
-        headers = {"Content-Type": "application/json"}
+    def _exchange(self, path: str, body: Mapping[str, Any] | None) -> tuple[int, bytearray]:
+        """Send the request and read the whole answer by the deadline: (status, body)."""
+        deadline = time.monotonic() + self.timeout
+        connection = http.client.HTTPSConnection if self._scheme == "https" else (
+            http.client.HTTPConnection)
+        conn = connection(self._host, self._port, timeout=self.timeout)
+        connected: socket.socket | None = None
+        try:
+            conn.connect()
+            connected = conn.sock
+            conn.sock = _DeadlineSocket(connected, deadline)  # type: ignore[assignment]
+            self._send(conn, path, body)
+            with conn.getresponse() as answer:
+                ok = 200 <= answer.status < 300
+                limit = self.max_answer_bytes if ok else MAX_ERROR_ANSWER_BYTES
+                return answer.status, _read_capped(answer, limit)
+        except _TooLarge as err:
+            raise self._refusal(path, "too large", str(err)) from err
+        except TimeoutError as err:
+            if connected is None:  # no connection at all: a silent address, as before
+                raise self._error(path, f"unreachable ({err})") from err
+            raise self._refusal(path, "deadline", f"unreachable (no whole answer within "
+                                                  f"{self.timeout:g} s)") from err
+        except (OSError, http.client.HTTPException) as err:
+            raise self._error(path, f"unreachable ({err})") from err
+        finally:
+            conn.close()
+            if connected is not None:
+                connected.close()
+
+    def _send(self, conn: http.client.HTTPConnection, path: str,
+              body: Mapping[str, Any] | None) -> None:
+        headers = {"Content-Type": "application/json", "Connection": "close"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        request = urllib.request.Request(
-            self._base + path, data=None if body is None else json.dumps(body).encode(),
-            method="GET" if body is None else "POST", headers=headers,
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as err:
-            raise self._refused(path, err) from err
-        except (OSError, http.client.HTTPException) as err:
-            raise ControlError(self.address, path, f"unreachable ({err})") from err
-        try:
-            return json.loads(raw or b"{}")
-        except ValueError as err:
-            raise ControlError(self.address, path,
-                               f"answered a body that is not JSON ({err})") from err
+        data = None if body is None else json.dumps(body).encode()
+        conn.request("GET" if body is None else "POST", self._prefix + path, data, headers)
 
-    def _refused(self, path: str, err: urllib.error.HTTPError) -> ControlError:
+    def _refused(self, path: str, status: int, raw: bytearray) -> ControlError:
+        """The server's refusal (a status other than 2xx), with its ErrorAnswer when sent."""
         try:
-            raw = err.read()
-        except (OSError, http.client.HTTPException):
-            raw = b""
-        try:
-            detail: str | None = ErrorAnswer.from_json(json.loads(raw)).error
+            detail: str | None = ErrorAnswer.from_json(parse_json(raw)).error
         except ValueError:
             detail = None
-        return ControlError(self.address, path, f"answered {err.code} {raw[:300]!r}",
-                            status=err.code, detail=detail)
+        return self._error(path, f"answered {status} {bytes(raw[:300])!r}", status, detail)
+
+    def _refusal(self, path: str, kind: str, reason: str) -> ControlError:
+        """An answer this client does not take: logged once, and raised."""
+        error = self._error(path, reason)
+        _REFUSALS.note(self.address, path, kind, error.reason)
+        return error
+
+    def _error(self, path: str, reason: str, status: int | None = None,
+               detail: str | None = None) -> ControlError:
+        """A ControlError without the token in its text: a peer may echo it back."""
+        return ControlError(self.address, path, self._redacted(reason), status,
+                            None if detail is None else self._redacted(detail))
+
+    def _redacted(self, text: str) -> str:
+        # Job tokens are 43 random characters; a short test token would blank out words.
+        secret = len(self.token) >= _MIN_REDACTED_TOKEN
+        return text.replace(self.token, "<token>") if secret else text

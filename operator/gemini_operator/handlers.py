@@ -19,7 +19,7 @@ from gemini_operator.cache import ClusterCache, JobKey
 from gemini_operator.election import LeaderElector
 from gemini_operator.kube import KubeClient
 from gemini_operator.metrics import OperatorMetrics
-from gemini_operator.poller import POLL_SECONDS
+from gemini_operator.poller import POLL_SECONDS, PollRounds
 from gemini_operator.reconciler import Reconciler
 from gemini_operator.workqueue import WorkQueue
 
@@ -128,18 +128,16 @@ async def _elect(runtime: Runtime) -> None:
 
 async def _poll(runtime: Runtime) -> None:
     """Every few seconds, ask the running jobs' sidecars and launchers how far they are
-    (checkpoint status, hang detection, persistence); reconcile a job when that changed."""
-    poller = runtime.reconciler.poller
-    while True:
-        await asyncio.sleep(POLL_SECONDS)
-        if not runtime.leading:
-            continue
-        for key in runtime.cache.job_keys():
-            try:
-                if await asyncio.to_thread(poller.poll, key):
-                    runtime.queue.add(key)
-            except Exception as err:  # one job's trouble must not stop the others' polling
-                log.warning("polling %s/%s failed: %s", *key, err)
+    (checkpoint status, hang detection, persistence), every job side by side (a slow job
+    waits only for itself); reconcile a job when that changed."""
+    rounds = PollRounds(runtime.reconciler.poller.poll, runtime.queue.add)
+    try:
+        while True:
+            await asyncio.sleep(POLL_SECONDS)
+            if runtime.leading:
+                rounds.start(runtime.cache.job_keys())
+    finally:
+        rounds.close()
 
 
 async def _resync(runtime: Runtime) -> None:

@@ -8,18 +8,23 @@ persists to S3, has every sidecar upload that step and rank 0's sidecar commit i
 value. It runs off the reconcile path (a lost node's sidecar may take seconds to time out);
 its findings are kept in memory and handed to the pure reconcile, which writes the status, so
 the two never overwrite each other. S3 failures leave training running and are retried.
+
+`PollRounds` polls every job side by side: the workers run images a job's author chooses, and
+a slow or hostile one must cost only its own job, never the polling of the others.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
-from gemini.control import Inventory
-from gemini_operator import naming, placement_delivery
+from gemini_operator import naming, placement_delivery, sidecars
 from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.cache import ClusterCache, JobKey
 from gemini_operator.conditions import ConditionType, is_true
@@ -28,13 +33,7 @@ from gemini_operator.failures import Progress
 from gemini_operator.kube import KubeClient
 from gemini_operator.observed import PodView
 from gemini_operator.pace import replication_pace
-from gemini_operator.sidecars import (
-    DeliveryError,
-    SidecarError,
-    call_all,
-    call_each,
-    persist_and_commit,
-)
+from gemini_operator.sidecars import DeliveryError, SidecarError, persist_and_commit
 from gemini_operator.spec import JobSpec, Persistence, SpecError, parse_spec
 from gemini_operator.status import CheckpointStatus, JobStatus, ReplicaCoverage
 
@@ -44,6 +43,9 @@ POLL_TIMEOUT_SECONDS = 2.0
 PERSIST_TIMEOUT_SECONDS = 300.0
 PERSIST_RETRY_SECONDS = 10.0
 PERSIST_ANNOTATION = "gemini.io/persist-requested"
+# Jobs polled at once. A job is never polled twice at a time, so a job whose workers hold
+# every call to its deadline holds one of these threads; the others keep polling.
+POLL_WORKERS = 16
 
 
 @dataclass(frozen=True)
@@ -167,9 +169,11 @@ class CheckpointPoller:
                  token: str, before: Findings | None) -> Findings:
         old = before.checkpoint if before is not None else status.checkpoint
         ports = self.config.render
-        inventories, silent = call_each(
-            {r: (p.ip, ports.sidecar_api_port) for r, p in pods.items()}, "/inventory", token,
-            {}, POLL_TIMEOUT_SECONDS)
+        # Typed: an answer of the wrong shape counts as silent instead of failing the poll.
+        typed, silent = sidecars.inventories_each(
+            {r: (p.ip, ports.sidecar_api_port) for r, p in pods.items()}, token,
+            POLL_TIMEOUT_SECONDS)
+        inventories = {r: inventory.to_json() for r, inventory in typed.items()}
         if silent:
             log.debug("inventory of %s/%s: %s", job.namespace, job.name, silent[:3])
             step = old.in_memory_step
@@ -182,14 +186,16 @@ class CheckpointPoller:
         coverage = (replica_coverage(inventories, holders) if holders is not None
                     else old.replica_coverage)
         try:
-            statuses = call_all({r: (p.ip, ports.launcher_port) for r, p in pods.items()},
-                                "/status", token, {}, POLL_TIMEOUT_SECONDS)
-            progress = progress_of(statuses, self._clock(), previous)
+            statuses = sidecars.launcher_statuses(
+                {r: (p.ip, ports.launcher_port) for r, p in pods.items()}, token,
+                POLL_TIMEOUT_SECONDS)
+            progress = progress_of({r: s.to_json() for r, s in statuses.items()},
+                                   self._clock(), previous)
         except SidecarError:
             progress = previous
         checkpoint = replace(old, in_memory_step=step if step is not None else
                              old.in_memory_step, replica_coverage=coverage)
-        pace = None if silent else replication_pace(_typed(inventories))
+        pace = None if silent else replication_pace(typed)
         if pace is not None:
             checkpoint = replace(
                 checkpoint, recoverable_step=pace.recoverable_step,
@@ -248,15 +254,40 @@ class CheckpointPoller:
             persist_request=request or ckpt.persist_request))
 
 
-def _typed(inventories: Mapping[int, Mapping[str, Any]]) -> dict[int, Inventory]:
-    """The inventories that parse (a sidecar of an older version may lack fields)."""
-    typed = {}
-    for rank, doc in inventories.items():
-        try:
-            typed[rank] = Inventory.from_json(doc)
-        except ValueError as err:
-            log.debug("inventory of rank %d not understood: %s", rank, err)
-    return typed if len(typed) == len(inventories) else {}
+class PollRounds:
+    """Polls jobs side by side, so a job whose workers are slow or hostile costs only itself.
+    Each round (`start`) polls every job not still being polled from its last round, in a
+    pool of its own: never the event loop's default executor, which the reconciles share.
+    `changed(key)` runs on the event loop for each job whose findings changed."""
+
+    def __init__(self, poll: Callable[[JobKey], bool], changed: Callable[[JobKey], None],
+                 workers: int = POLL_WORKERS) -> None:
+        self._poll, self._changed = poll, changed
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll")
+        self._polling: set[JobKey] = set()
+
+    def start(self, keys: Iterable[JobKey]) -> None:
+        """Start polling each of `keys` not still being polled (call on the event loop)."""
+        loop = asyncio.get_running_loop()
+        for key in keys:
+            if key in self._polling:
+                continue  # still in its last poll: it waits for itself, nobody else does
+            self._polling.add(key)
+            future = loop.run_in_executor(self._pool, self._poll, key)
+            future.add_done_callback(partial(self._done, key))
+
+    def _done(self, key: JobKey, future: asyncio.Future[bool]) -> None:
+        self._polling.discard(key)
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is not None:  # one job's trouble must not stop the others' polling
+            log.warning("polling %s/%s failed: %s", *key, error)
+        elif future.result():
+            self._changed(key)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _launch_epoch(status: JobStatus) -> int | None:

@@ -6,6 +6,10 @@ and the placement (`peers_bodies`, `deliver_peers`, `deliver_placement`). The or
 come in (placement before fetches, memory before restarts, persist before commit) is stated
 in gemini.control. The untyped `call`, `call_all` and `call_each` (JSON dicts) remain for
 call sites not moved yet. Addresses are pod IPs, which work with or without cluster DNS.
+
+Every timeout here is a call's whole deadline (gemini.control.ControlClient): a worker that
+answers a byte at a time is cut off at it, and answers are size-capped and strictly parsed,
+so a job's own images can cost the operator no more than that job's calls.
 """
 
 from __future__ import annotations

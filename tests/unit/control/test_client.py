@@ -149,16 +149,19 @@ def test_a_client_for_a_url_posts_the_trainers_notice_without_a_token_when_none_
         ControlClient.for_url("127.0.0.1:7001")
 
 
-def test_call_json_gets_or_posts_any_path_and_wraps_a_non_object(
+def test_call_json_gets_or_posts_any_path_and_refuses_a_non_object(
     scripted: tuple[Scripted, int],
 ) -> None:
     script, port = scripted
-    script.answer("/anything", [1, 2])
+    script.answer("/anything", {"b": 2})
     client = ControlClient("127.0.0.1", port, TOKEN)
-    assert client.call_json("/anything") == {"answer": [1, 2]}
-    assert client.call_json("/anything", {"a": 1}) == {"answer": [1, 2]}
+    assert client.call_json("/anything") == {"b": 2}
+    assert client.call_json("/anything", {"a": 1}) == {"b": 2}
     assert [s.method for s in script.seen] == ["GET", "POST"]
     assert script.bodies("/anything") == [None, {"a": 1}]
+    script.answer("/anything", [1, 2])
+    with pytest.raises(ControlError, match="must be a JSON object"):
+        client.call_json("/anything")
 
 
 def test_an_ipv6_address_is_bracketed_in_the_url() -> None:

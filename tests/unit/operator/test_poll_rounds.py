@@ -1,0 +1,49 @@
+"""PollRounds: every job polled side by side, a job still in its last poll skipped (it holds
+one thread at most), a poll that raises logged without stopping the others, and the jobs whose
+findings changed handed back on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+from gemini_operator.cache import JobKey
+from gemini_operator.poller import PollRounds
+
+STUCK, CHANGED, SAME, BROKEN = ("ns", "stuck"), ("ns", "changed"), ("ns", "same"), ("ns", "x")
+
+
+async def test_a_job_in_its_last_poll_is_skipped_while_the_others_are_polled_each_round(
+        caplog: pytest.LogCaptureFixture) -> None:
+    release = threading.Event()
+    polled: list[JobKey] = []
+    changed: list[tuple[JobKey, bool]] = []
+    loop_thread = threading.get_ident()
+
+    def poll(key: JobKey) -> bool:
+        polled.append(key)
+        if key == STUCK:
+            release.wait(10)
+        if key == BROKEN:
+            raise KeyError("version")
+        return key in (CHANGED, STUCK)
+
+    rounds = PollRounds(poll, lambda key: changed.append(
+        (key, threading.get_ident() == loop_thread)), workers=4)
+    try:
+        for _ in range(3):
+            rounds.start([STUCK, CHANGED, SAME, BROKEN])
+            await asyncio.sleep(0.1)
+        release.set()
+        await asyncio.sleep(0.1)
+    finally:
+        rounds.close()
+    assert polled.count(STUCK) == 1
+    assert [polled.count(k) for k in (CHANGED, SAME, BROKEN)] == [3, 3, 3]
+    assert changed.count((CHANGED, True)) == 3 and (STUCK, True) in changed
+    assert all(on_loop for _, on_loop in changed) and (SAME, True) not in changed
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == ["polling ns/x failed: 'version'"] * 3
