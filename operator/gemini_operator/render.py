@@ -210,10 +210,7 @@ def _sidecar(
     sidecar = spec.checkpoint.sidecar
     env = [
         *_common_env(job, spec, rank, config),
-        _value("GEMINI_MEMORY_BUDGET_BYTES", spec.checkpoint.memory_budget_bytes),
         _value("GEMINI_TRAFFIC_MODE", spec.checkpoint.traffic_scheduling.value.lower()),
-        # m: a version is acknowledged to the trainer once m-1 peers have it
-        _value("GEMINI_REPLICAS", spec.checkpoint.replicas),
     ]
     env += _assignment_env(assignment)
     if spec.persistence is not None:
@@ -248,6 +245,10 @@ def _common_env(job: JobRef, spec: JobSpec, rank: int, config: RenderConfig) -> 
         _value("GEMINI_SIDECAR_PORT", config.sidecar_port),
         _value("GEMINI_SIDECAR_API_PORT", config.sidecar_api_port),
         _value("GEMINI_SHM_DIR", config.shm_mount_path),
+        # The trainer checks its first snapshot against the budget; the sidecar holds to it.
+        _value("GEMINI_MEMORY_BUDGET_BYTES", spec.checkpoint.memory_budget_bytes),
+        # m: a version is acknowledged to the trainer once m-1 peers have it
+        _value("GEMINI_REPLICAS", spec.checkpoint.replicas),
         {"name": "GEMINI_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": naming.secret_name(job.name), "key": naming.SECRET_TOKEN_KEY}}},
     ]

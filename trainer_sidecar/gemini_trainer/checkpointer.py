@@ -131,6 +131,8 @@ class CheckpointerConfig:
     local_rank: int = 0
     local_world_size: int = 1  # training processes on this node, one slot file for all
     node_rank: int | None = None  # the slot file's (and sidecar's) rank; None: ``rank``
+    memory_budget_bytes: int | None = None  # checkpoint memory per node (GeminiJob spec)
+    replicas: int = 0  # m, copies of each node's checkpoint (0: unknown)
 
     def __post_init__(self) -> None:
         if self.local_world_size > 1 and self.rank != self.node * self.local_world_size + (
@@ -165,8 +167,11 @@ class CheckpointerConfig:
         else:
             ranks = {"rank": int(pick("GEMINI_RANK", "RANK", default="0")),
                      "world_size": int(pick("GEMINI_WORLD_SIZE", "WORLD_SIZE", default="1"))}
+        budget = pick("GEMINI_MEMORY_BUDGET_BYTES")
         return cls(
             **ranks,
+            memory_budget_bytes=int(budget) if budget else None,
+            replicas=int(pick("GEMINI_REPLICAS", default="0")),
             shm_dir=Path(pick("GEMINI_SHM_DIR", default="/dev/shm")),
             job=pick("GEMINI_JOB"),
             capacity_bytes=int(capacity) if capacity else None,
@@ -340,6 +345,7 @@ class Checkpointer:
                 self._slots = ShardSlots(self.path)
             else:
                 capacity = self.config.capacity_bytes or nbytes + HEADROOM_BYTES
+                check_budget(self.config, capacity)
                 self._slots = ShardSlots(self.path, capacity, rank=self.config.node)
         if nbytes > self._slots.capacity:
             whose = ("this rank's state" if self.config.local_world_size == 1 else
@@ -532,6 +538,27 @@ class Checkpointer:
                 f"version {info.version} in {self.path} was written by (kind, rank, world size)"
                 f" {got}, this trainer is {want}: the launcher pointed at the wrong shard"
             )
+
+
+def check_budget(config: CheckpointerConfig, capacity: int) -> None:
+    """Refuse, before the first snapshot is written, a node checkpoint the memory budget
+    cannot hold: two versions in the node's slot file (the shared tmpfs is the budget's size),
+    and two of each of the m-1 peers' checkpoints a sidecar holds."""
+    budget = config.memory_budget_bytes
+    if not budget:
+        return
+    copies = 2 * max(1, config.replicas - 1)
+    if copies * capacity <= budget:
+        return
+    procs = config.local_world_size
+    whose = ("this rank's checkpoint" if procs == 1 else
+             f"this node's checkpoint ({procs} processes' shards, numProcPerNode)")
+    raise SlotError(
+        f"{whose} needs {capacity} bytes per version, so {copies} versions ({copies * capacity}"
+        f" bytes: two in the slot file, and two of each of the m-1 = {max(0, config.replicas - 1)}"
+        f" peers' a sidecar holds) but spec.checkpoint.memoryBudgetPerNode is {budget} bytes; "
+        "raise it (and the sidecar's memory limit), or use fewer processes per node or replicas"
+    )
 
 
 def _copy_tensor(buf: np.ndarray, offset: int, tensor: torch.Tensor, use_numpy: bool) -> None:
