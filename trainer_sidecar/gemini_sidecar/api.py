@@ -4,11 +4,15 @@ GET /healthz and GET /metrics are open (probes and Prometheus); everything else 
 job token as `Authorization: Bearer <token>`. Every body is read with the contract's types
 (a bad one is answered 400 naming the field) and every answer written with them; errors are
 ErrorAnswer, {"error": "<what to fix>"}, with a 4xx/5xx status. The order callers must keep
-(placement before fetches, persist before commit, ...) is stated in gemini.control.
+(placement before fetches, persist before commit, ...) is stated in gemini.control. Bodies
+must arrive within the read timeout, be plain JSON with finite numbers nested at most
+control.MAX_JSON_DEPTH deep, and name versions the slot files can hold (< 2^63): anything else is a
+4xx, never a 500.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -48,6 +52,7 @@ from gemini_sidecar.config import ConfigError, Placement, make_placement, parse_
 from gemini_sidecar.local import LocalShardError
 from gemini_sidecar.pacing import Profile
 from gemini_sidecar.peer_client import FetchFailed
+from gemini_sidecar.peer_server import address_of
 from gemini_sidecar.protocol import PeerRefused
 from gemini_sidecar.s3 import S3Error
 from gemini_sidecar.store import StoreError
@@ -58,6 +63,7 @@ OPEN_PATHS = control.SIDECAR_OPEN_PATHS
 SIDECAR_KEY = web.AppKey("sidecar", Sidecar)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _CLIENT_ERRORS = (ValueError, KeyError, TypeError, ConfigError, StoreError, LocalShardError)
+MAX_VERSION = (1 << 63) - 1  # slot headers and peer frames hold a version in 63 bits
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -72,19 +78,21 @@ def _answer(answer: Any, status: int = 200) -> web.Response:
 @web.middleware
 async def _auth_and_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     sidecar = request.app[SIDECAR_KEY]
-    if request.path not in OPEN_PATHS:
-        given = request.headers.get("Authorization", "")
-        expected = b"Bearer " + sidecar.cfg.auth_token
-        if not hmac.compare_digest(given.encode(), expected):
-            log.warning("refused API call %s %s without the job token", request.method,
-                        request.path)
-            return _error(401, "send the job token as 'Authorization: Bearer <token>'")
+    if request.path not in OPEN_PATHS and not _has_token(request, sidecar.cfg.auth_token):
+        sidecar.refuse_call(_peer_of(request), f"{request.method} {request.path[:100]} "
+                            "without the job token")
+        return _error(401, "send the job token as 'Authorization: Bearer <token>'")
     try:
         return await handler(request)
     except web.HTTPException:
         raise
     except json.JSONDecodeError as err:
         return _error(400, f"the body is not JSON: {err}")
+    except _SlowBody:
+        slow = _error(408, "the body did not arrive within the read timeout "
+                      "(GEMINI_READ_TIMEOUT_S)")
+        slow.force_close()  # the rest of the body may still come: not a next request
+        return slow
     except _CLIENT_ERRORS as err:
         return _error(400, str(err))
     except (FetchFailed, PeerRefused) as err:
@@ -97,13 +105,44 @@ async def _auth_and_errors(request: web.Request, handler: Handler) -> web.Stream
         return _error(409, str(err))
 
 
+def _peer_of(request: web.Request) -> str:
+    transport = request.transport
+    return address_of(transport.get_extra_info("peername") if transport else request.remote)
+
+
+def _has_token(request: web.Request, token: bytes) -> bool:
+    # a header that is not UTF-8 reaches us with surrogate escapes: compare its raw bytes
+    given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(given, b"Bearer " + token)
+
+
+class _SlowBody(Exception):
+    """The request body did not arrive within the read timeout (408)."""
+
+
 async def _body(request: web.Request) -> object:
     """The body's JSON (an empty body reads as {}); the contract's types check its shape."""
-    return json.loads(await request.text() or "{}")
+    limit = request.app[SIDECAR_KEY].cfg.limits.read_timeout_s
+    try:
+        raw = await asyncio.wait_for(request.read(), limit)
+    except TimeoutError as err:
+        raise _SlowBody from err
+    return control.parse_json(raw or b"{}")
+
+
+def _check_version(value: int | None) -> None:
+    """A version the slot files and peer frames can hold (ValueError: 400 otherwise)."""
+    if value is not None and not 0 <= value <= MAX_VERSION:
+        raise ValueError(f"'version' must be between 0 and 2^63-1, got {value}")
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return _answer(Health())
+    """Every listener's real state; 503 when one is dead (or cannot accept for long)."""
+    listeners = request.app[SIDECAR_KEY].listener_health()
+    healthy = all(h.healthy for h in listeners.values())
+    doc = Health("ok" if healthy else "failing").to_json()
+    doc["listeners"] = {name: h.to_json() for name, h in listeners.items()}
+    return web.json_response(doc, status=200 if healthy else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -153,6 +192,9 @@ async def inventory(request: web.Request) -> web.Response:
 async def notify(request: web.Request) -> web.Response:
     """The trainer says: version `version` is complete in shm (`stall_seconds`: its stall)."""
     req = NotifyRequest.from_json(await _body(request))
+    _check_version(req.version)
+    if req.stall_seconds is not None and req.stall_seconds < 0:
+        raise ValueError(f"'stall_seconds' must be >= 0, got {req.stall_seconds}")
     request.app[SIDECAR_KEY].notify(req.version, req.stall_seconds)
     return _answer(NotifyAnswer(req.version), status=202)
 
@@ -183,6 +225,7 @@ async def fetch(request: web.Request) -> web.Response:
     """Pull a rank's shard from holders: the own rank into shm, a held rank into the store."""
     sidecar = request.app[SIDECAR_KEY]
     req = FetchRequest.from_json(await _body(request))
+    _check_version(req.version)
     into = req.into or ("shm" if req.rank == sidecar.cfg.rank else "store")
     got = await sidecar.fetch(req.rank, req.version,
                               sidecar.holders_for(req.rank, list(req.holders)), into)
@@ -194,6 +237,7 @@ async def fetch_replicas(request: web.Request) -> web.Response:
     """Re-pull every held rank at a version (default: the newest complete); 502 when some
     rank did not come (the body says which)."""
     req = FetchReplicasRequest.from_json(await _body(request))
+    _check_version(req.version)
     given = {r: list(hs) for r, hs in req.holders.items()}
     answer = FetchReplicasAnswer(await request.app[SIDECAR_KEY].refill(given, req.version))
     return _answer(answer, status=200 if answer.ok else 502)
@@ -202,18 +246,21 @@ async def fetch_replicas(request: web.Request) -> web.Response:
 async def persist(request: web.Request) -> web.Response:
     """Upload a version of the own shard (default: the newest) to S3."""
     req = PersistRequest.from_json(await _body(request))
+    _check_version(req.version)
     return _answer(await request.app[SIDECAR_KEY].persist(req.version))
 
 
 async def commit(request: web.Request) -> web.Response:
     """Verify every rank's object, write the commit marker, apply retention."""
     req = CommitRequest.from_json(await _body(request))
+    _check_version(req.version)
     return _answer(await request.app[SIDECAR_KEY].commit(req.version))
 
 
 async def restore(request: web.Request) -> web.Response:
     """Download the own rank of a committed step (default: the newest) into shm."""
     req = RestoreRequest.from_json(await _body(request))
+    _check_version(req.version)
     return _answer(await request.app[SIDECAR_KEY].restore_from_s3(req.version))
 
 

@@ -5,26 +5,136 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import resource
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 
 from gemini.control import CommitAnswer, PersistAnswer, ReplicaFetch, RestoreAnswer
 from gemini_sidecar import s3 as s3mod
-from gemini_sidecar.config import PeerAddress, Placement, SidecarConfig, parse_address
+from gemini_sidecar.config import (
+    PeerAddress,
+    Placement,
+    ServerLimits,
+    SidecarConfig,
+    parse_address,
+)
 from gemini_sidecar.fetcher import Fetched, FetchRequest, fetch
 from gemini_sidecar.local import LocalShard
 from gemini_sidecar.metrics import SidecarMetrics, make_metrics
 from gemini_sidecar.pacing import Profile, load_profile, profile_path
 from gemini_sidecar.peer_client import FetchFailed
-from gemini_sidecar.peer_server import PeerServer, ServerContext
+from gemini_sidecar.peer_server import (
+    LISTEN_BACKLOG,
+    ConnectionGate,
+    ListenerHealth,
+    PeerServer,
+    RefusalLog,
+    ServerContext,
+    address_of,
+    host_of,
+)
 from gemini_sidecar.replicator import Replicator
 from gemini_sidecar.store import ReplicaStore, StoreError
 
 log = logging.getLogger(__name__)
+# File descriptors this process asks for (up to the hard limit): each peer connection takes
+# two, so the default soft limit of 1024 is near the connection limits of both listeners.
+WANTED_FDS = 65536
+ACCEPT_ERROR_QUIET_S = 60.0
+
+
+class ApiListener:
+    """The HTTP API's listening server: aiohttp's request handler behind a connection gate
+    (total and per-host limits; a refusal is closed at once and logged). aiohttp's keep-alive
+    timer, set to the header timeout, closes a connection that has not sent a complete
+    request header within it (and idle keep-alive connections)."""
+
+    def __init__(self, runner: web.AppRunner, limits: ServerLimits,
+                 metrics: SidecarMetrics) -> None:
+        self._runner = runner
+        self._gate = ConnectionGate(limits)
+        self._metrics = metrics
+        self.refusals = RefusalLog("API", metrics.api_refused)
+        self._server: asyncio.Server | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._connection, host, port,
+                                                reuse_address=True, backlog=LISTEN_BACKLOG)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self.refusals.flush()
+
+    def health(self) -> ListenerHealth:
+        server, connections = self._server, self._gate.open
+        if server is None:
+            return ListenerHealth("dead", "not started", connections, healthy=False)
+        if not server.is_serving() or any(s.fileno() == -1 for s in server.sockets):
+            return ListenerHealth("dead", "the listening socket is closed", connections,
+                                  healthy=False)
+        return ListenerHealth("accepting", connections=connections)
+
+    def _connection(self) -> asyncio.Protocol:
+        handler = self._runner.server
+        assert handler is not None, "runner.setup() first"
+        return _GatedConnection(self, handler)
+
+    def admit(self, peer: str) -> bool:
+        refusal = self._gate.admit(host_of(peer))
+        if refusal is not None:
+            self.refusals.refuse(peer, refusal)
+            return False
+        self._metrics.api_connections.set(self._gate.open)
+        return True
+
+    def release(self, peer: str) -> None:
+        self._gate.release(host_of(peer))
+        self._metrics.api_connections.set(self._gate.open)
+
+
+class _GatedConnection(asyncio.Protocol):
+    """One API connection: admitted by the listener's gate, then aiohttp's own handler."""
+
+    def __init__(self, listener: ApiListener, make_handler: Callable[[], Any]) -> None:
+        self._listener = listener
+        self._make_handler = make_handler
+        self._inner: Any = None  # aiohttp's RequestHandler once admitted
+        self._peer = ""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._peer = address_of(transport.get_extra_info("peername"))
+        if not self._listener.admit(self._peer):
+            transport.abort()  # type: ignore[attr-defined]
+            return
+        self._inner = self._make_handler()
+        self._inner.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._inner is not None:
+            self._listener.release(self._peer)
+            self._inner.connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._inner is not None:
+            self._inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self._inner.eof_received() if self._inner is not None else None
+
+    def pause_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._inner is not None:
+            self._inner.resume_writing()
 
 
 class Sidecar:
@@ -46,24 +156,27 @@ class Sidecar:
                 job=cfg.job, token=cfg.auth_token, rank=cfg.rank,
                 max_payload=cfg.max_frame_bytes, store=self.store, local=self.local,
                 metrics=self.metrics, hold_ranks=lambda: self.placement.hold_ranks,
-                on_change=self._refresh_gauges,
+                on_change=self._refresh_gauges, limits=cfg.limits,
             )
         )
         self.s3 = s3mod.open_store(cfg.s3) if cfg.s3 else None
         self.peer_port = 0
         self.api_port = 0
         self._runner: web.AppRunner | None = None
+        self._api: ApiListener | None = None
 
     async def start(self) -> None:
         from gemini_sidecar.api import make_app  # the API module builds on this class
 
         self.peer_port = await self.server.start(self.cfg.bind_host, self.cfg.peer_port)
         self.replicator.start()  # a restarted sidecar's check sends the unacknowledged newest
-        self._runner = web.AppRunner(make_app(self), access_log=None)
+        # aiohttp's keep-alive timer also runs from a connection's start until its first
+        # request header is complete: at the header timeout it closes a stalled one
+        self._runner = web.AppRunner(make_app(self), access_log=None,
+                                     keepalive_timeout=self.cfg.limits.header_timeout_s)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.cfg.bind_host, self.cfg.api_port)
-        await site.start()
-        self.api_port = int(self._runner.addresses[0][1])
+        self._api = ApiListener(self._runner, self.cfg.limits, self.metrics)
+        self.api_port = await self._api.start(self.cfg.bind_host, self.cfg.api_port)
         log.info("sidecar rank %d of job %s: peers on %s:%d, API on %s:%d", self.cfg.rank,
                  self.cfg.job, self.cfg.bind_host, self.peer_port, self.cfg.bind_host,
                  self.api_port)
@@ -71,11 +184,24 @@ class Sidecar:
     async def stop(self) -> None:
         await self.replicator.stop()
         await self.server.stop()
+        if self._api is not None:
+            await self._api.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         self.local.close()
 
     # -- state -------------------------------------------------------------------------------
+    def listener_health(self) -> dict[str, ListenerHealth]:
+        """Every listener's real state (/healthz)."""
+        api = self._api.health() if self._api is not None else ListenerHealth(
+            "dead", "not started", healthy=False)
+        return {"peer": self.server.health(), "api": api}
+
+    def refuse_call(self, peer: str, reason: str) -> None:
+        """Log and count an API call refused (no token); never with what it sent."""
+        if self._api is not None:
+            self._api.refusals.refuse(peer, reason)
+
     def profile(self) -> Profile | None:
         """The traffic profile pushed over the API, else the one the trainer wrote in shm."""
         if self.cfg.traffic_mode == "immediate":
@@ -265,12 +391,14 @@ class Sidecar:
 
 async def serve_forever(cfg: SidecarConfig) -> None:
     """Run a sidecar until SIGTERM/SIGINT; prints one JSON line with the bound ports."""
+    raise_fd_limit()
     sidecar = Sidecar(cfg)
     await sidecar.start()
     print(json.dumps({"event": "ready", "rank": cfg.rank, "peer_port": sidecar.peer_port,
                       "api_port": sidecar.api_port}), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    log_accept_errors_once(loop)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
@@ -278,3 +406,31 @@ async def serve_forever(cfg: SidecarConfig) -> None:
     finally:
         await sidecar.stop()
         log.info("sidecar rank %d stopped", cfg.rank)
+
+
+def raise_fd_limit() -> None:
+    """Raise the soft file descriptor limit towards the hard one (WANTED_FDS at most)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = WANTED_FDS if hard == resource.RLIM_INFINITY else min(WANTED_FDS, hard)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
+def log_accept_errors_once(loop: asyncio.AbstractEventLoop) -> None:
+    """asyncio's servers (the API's) retry a failed accept (out of file descriptors) every
+    second and report each failure to the loop: log the first of a run only, like the peer
+    server, instead of a line a second while it lasts."""
+    last_logged = -ACCEPT_ERROR_QUIET_S
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        nonlocal last_logged
+        if context.get("message") != "socket.accept() out of system resource":
+            loop.default_exception_handler(context)
+            return
+        if time.monotonic() - last_logged >= ACCEPT_ERROR_QUIET_S:
+            last_logged = time.monotonic()
+            log.error("API: cannot accept connections (%s); retrying every second, logged "
+                      "again after %g s at the earliest", context.get("exception"),
+                      ACCEPT_ERROR_QUIET_S)
+
+    loop.set_exception_handler(handler)

@@ -53,6 +53,21 @@ class S3Settings:
 
 
 @dataclass(frozen=True)
+class ServerLimits:
+    """What each listener (peer protocol, HTTP API) lets one connection take, so no client,
+    authenticated or not, can starve the others (each setting is per listener)."""
+
+    # GEMINI_HEADER_TIMEOUT_S: a new connection must finish its peer handshake or HTTP request
+    # header within this; an idle HTTP keep-alive connection is closed after it too.
+    header_timeout_s: float = 10.0
+    # GEMINI_READ_TIMEOUT_S: once a peer frame or an HTTP body has started, the rest must come
+    # within this (a peer's bulk payload: no byte for this long ends the connection).
+    read_timeout_s: float = 30.0
+    max_connections: int = 256  # GEMINI_MAX_CONNECTIONS: open connections in total
+    max_connections_per_host: int = 32  # GEMINI_MAX_CONNECTIONS_PER_HOST: from one address
+
+
+@dataclass(frozen=True)
 class SidecarConfig:
     job: str  # GEMINI_JOB: job name; peers of other jobs are refused
     rank: int  # GEMINI_RANK: the rank of the trainer in this pod
@@ -75,6 +90,7 @@ class SidecarConfig:
     # m-1 peers have it, so not before a placement with m-1 targets arrived; 0 (unset): as
     # many peers as the placement names.
     replicas: int = 0
+    limits: ServerLimits = field(default_factory=ServerLimits)  # GEMINI_*_TIMEOUT_S, _MAX_*
 
 
 def parse_peers(text: str) -> dict[int, PeerAddress]:
@@ -117,6 +133,31 @@ def _int(name: str, text: str, low: int, high: int | None = None) -> int:
         bound = f"between {low} and {high}" if high is not None else f">= {low}"
         raise ConfigError(f"{name} must be {bound}, got {value}")
     return value
+
+
+def _seconds(name: str, text: str, low: float, high: float) -> float:
+    try:
+        value = float(str(text).strip())
+    except ValueError as err:
+        raise ConfigError(f"{name} must be a number of seconds, got {text!r}") from err
+    if not low <= value <= high:  # also refuses nan
+        raise ConfigError(f"{name} must be between {low:g} and {high:g} seconds, got {text}")
+    return value
+
+
+def _limits_from_env(env: Mapping[str, str]) -> ServerLimits:
+    default = ServerLimits()
+    total = _int("GEMINI_MAX_CONNECTIONS",
+                 env.get("GEMINI_MAX_CONNECTIONS", str(default.max_connections)), 1, 65535)
+    return ServerLimits(
+        header_timeout_s=_seconds("GEMINI_HEADER_TIMEOUT_S", env.get(
+            "GEMINI_HEADER_TIMEOUT_S", str(default.header_timeout_s)), 0.1, 3600),
+        read_timeout_s=_seconds("GEMINI_READ_TIMEOUT_S", env.get(
+            "GEMINI_READ_TIMEOUT_S", str(default.read_timeout_s)), 0.1, 3600),
+        max_connections=total,
+        max_connections_per_host=_int("GEMINI_MAX_CONNECTIONS_PER_HOST", env.get(
+            "GEMINI_MAX_CONNECTIONS_PER_HOST", str(default.max_connections_per_host)), 1, total),
+    )
 
 
 def parse_ranks(name: str, text: str, world_size: int) -> tuple[int, ...]:
@@ -208,4 +249,5 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
         max_frame_bytes=max_frame,
         s3=_s3_from_env(env),
         replicas=_int("GEMINI_REPLICAS", env.get("GEMINI_REPLICAS", "0"), 0, world),
+        limits=_limits_from_env(env),
     )

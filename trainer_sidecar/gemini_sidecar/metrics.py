@@ -23,6 +23,10 @@ class SidecarMetrics:
     memory_budget: Gauge
     budget_refusals: Counter
     refused_frames: Counter
+    api_refused: Counter
+    accept_errors: Counter
+    peer_connections: Gauge
+    api_connections: Gauge
     s3_persist_seconds: Histogram
     s3_restore_seconds: Histogram
     s3_failures: Counter
@@ -73,7 +77,16 @@ def make_metrics(job: str, rank: int) -> SidecarMetrics:
             "Replica versions refused because they would exceed the memory budget."),
         refused_frames=counter(
             "gemini_peer_refused_total",
-            "Peer connections refused: unauthenticated, another job, malformed or oversized."),
+            "Peer connections refused: unauthenticated, another job, malformed or oversized "
+            "frames, no handshake in time, over the connection limits."),
+        api_refused=counter(
+            "gemini_api_refused_total",
+            "API connections or calls refused: over the connection limits, without the token."),
+        accept_errors=counter(
+            "gemini_accept_errors_total",
+            "Failed accepts on the peer listener (out of file descriptors, ...); it retries."),
+        peer_connections=gauge("gemini_peer_connections", "Open peer protocol connections."),
+        api_connections=gauge("gemini_api_connections", "Open HTTP API connections."),
         s3_persist_seconds=histogram(
             "gemini_s3_persist_seconds", "Time to upload one shard version to S3.",
             _TRANSFER_BUCKETS),

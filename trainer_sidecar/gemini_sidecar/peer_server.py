@@ -1,26 +1,37 @@
 """Peer server: receives replicas of the ranks this sidecar holds and serves fetches.
 
-One task per connection on the event loop. Every refusal (handshake from another job or
-without the token, malformed or oversized frame) is logged and counted, the connection is
-closed, and the server keeps serving everyone else.
+One task per connection on the event loop. Every refusal (over the connection limits, no
+handshake in time, a handshake from another job or without the token, a malformed, oversized
+or unfinished frame) is logged once with the peer's address and the reason and counted, the
+connection is closed, and the server keeps serving everyone else. The accept loop survives
+errors: out of file descriptors (EMFILE) it logs once, backs off briefly and keeps accepting;
+only a listening socket that is gone ends it, and `health()` then says so (/healthz: 503).
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import math
 import socket
+import time
+from collections import Counter as Tally
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from gemini_sidecar.checksum import crc32
+from gemini_sidecar.config import ServerLimits
 from gemini_sidecar.local import LocalShard, LocalShardError
 from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.protocol import (
+    BULK_TIMEOUT_S,
     FLAG_COMPLETE,
     FLAG_CORRUPT,
     FLAG_EXACT,
     Channel,
+    ChannelPools,
     Frame,
     FrameType,
     ProtocolError,
@@ -33,7 +44,121 @@ from gemini_sidecar.store import (
 )
 
 log = logging.getLogger(__name__)
-HANDSHAKE_TIMEOUT_S = 10.0
+# the listening socket itself is gone or no longer listening: nothing to retry
+LISTENER_GONE = frozenset({errno.EBADF, errno.EINVAL, errno.ENOTSOCK})
+# errors of the one pending connection that accept() passes on (accept(2)): take the next one.
+# Any other error (out of descriptors or memory: EMFILE, ENFILE, ENOBUFS, ENOMEM) leaves the
+# connection queued: back off and retry.
+CONNECTION_ERRORS = frozenset({
+    errno.ECONNABORTED, errno.EPROTO, errno.ENOPROTOOPT, errno.EHOSTDOWN, errno.ENONET,
+    errno.EHOSTUNREACH, errno.EOPNOTSUPP, errno.ENETUNREACH, errno.ENETDOWN, errno.EPERM,
+})
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MAX_S = 1.0
+# accepting has failed for this long without a break: as good as dead (/healthz: 503)
+FAILING_UNHEALTHY_S = 60.0
+REFUSAL_FOLD_S = 10.0
+# Connections the kernel queues before accept(): a deep queue rides out a burst (a flood, or a
+# pause while out of descriptors) instead of dropping SYNs, which cost a 1 s retransmit each.
+LISTEN_BACKLOG = 1024
+
+
+class RefusalLog:
+    """Logs each refused connection or call once, with the peer's address and the reason
+    (never what it sent: it may hold a token). A flood is folded: after a line for a host
+    and reason, more of the same within REFUSAL_FOLD_S are counted and reported as a count in
+    the next line for them (or at stop). Every refusal is counted in `counter` at once."""
+
+    def __init__(self, listener: str, counter: Any) -> None:  # a prometheus Counter
+        self.listener = listener
+        self._counter = counter
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # -> (logged at, folded)
+
+    def refuse(self, peer: str, reason: str) -> None:
+        self._counter.inc()
+        key = (host_of(peer), reason)
+        now = time.monotonic()
+        logged_at, folded = self._last.get(key, (-math.inf, 0))
+        if now - logged_at < REFUSAL_FOLD_S:
+            self._last[key] = (logged_at, folded + 1)
+            return
+        more = f" (and {folded} more from {key[0]} since the last line)" if folded else ""
+        log.warning("%s: refused %s: %s%s", self.listener, peer, reason, more)
+        self._forget_old(now)
+        self._last[key] = (now, 0)
+
+    def flush(self, older_than: float = math.inf) -> None:
+        """Log the folded counts (of lines logged before `older_than`) and forget them."""
+        for key, (logged_at, folded) in list(self._last.items()):
+            if logged_at < older_than:
+                if folded:
+                    log.warning("%s: refused %d more from %s: %s", self.listener, folded, *key)
+                del self._last[key]
+
+    def _forget_old(self, now: float) -> None:
+        if len(self._last) > 1024:  # many hosts: keep only the ones inside their fold window
+            self.flush(older_than=now - REFUSAL_FOLD_S)
+
+
+def _listener_gone(err: Exception) -> bool:
+    return isinstance(err, ValueError) or (isinstance(err, OSError)
+                                           and err.errno in LISTENER_GONE)
+
+
+def host_of(peer: str) -> str:
+    """The host of a host:port address (IPv6 too: the port is after the last colon)."""
+    return peer.rsplit(":", 1)[0]
+
+
+def address_of(addr: Any) -> str:
+    """host:port of a socket address (IPv4 or IPv6), for logs."""
+    if isinstance(addr, tuple) and len(addr) >= 2:
+        return f"{addr[0]}:{addr[1]}"
+    return str(addr)
+
+
+class ConnectionGate:
+    """Open connections of one listener, within a total and a per-host limit."""
+
+    def __init__(self, limits: ServerLimits) -> None:
+        self.limits = limits
+        self.open = 0
+        self._per_host: Tally[str] = Tally()
+
+    def admit(self, host: str) -> str | None:
+        """Counts the connection in, or returns why it is refused."""
+        if self.open >= self.limits.max_connections:
+            return (f"{self.open} connections open, the limit "
+                    f"(GEMINI_MAX_CONNECTIONS={self.limits.max_connections})")
+        if self._per_host[host] >= self.limits.max_connections_per_host:
+            return (f"{self._per_host[host]} connections open from {host}, the limit "
+                    f"(GEMINI_MAX_CONNECTIONS_PER_HOST={self.limits.max_connections_per_host})")
+        self._per_host[host] += 1
+        self.open += 1
+        return None
+
+    def release(self, host: str) -> None:
+        self.open -= 1
+        self._per_host[host] -= 1
+        if self._per_host[host] <= 0:
+            del self._per_host[host]
+
+
+@dataclass(frozen=True)
+class ListenerHealth:
+    """What /healthz reports about one listener."""
+
+    state: str  # accepting, backing off (accept fails, retrying), dead, stopped
+    detail: str = ""
+    connections: int = 0
+    healthy: bool = True
+
+    def to_json(self) -> dict[str, object]:
+        doc: dict[str, object] = {"state": self.state, "healthy": self.healthy,
+                                  "connections": self.connections}
+        if self.detail:
+            doc["detail"] = self.detail
+        return doc
 
 
 @dataclass(frozen=True)
@@ -47,6 +172,7 @@ class ServerContext:
     metrics: SidecarMetrics
     hold_ranks: Callable[[], tuple[int, ...]]  # current placement (it can change)
     on_change: Callable[[], None]  # the replica store changed (refresh gauges)
+    limits: ServerLimits = field(default_factory=ServerLimits)
 
 
 class PeerServer:
@@ -55,6 +181,15 @@ class PeerServer:
         self._listener: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._accept: asyncio.Task[None] | None = None
+        self._gate = ConnectionGate(ctx.limits)
+        self._refusals = RefusalLog("peer server", ctx.metrics.refused_frames)
+        # a connection holds at most one thread of each pool: none can starve another
+        self._pools = ChannelPools.sized(ctx.limits.max_connections, "peer")
+        self._failing_since: float | None = None  # accept has failed since then
+        self._accept_failures = 0
+        self._last_accept_error = ""
+        self._dead = ""  # why the accept loop ended (the listener is gone)
+        self._stopped = False
 
     async def start(self, host: str, port: int) -> int:
         """Listen on host:port (0 = any free port); returns the bound port."""
@@ -62,42 +197,134 @@ class PeerServer:
         lsock = socket.socket(family, socket.SOCK_STREAM)
         lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         lsock.bind((host, port))
-        lsock.listen(128)
+        lsock.listen(LISTEN_BACKLOG)
         lsock.setblocking(False)
         self._listener = lsock
         self._accept = asyncio.create_task(self._accept_loop())
         return int(lsock.getsockname()[1])
 
     async def stop(self) -> None:
+        self._stopped = True
         for task in [self._accept, *self._tasks]:
             if task is not None:
                 task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._listener is not None:
             self._listener.close()
+        self._pools.shutdown()
+        self._refusals.flush()
+
+    # -- accepting ---------------------------------------------------------------------------
+    def health(self) -> ListenerHealth:
+        """The accept loop's real state: accepting, backing off after errors, or dead."""
+        connections = self._gate.open
+        if self._stopped:
+            return ListenerHealth("stopped", connections=connections, healthy=False)
+        dead = self._dead or self._why_dead()
+        if dead:
+            return ListenerHealth("dead", dead, connections, healthy=False)
+        if self._failing_since is not None:
+            failing_s = time.monotonic() - self._failing_since
+            detail = (f"accept has failed {self._accept_failures} times for {failing_s:.0f} s:"
+                      f" {self._last_accept_error}")
+            return ListenerHealth("backing off", detail, connections,
+                                  healthy=failing_s < FAILING_UNHEALTHY_S)
+        return ListenerHealth("accepting", connections=connections)
+
+    def _why_dead(self) -> str:
+        if self._listener is None or self._accept is None:
+            return "not started"
+        if self._listener.fileno() == -1:
+            return "the listening socket is closed"
+        if self._accept.done():
+            return "the accept loop ended"
+        return ""
 
     async def _accept_loop(self) -> None:
         loop = asyncio.get_running_loop()
         assert self._listener is not None
+        delay = BACKOFF_FIRST_S
         while True:
-            conn, addr = await loop.sock_accept(self._listener)
-            task = asyncio.create_task(self._serve(conn, f"{addr[0]}:{addr[1]}"))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            try:
+                conn, addr = await loop.sock_accept(self._listener)
+            except (OSError, ValueError) as err:  # ValueError: the listener was closed
+                if _listener_gone(err):
+                    self._dead = f"the listening socket failed: {err}"
+                    log.error("peer server: no longer accepting connections: %s", err)
+                    return
+                if getattr(err, "errno", None) in CONNECTION_ERRORS:
+                    log.debug("peer server: a connection failed before accept: %s", err)
+                    continue
+                self._accept_failed(err, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, BACKOFF_MAX_S)
+                continue
+            delay = BACKOFF_FIRST_S
+            self._accept_recovered()
+            self._admit(conn, address_of(addr))
+
+    def _accept_failed(self, err: Exception, delay: float) -> None:
+        """Count and remember a failed accept; log only the first of a run of them."""
+        self.ctx.metrics.accept_errors.inc()
+        self._accept_failures += 1
+        self._last_accept_error = str(err)
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+            log.error("peer server: cannot accept connections (%s); retrying every %g-%g s, "
+                      "logged again once it accepts", err, delay, BACKOFF_MAX_S)
+
+    def _accept_recovered(self) -> None:
+        if self._failing_since is not None:
+            log.warning("peer server: accepting again after %d failed accepts in %.1f s",
+                        self._accept_failures, time.monotonic() - self._failing_since)
+            self._failing_since = None
+            self._accept_failures = 0
+
+    def _admit(self, conn: socket.socket, peer: str) -> None:
+        refusal = self._gate.admit(host_of(peer))
+        if refusal is not None:
+            conn.close()
+            self._refusals.refuse(peer, refusal)
+            return
+        self.ctx.metrics.peer_connections.set(self._gate.open)
+        task = asyncio.create_task(self._serve(conn, peer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _release(self, peer: str) -> None:
+        self._gate.release(host_of(peer))
+        self.ctx.metrics.peer_connections.set(self._gate.open)
 
     async def _serve(self, conn: socket.socket, peer: str) -> None:
-        chan = Channel(conn, self.ctx.token, self.ctx.max_payload, server=True)
         try:
-            await asyncio.wait_for(chan.server_handshake(self.ctx.job), HANDSHAKE_TIMEOUT_S)
+            chan = Channel(conn, self.ctx.token, self.ctx.max_payload, server=True,
+                           pools=self._pools, read_timeout=self.ctx.limits.read_timeout_s)
+        except OSError as err:  # no file descriptor left for its duplicate
+            conn.close()
+            self._release(peer)
+            self._refusals.refuse(peer, f"cannot set the connection up: {err}")
+            return
+        try:
+            await self._handshake(chan)
             while True:
                 await self._dispatch(chan, await chan.recv())
-        except (ProtocolError, TimeoutError, UnicodeDecodeError) as err:
-            self.ctx.metrics.refused_frames.inc()
-            log.warning("refused peer %s: %s", peer, err)
+        except (ProtocolError, UnicodeDecodeError) as err:
+            self._refusals.refuse(peer, str(err))
+        except TimeoutError:  # a bulk payload that stopped coming (the socket's timeout)
+            self._refusals.refuse(peer, f"no payload byte for {BULK_TIMEOUT_S:g} s")
         except (ConnectionError, OSError):
             pass  # peer went away; nothing to refuse
         finally:
             chan.close()
+            self._release(peer)
+
+    async def _handshake(self, chan: Channel) -> None:
+        timeout = self.ctx.limits.header_timeout_s
+        try:
+            await asyncio.wait_for(chan.server_handshake(self.ctx.job), timeout)
+        except TimeoutError as err:
+            raise ProtocolError(
+                f"no handshake within {timeout:g} s (GEMINI_HEADER_TIMEOUT_S)") from err
 
     async def _dispatch(self, chan: Channel, frame: Frame) -> None:
         handler = {

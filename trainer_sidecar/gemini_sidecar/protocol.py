@@ -63,6 +63,10 @@ class ProtocolError(Exception):
     """A malformed, unexpected or oversized frame: the connection is dropped."""
 
 
+class ReadTimeout(ProtocolError):
+    """A frame or payload that started but did not finish within the read timeout."""
+
+
 class AuthError(ProtocolError):
     """A frame that fails authentication (no token, another job's token, replay)."""
 
@@ -118,12 +122,40 @@ BULK_TIMEOUT_S = 120.0
 PEER_SILENCE_S = 10.0
 KEEPALIVE_IDLE_S = 5
 CRC_PIECE_BYTES = 1 << 20  # received bytes are checksummed in pieces of about L2 size
-# Bulk transfers block their thread until the peer keeps up; a pool of their own keeps them
-# from starving (or deadlocking, with several sidecars in one process) the default executor.
-_BULK_POOL = ThreadPoolExecutor(max_workers=64, thread_name_prefix="gemini-bulk")
-# Checksums run beside the transfer on threads of their own (ISA-L releases the GIL):
-# in line, they would lengthen every chunk's receive by the time of the checksum.
-_SUM_POOL = ThreadPoolExecutor(max_workers=16, thread_name_prefix="gemini-sum")
+CLIENT_POOL_THREADS = 64
+
+
+@dataclass(frozen=True)
+class ChannelPools:
+    """Worker threads for bulk payloads, one pool per purpose.
+
+    Bulk transfers block their thread until the peer keeps up; pools of their own keep them
+    from starving (or deadlocking, with several sidecars in one process) the default
+    executor. Checksums run beside a receive on threads of their own (ISA-L releases the
+    GIL): in line, they would lengthen every chunk's receive by the time of the checksum.
+    A channel holds at most one thread of each pool at a time, so pools as large as the
+    connections they serve cannot be exhausted by stalled peers: a stalled one only holds
+    its own.
+    """
+
+    send: ThreadPoolExecutor  # payloads going out (sent chunks, served fetches)
+    receive: ThreadPoolExecutor  # payloads coming in (replicated chunks, fetched data)
+    checksum: ThreadPoolExecutor  # the CRC-32 of a payload while it is received
+
+    @classmethod
+    def sized(cls, threads: int, name: str) -> ChannelPools:
+        def pool(purpose: str) -> ThreadPoolExecutor:
+            return ThreadPoolExecutor(threads, thread_name_prefix=f"gemini-{name}-{purpose}")
+
+        return cls(pool("send"), pool("recv"), pool("sum"))
+
+    def shutdown(self) -> None:
+        for pool in (self.send, self.receive, self.checksum):
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+# Outgoing connections (sends to holders, fetches): as many as this sidecar starts itself.
+CLIENT_POOLS = ChannelPools.sized(CLIENT_POOL_THREADS, "client")
 
 
 def _crc_stream(pieces: queue.SimpleQueue[memoryview | None]) -> int:
@@ -154,9 +186,15 @@ class Channel:
     event loop can read acknowledgements on the original at the same time.
 
     One task sends and one task receives at a time (sends are awaited in order).
+
+    `read_timeout` (servers): once a frame has started, its header and small payloads must
+    arrive within it (a bulk payload: BULK_TIMEOUT_S without a byte); waiting for the next
+    frame is not limited (an authenticated peer keeps its connection between versions).
+    Raises OSError (no file descriptor left for the duplicate); the caller closes `sock`.
     """
 
-    def __init__(self, sock: socket.socket, token: bytes, max_payload: int, server: bool) -> None:
+    def __init__(self, sock: socket.socket, token: bytes, max_payload: int, server: bool,
+                 pools: ChannelPools = CLIENT_POOLS, read_timeout: float | None = None) -> None:
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):  # acks must not wait for Nagle
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -164,6 +202,8 @@ class Channel:
         self.sock = sock
         self._bulk = sock.dup()
         self._bulk.settimeout(BULK_TIMEOUT_S)
+        self._pools = pools
+        self._read_timeout = read_timeout
         self._token = token
         self._max_payload = max_payload
         self._send_dir = _SERVER_TO_CLIENT if server else _CLIENT_TO_SERVER
@@ -181,21 +221,36 @@ class Channel:
                 raise ConnectionError("peer closed the connection mid-frame")
             got += n
 
+    async def _recv_within(self, view: memoryview) -> None:
+        """`_recv_exact` within the read timeout (when there is one)."""
+        if self._read_timeout is None:
+            await self._recv_exact(view)
+            return
+        try:
+            await asyncio.wait_for(self._recv_exact(view), self._read_timeout)
+        except TimeoutError as err:
+            raise ReadTimeout(f"{len(view)} bytes did not arrive within "
+                              f"{self._read_timeout:g} s (GEMINI_READ_TIMEOUT_S)") from err
+
     async def recv_bytes(self, count: int) -> bytes:
         buf = bytearray(count)
-        await self._recv_exact(memoryview(buf))
+        await self._recv_within(memoryview(buf))
         return bytes(buf)
 
-    async def send(self, frame: Frame, payload: memoryview | bytes | None = None) -> None:
+    def seal(self, frame: Frame) -> bytes:
+        """The authenticated header of `frame` as the next frame sent (the caller sends it)."""
         fields = _pack_fields(frame, self._send_seq)
         self._send_seq += 1
-        mac = _mac(self._token, self._nonces, self._send_dir, fields)
+        return fields + _mac(self._token, self._nonces, self._send_dir, fields)
+
+    async def send(self, frame: Frame, payload: memoryview | bytes | None = None) -> None:
+        head = self.seal(frame)
         if payload is None:
-            await self._loop.sock_sendall(self.sock, fields + mac)
+            await self._loop.sock_sendall(self.sock, head)
         elif len(payload) < BULK_BYTES:
-            await self._loop.sock_sendall(self.sock, fields + mac + bytes(payload))
+            await self._loop.sock_sendall(self.sock, head + bytes(payload))
         else:
-            await self._loop.run_in_executor(_BULK_POOL, self._send_bulk, fields + mac, payload)
+            await self._loop.run_in_executor(self._pools.send, self._send_bulk, head, payload)
 
     def _send_bulk(self, head: bytes, payload: memoryview | bytes) -> None:
         self._bulk.sendall(head)
@@ -206,7 +261,7 @@ class Channel:
         is checksummed on a checksum thread while the next one is received (the piece is
         still in the shared cache)."""
         pieces: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
-        running = _SUM_POOL.submit(_crc_stream, pieces)
+        running = self._pools.checksum.submit(_crc_stream, pieces)
         got = queued = 0
         try:
             while got < len(view):
@@ -224,7 +279,12 @@ class Channel:
 
     async def recv(self) -> Frame:
         """Read and authenticate the next header; the caller then reads `frame.length` bytes."""
-        return self._open(await self.recv_bytes(HEADER_BYTES))
+        if self._read_timeout is None:
+            return self._open(await self.recv_bytes(HEADER_BYTES))
+        raw = bytearray(HEADER_BYTES)
+        await self._recv_exact(memoryview(raw)[:1])  # idle between frames: not limited
+        await self._recv_within(memoryview(raw)[1:])
+        return self._open(bytes(raw))
 
     def _open(self, raw: bytes) -> Frame:
         """Parse and authenticate one header (MAC, sequence number, size limit)."""
@@ -247,9 +307,9 @@ class Channel:
         if len(view) != frame.length:
             raise ProtocolError(f"payload view of {len(view)} bytes for {frame.length}")
         if len(view) < BULK_BYTES:
-            await self._recv_exact(view)
+            await self._recv_within(view)
             return crc32(view)
-        return await self._loop.run_in_executor(_BULK_POOL, self._recv_bulk, view)
+        return await self._loop.run_in_executor(self._pools.receive, self._recv_bulk, view)
 
     async def recv_into(self, frame: Frame, view: memoryview) -> int:
         """Receive the payload of `frame` into `view` and verify it against the CRC-32 in its
@@ -270,7 +330,7 @@ class Channel:
         scratch = memoryview(bytearray(min(length, 1 << 20) or 1))
         while length > 0:
             step = min(length, len(scratch))
-            await self._recv_exact(scratch[:step])
+            await self._recv_within(scratch[:step])
             length -= step
 
     async def send_error(self, message: str, flags: int = 0) -> None:

@@ -1,12 +1,18 @@
 """Replica store: the shards of the peers this sidecar protects, two versions each, in memory.
 
 Per held rank there are two slots: the newest complete version and the one being written. A
-new version always goes into the slot that does not hold the newest complete one, so a
-failure mid-transfer never costs the last good copy. Buffers are allocated once and reused
-(the receive path writes straight into them); the memory budget bounds the total allocated,
-and a version that would exceed it is refused while the complete one is kept. A version is
-complete only when its chunks' CRC-32s (taken as they landed) combine into the CRC-32 of the
-whole version that the trainer wrote; until then chunks found bad can be received again.
+new version never goes into the slot of the newest complete version older than it (what a
+failed transfer falls back to), nor into the last complete slot while the other one is free:
+a failure mid-transfer, or a begin that no data follows, never costs the last good copy. A
+copy at or past the new version (an earlier try of it, or of a run its owner abandoned by
+restarting from an older step) is the one overwritten when both slots are complete.
+Buffers are allocated once and reused (the receive path writes straight into them); the
+memory budget bounds the total allocated, and a version that would exceed it is refused while
+the complete one is kept. The budget also covers the record kept per received chunk beyond
+FREE_RECORDS per slot, so a peer sending many tiny chunks is refused instead of growing
+memory outside the budget. A version is complete only when its chunks' CRC-32s (taken as
+they landed) combine into the CRC-32 of the whole version that the trainer wrote; until then
+chunks found bad can be received again.
 """
 
 from __future__ import annotations
@@ -22,6 +28,13 @@ class StoreError(Exception):
 
 class BudgetExceeded(StoreError):
     """Accepting a version would take the store past its memory budget."""
+
+
+# What one received chunk's record (offset, length, CRC-32 in a dict) costs, generously. The
+# first FREE_RECORDS of a slot are free: real transfers need few (16 MiB chunks; interleaving
+# splits some), so a budget sized to the buffers alone still fits them.
+RECORD_BYTES = 256
+FREE_RECORDS = 1024
 
 
 class WholeChecksumMismatch(StoreError):
@@ -40,6 +53,14 @@ class _Slot:
 
     def view(self) -> memoryview:
         return memoryview(self.buffer)[: self.length]
+
+    @property
+    def record_bytes(self) -> int:
+        """Memory of the chunk records beyond the free ones (counted in the budget)."""
+        return max(0, len(self.received) - FREE_RECORDS) * RECORD_BYTES
+
+    def clear(self) -> None:
+        self.version, self.length, self.complete, self.received = -1, 0, False, {}
 
 
 @dataclass(frozen=True)
@@ -65,7 +86,7 @@ class ReplicaStore:
     # -- accounting --------------------------------------------------------------------------
     @property
     def used_bytes(self) -> int:
-        return sum(len(s.buffer) for pair in self._slots.values() for s in pair)
+        return sum(len(s.buffer) + s.record_bytes for pair in self._slots.values() for s in pair)
 
     def held_ranks(self) -> list[int]:
         return sorted(self._slots)
@@ -94,20 +115,18 @@ class ReplicaStore:
         slot.complete, slot.seq, slot.received = False, self._seq, {}
 
     def _target(self, pair: tuple[_Slot, _Slot], version: int) -> _Slot:
-        # A copy at or past this version is either this version's earlier, unfinished try or,
-        # after the owner restarted from an older step, of the abandoned run: never the one to
-        # keep. Overwrite the oldest such (an unfinished try first): no version is held twice.
-        superseded = [s for s in pair if s.version >= version]
-        if superseded:
-            return min(superseded, key=lambda s: (s.version, s.complete))
-        newest = self._newest_complete(pair)
-        if newest is None:
-            return min(pair, key=lambda s: s.seq)
-        return pair[1] if newest is pair[0] else pair[0]
+        """The slot `version` goes into (see the module docstring for what is kept)."""
+        fallback = self._newest_complete(pair, below=version)
+        if fallback is not None:
+            return pair[1] if fallback is pair[0] else pair[0]
+        free = [s for s in pair if not s.complete]
+        if free:
+            return min(free, key=lambda s: s.seq)
+        return min(pair, key=lambda s: (s.version, s.seq))  # both at or past it: the oldest
 
     @staticmethod
-    def _newest_complete(pair: tuple[_Slot, _Slot]) -> _Slot | None:
-        done = [s for s in pair if s.complete]
+    def _newest_complete(pair: tuple[_Slot, _Slot], below: int) -> _Slot | None:
+        done = [s for s in pair if s.complete and s.version < below]
         return max(done, key=lambda s: s.seq) if done else None
 
     def _writing(self, rank: int, version: int) -> _Slot:
@@ -119,12 +138,22 @@ class ReplicaStore:
     def chunk_view(self, rank: int, version: int, offset: int, length: int) -> memoryview:
         """Writable memory for bytes [offset, offset+length) of a version being received."""
         slot = self._writing(rank, version)
-        if offset < 0 or offset % 8 or offset + length > slot.length:
+        if offset < 0 or offset % 8 or length <= 0 or offset + length > slot.length:
             raise StoreError(
                 f"chunk [{offset}, {offset + length}) outside rank {rank} version {version} "
-                f"of {slot.length} bytes (offsets must be multiples of 8)"
+                f"of {slot.length} bytes (offsets must be multiples of 8, chunks not empty)"
             )
+        if offset not in slot.received and len(slot.received) >= FREE_RECORDS:
+            self._check_record_fits(rank, version)
         return memoryview(slot.buffer)[offset : offset + length]
+
+    def _check_record_fits(self, rank: int, version: int) -> None:
+        if self.used_bytes + RECORD_BYTES > self.budget_bytes:
+            raise BudgetExceeded(
+                f"refusing another chunk of rank {rank} version {version}: its record would "
+                f"take the replica store past its budget of {self.budget_bytes} bytes "
+                "(GEMINI_MEMORY_BUDGET_BYTES); send fewer, larger chunks"
+            )
 
     def chunk_done(self, rank: int, version: int, offset: int, length: int, crc: int) -> None:
         """Record a received chunk with the CRC-32 of the bytes that landed (a chunk received
@@ -152,7 +181,15 @@ class ReplicaStore:
                 f" the version {whole_crc:#010x}"
             )
         slot.complete = True
+        self._drop_superseded(rank, slot)
         return self._info(rank, slot)
+
+    def _drop_superseded(self, rank: int, done: _Slot) -> None:
+        """Now that `done` is complete, forget an earlier try of its version (kept until now
+        as the last complete copy): no version is held twice."""
+        for slot in self._slots.get(rank, ()):
+            if slot is not done and slot.version == done.version:
+                slot.clear()
 
     def abort(self, rank: int, version: int) -> None:
         """Give up a version in progress; the complete one stays."""
