@@ -2,9 +2,10 @@
 # Images of the GEMINI operator, built from this repository:
 #   docker build --target operator -t gemini-operator:0.1.0 .   the operator (`gemini operator run`)
 #   docker build --target sidecar  -t gemini-sidecar:0.1.0  .   the checkpoint sidecar (`gemini sidecar`)
-#   docker build --target trainer  -t gemini-trainer:0.1.0  .   a trainer base image with torch and
-#       DeepSpeed whose entrypoint is the launcher (`gemini launch --`): extend it with your
-#       training code and set CMD to your training command (e.g. CMD ["python", "train.py"]).
+#   docker build --target trainer  -t gemini-trainer:0.1.0  .   a trainer base image with torch,
+#       DeepSpeed, transformers and accelerate whose entrypoint is the launcher
+#       (`gemini launch --`): extend it with your training code and set CMD to your training
+#       command (e.g. CMD ["python", "train.py"]).
 # The dev tools (tools/: local cluster, demo) and their `tools` extra stay out of every image.
 # Dependencies come only from requirements.lock (used as pip constraints, so every package is
 # the locked version and nothing else is installed); tests/unit/packaging checks this file.
@@ -27,8 +28,9 @@ FROM build-base AS build-runtime
 RUN /opt/gemini/bin/pip install --constraint requirements.lock /src
 
 FROM build-base AS build-trainer
-# Everything above plus torch and DeepSpeed (the `train` extra).
-RUN /opt/gemini/bin/pip install --constraint requirements.lock "/src[train]"
+# Everything above plus torch and DeepSpeed (the `train` extra) and the Hugging Face
+# Trainer/Accelerate integration (the `hf` extra: transformers, accelerate).
+RUN /opt/gemini/bin/pip install --constraint requirements.lock "/src[train,hf]"
 
 # ---- runtime images ------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime-base

@@ -1,8 +1,10 @@
-"""A small GPT trained with DeepSpeed ZeRO-3 (or PyTorch DDP / FSDP2) on CPU with gloo,
-checkpointed into memory every iteration by gemini_trainer.
+"""A small GPT trained with DeepSpeed ZeRO-3 (or ZeRO-1/2 with --zero-stage, optionally with
+--offload-optimizer; or PyTorch DDP / FSDP2) on CPU with gloo, checkpointed into memory every
+iteration by gemini_trainer.
 
 Run one process per rank with RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set (no
-deepspeed launcher needed), or under `gemini launch -- python examples/train_gpt_zero3.py`.
+deepspeed launcher needed; LOCAL_WORLD_SIZE may be set too, for several ranks per node), or
+under `gemini launch -- python examples/train_gpt_zero3.py`.
 Data is a pure function of (seed, step, rank), so two runs see the same batches. Each rank
 prints one line per step: `step <n> loss <float hex>` (exact, for comparing runs).
 
@@ -76,6 +78,10 @@ def batch(args: argparse.Namespace, step: int, rank: int) -> tuple[torch.Tensor,
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--engine", choices=["deepspeed", "ddp", "fsdp2"], default="deepspeed")
+    p.add_argument("--zero-stage", type=int, choices=[1, 2, 3], default=3,
+                   help="DeepSpeed ZeRO stage (--engine deepspeed)")
+    p.add_argument("--offload-optimizer", action="store_true",
+                   help="DeepSpeed: keep the optimizer state and step on the CPU (ZeRO-Offload)")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--d-model", type=int, default=64)
@@ -90,6 +96,27 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def deepspeed_config(args: argparse.Namespace) -> dict[str, Any]:
+    zero: dict[str, Any] = {"stage": args.zero_stage}
+    if args.zero_stage == 3:
+        # persistence threshold 0: even this small model is really partitioned and gathered
+        zero["stage3_param_persistence_threshold"] = 0
+    if args.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    return {
+        "train_micro_batch_size_per_gpu": args.batch,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": zero,
+        # torch's Adam, also on offloaded state (DeepSpeedCPUAdam would need a C++ build)
+        "optimizer": {"type": "Adam", "params": {"lr": args.lr, "torch_adam": True}},
+        "scheduler": {
+            "type": "WarmupLR",
+            "params": {"warmup_num_steps": 5, "warmup_max_lr": args.lr},
+        },
+        "steps_per_print": 10**9,
+    }
+
+
 def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """Returns (target, optimizer, scheduler) for Checkpointer, with the train step inside."""
     torch.manual_seed(args.seed)
@@ -99,20 +126,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
 
         os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))
         deepspeed.init_distributed(dist_backend="gloo")
-        config = {
-            "train_micro_batch_size_per_gpu": args.batch,
-            "gradient_accumulation_steps": 1,
-            # persistence threshold 0: even this small model is really partitioned and gathered
-            "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-            "optimizer": {"type": "Adam", "params": {"lr": args.lr, "torch_adam": True}},
-            "scheduler": {
-                "type": "WarmupLR",
-                "params": {"warmup_num_steps": 5, "warmup_max_lr": args.lr},
-            },
-            "steps_per_print": 10**9,
-        }
         engine, _, _, _ = deepspeed.initialize(
-            model=model, model_parameters=model.parameters(), config=config
+            model=model, model_parameters=model.parameters(), config=deepspeed_config(args)
         )
         return engine, None, None
     torch.distributed.init_process_group("gloo")

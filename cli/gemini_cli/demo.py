@@ -39,7 +39,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--procs-per-node", type=int, default=1,
                         help="training processes per worker pod, numProcPerNode (default 1)")
     parser.add_argument("--engine", choices=ENGINES, default="deepspeed",
-                        help="the example's training stack (default deepspeed: ZeRO-3)")
+                        help="the example's training stack (default deepspeed: ZeRO-3; "
+                        "zero1, zero2: "
+                        "DeepSpeed ZeRO-1/2)")
     parser.add_argument("--warm-standby", action="store_true",
                         help="launchers keep a pre-imported Python (torch, DeepSpeed) ready, "
                         "so in-place restarts skip the imports (0.3-0.7 GB more per worker)")

@@ -68,7 +68,7 @@ def test_the_demo_recovers_every_failure_with_the_reference_losses(demo_dir: Pat
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("engine", ["fsdp2", "deepspeed"])
+@pytest.mark.parametrize("engine", ["fsdp2", "deepspeed", "zero2"])
 def test_two_processes_per_node_recover_every_failure_with_the_reference_losses(
         engine: str, demo_dir: Path) -> None:
     """numProcPerNode 2 on 2 nodes (4 ranks): a trainer crash restores both local shards from

@@ -30,7 +30,8 @@ MODEL_SIZES: Mapping[str, tuple[str, ...]] = {
 # The example's training stacks. DDP rebuilds its gradient buckets after its first iteration,
 # so a restarted DDP of more than two gloo ranks sums some gradients in another order (1 ulp):
 # its losses match a reference only with two ranks in all.
-ENGINES = ("deepspeed", "fsdp2", "ddp")
+ENGINES = ("deepspeed", "zero2", "zero1", "fsdp2", "ddp")  # deepspeed: ZeRO-3
+_ZERO_STAGES = {"zero1": "1", "zero2": "2"}
 JOB_NAME = "gpt-demo"
 NAMESPACE = "gemini-demo"
 S3_SECRET = "demo-s3"
@@ -108,7 +109,10 @@ def spare_nodes(config: DemoConfig) -> int:
 def trainer_args(config: DemoConfig, with_sleep: bool = True) -> list[str]:
     """The example's arguments. Everything but --step-sleep shapes the losses, so the
     reference uses the same list without the idling."""
-    args = ["--engine", config.engine, "--steps", str(config.total_steps),
+    engine = ["--engine", config.engine]
+    if config.engine in _ZERO_STAGES:
+        engine = ["--engine", "deepspeed", "--zero-stage", _ZERO_STAGES[config.engine]]
+    args = [*engine, "--steps", str(config.total_steps),
             *MODEL_SIZES[config.model_size], "--seed", str(config.seed)]
     if with_sleep and config.step_sleep:
         args += ["--step-sleep", str(config.step_sleep)]

@@ -10,7 +10,11 @@ copies them into the live ones.
   ``param_groups`` (lr, betas, ...), the loss scaler, the engine's step counters and the LR
   scheduler. On load the partitioned (bit16) parameters are re-partitioned from the master
   weights, as DeepSpeed's own ``_rigid_load_state_dict`` does; without that, and without the
-  ``param_groups``, the continuation is not bit-exact.
+  ``param_groups``, the continuation is not bit-exact. The optimizer may be offloaded to CPU.
+- DeepSpeed ZeRO-1 and ZeRO-2 (``DeepSpeedZero12State``): the same, with the rank's fp32
+  partition of each parameter group (``single_partition_of_fp32_groups``); on load each rank
+  refreshes its slice of the (whole, bit16) model weights from them and all-gathers the rest,
+  as DeepSpeed's step does (``update_lp_params``).
 - Plain PyTorch, DDP and FSDP2 (``TorchState``): ``torch.distributed.checkpoint.state_dict``
   ``get_state_dict``/``set_state_dict`` with this rank's local shards (DTensors are kept as
   their local tensor), plus the LR scheduler.
@@ -192,27 +196,27 @@ def restore_rng(state: Tree) -> None:
         torch.cuda.set_rng_state_all([t.clone() for t in state["cuda"]])
 
 
-# -- DeepSpeed ZeRO-3 --------------------------------------------------------------------------
+# -- DeepSpeed ZeRO-1, -2 and -3 ---------------------------------------------------------------
 
 _ENGINE_COUNTERS = ("global_steps", "global_samples", "micro_steps", "skipped_steps")
 
 
-class DeepSpeedZero3State:
-    """This rank's ZeRO-3 partition of a DeepSpeed engine (see the module docstring)."""
+class _DeepSpeedZeroState:
+    """What every ZeRO stage keeps beside its fp32 master partitions: the base optimizer's state
+    of those partitions and its ``param_groups``, the loss scaler, the engine's counters and the
+    LR scheduler. Subclasses name the partitions and refresh the working (bit16) weights."""
 
-    kind = "deepspeed-zero3"
+    kind = "deepspeed-zero"
 
     def __init__(self, engine: Any) -> None:
-        opt = getattr(engine, "optimizer", None)
-        if opt is None or not hasattr(opt, "fp32_partitioned_groups_flat"):
-            raise TypeError(
-                "DeepSpeedZero3State needs an engine built with zero_optimization.stage 3 and "
-                f"an optimizer; got optimizer {type(opt).__name__}"
-            )
-        if getattr(opt, "swap_optimizer", False) or getattr(opt, "offload_param", False):
-            raise TypeError("ZeRO-3 with NVMe/CPU offload of params or optimizer is not supported")
         self.engine = engine
-        self.zero = opt
+        self.zero = engine.optimizer
+
+    def _master_partitions(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def _refresh_working_weights(self) -> None:
+        raise NotImplementedError
 
     def _base_state(self, flat: torch.Tensor) -> dict[str, Any]:
         state: dict[str, Any] = self.zero.optimizer.state.get(flat, {})
@@ -220,7 +224,7 @@ class DeepSpeedZero3State:
 
     def capture(self) -> Tree:
         zero = self.zero
-        flats = list(zero.fp32_partitioned_groups_flat)
+        flats = self._master_partitions()
         return {
             "fp32_flat": flats,
             "optimizer_state": [dict(self._base_state(f)) for f in flats],
@@ -234,14 +238,14 @@ class DeepSpeedZero3State:
 
     def load(self, tree: Tree) -> None:
         zero = self.zero
-        flats = list(zero.fp32_partitioned_groups_flat)
+        flats = self._master_partitions()
         if len(tree["fp32_flat"]) != len(flats):
             raise ValueError(
-                f"checkpoint has {len(tree['fp32_flat'])} ZeRO-3 sub-groups, the engine has "
+                f"checkpoint has {len(tree['fp32_flat'])} fp32 partitions, the engine has "
                 f"{len(flats)}; restore with the same model and configuration"
             )
         for i, (live, saved) in enumerate(zip(flats, tree["fp32_flat"], strict=True)):
-            copy_into(live, saved, f"fp32 partition of sub-group {i}")
+            copy_into(live, saved, f"fp32 partition of group {i}")
             self._load_base_state(live, tree["optimizer_state"][i], i)
         for group, saved_group in zip(
             zero.optimizer.param_groups, tree["param_groups"], strict=True
@@ -253,18 +257,42 @@ class DeepSpeedZero3State:
             setattr(self.engine, name, value)
         if tree["lr_scheduler"] is not None and self.engine.lr_scheduler is not None:
             self.engine.lr_scheduler.load_state_dict(owned(tree["lr_scheduler"]))
-        self._repartition_from_master()
+        self._refresh_working_weights()
 
     def _load_base_state(self, flat: torch.Tensor, saved: dict[str, Any], i: int) -> None:
         live = self.zero.optimizer.state.setdefault(flat, {})
         for key, value in saved.items():
             current = live.get(key)
             if isinstance(value, torch.Tensor) and isinstance(current, torch.Tensor):
-                copy_into(current, value, f"optimizer state {key!r} of sub-group {i}")
+                copy_into(current, value, f"optimizer state {key!r} of group {i}")
             else:
                 live[key] = owned(value)
 
-    def _repartition_from_master(self) -> None:
+
+class DeepSpeedZero3State(_DeepSpeedZeroState):
+    """This rank's ZeRO-3 partition of a DeepSpeed engine (see the module docstring)."""
+
+    kind = "deepspeed-zero3"
+
+    def __init__(self, engine: Any) -> None:
+        opt = getattr(engine, "optimizer", None)
+        if opt is None or not hasattr(opt, "fp32_partitioned_groups_flat"):
+            raise TypeError(
+                "DeepSpeedZero3State needs an engine built with zero_optimization.stage 3 and "
+                f"an optimizer; got optimizer {type(opt).__name__}"
+            )
+        if getattr(opt, "swap_optimizer", False) or getattr(opt, "offload_param", False):
+            raise TypeError(
+                "ZeRO-3 with the optimizer offloaded to NVMe, or with parameter offload, is not "
+                "supported (optimizer offload to CPU is)"
+            )
+        _refuse_partial_offload(opt)
+        super().__init__(engine)
+
+    def _master_partitions(self) -> list[torch.Tensor]:
+        return list(self.zero.fp32_partitioned_groups_flat)
+
+    def _refresh_working_weights(self) -> None:
         # As DeepSpeed's _rigid_load_state_dict: the partitioned (bit16) parameters are
         # refreshed from the restored fp32 master weights, then unflattened into the views
         # each partitioned parameter points at.
@@ -277,6 +305,41 @@ class DeepSpeedZero3State:
                 params = zero.fp16_partitioned_groups[i]
                 for param, view in zip(params, zero.unflatten(flat, params), strict=True):
                     param.data = view.data
+
+
+class DeepSpeedZero12State(_DeepSpeedZeroState):
+    """This rank's ZeRO-1 or ZeRO-2 partition of a DeepSpeed engine: the fp32 master partition
+    of each parameter group (``single_partition_of_fp32_groups``) and its optimizer state. The
+    model's working (bit16) weights are whole on every rank; they are not stored: after a load
+    each rank refreshes its partition from the master weights and all-gathers the others, as
+    DeepSpeed's own step does, so restore is a collective (every rank calls it, as it does)."""
+
+    def __init__(self, engine: Any) -> None:
+        opt = getattr(engine, "optimizer", None)
+        if opt is None or not hasattr(opt, "single_partition_of_fp32_groups"):
+            raise TypeError(
+                "DeepSpeedZero12State needs an engine built with zero_optimization.stage 1 or 2 "
+                f"and an optimizer; got optimizer {type(opt).__name__}"
+            )
+        if getattr(opt, "zenflow", False):
+            raise TypeError("ZeRO-1/2 with ZenFlow is not supported (its CPU step keeps state)")
+        super().__init__(engine)
+        # stage 2 partitions the gradients too; the two write different kinds, so a restore
+        # with the other stage is refused with a clear message instead of loading wrong shapes
+        self.kind = f"deepspeed-zero{2 if opt.partition_gradients else 1}"
+
+    def _master_partitions(self) -> list[torch.Tensor]:
+        return list(self.zero.single_partition_of_fp32_groups)
+
+    def _refresh_working_weights(self) -> None:
+        self.zero.update_lp_params()  # copy fp32 -> own bit16 partition, all-gather the rest
+
+
+def _refuse_partial_offload(zero: Any) -> None:
+    # With a partial offload, some sub-groups step on the device with a second optimizer
+    # whose state the adapter does not read.
+    if getattr(zero, "offload_optimizer", False) and getattr(zero, "partial_offload", 1.0) != 1.0:
+        raise TypeError("ZeRO-3 with a partial optimizer offload (ratio < 1) is not supported")
 
 
 def _plain_attrs(obj: Any) -> dict[str, Any]:
@@ -361,14 +424,24 @@ def _merge_into(live: Any, saved: Any, path: str) -> Any:
 
 
 def adapter_for(target: Any, optimizer: Any = None, lr_scheduler: Any = None) -> StateAdapter:
-    """The adapter for a DeepSpeed engine, or for a (model, optimizer) pair."""
-    if hasattr(target, "optimizer") and hasattr(
-        getattr(target, "optimizer", None), "fp32_partitioned_groups_flat"
-    ):
+    """The adapter for a DeepSpeed engine (by its ZeRO stage), or a (model, optimizer) pair."""
+    zero = getattr(target, "optimizer", None)
+    if hasattr(zero, "fp32_partitioned_groups_flat"):
         return DeepSpeedZero3State(target)
+    if hasattr(zero, "single_partition_of_fp32_groups"):
+        return DeepSpeedZero12State(target)
     if isinstance(target, torch.nn.Module) and isinstance(optimizer, torch.optim.Optimizer):
-        return TorchState(target, optimizer, lr_scheduler)
+        return TorchState(target, _inner_optimizer(optimizer), lr_scheduler)
     raise TypeError(
-        "Checkpointer needs a DeepSpeed ZeRO-3 engine, or a torch.nn.Module with its "
-        f"torch.optim.Optimizer; got {type(target).__name__} and {type(optimizer).__name__}"
+        "Checkpointer needs a DeepSpeed engine with ZeRO stage 1, 2 or 3, or a torch.nn.Module "
+        f"with its torch.optim.Optimizer; got {type(target).__name__} and "
+        f"{type(optimizer).__name__}"
     )
+
+
+def _inner_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer that holds the state: Accelerate's AcceleratedOptimizer wraps one, and its
+    own step() (gradient sync and scaler checks) is not for the state-initialising step that
+    torch.distributed.checkpoint takes."""
+    inner = getattr(optimizer, "optimizer", None)
+    return inner if isinstance(inner, torch.optim.Optimizer) else optimizer
