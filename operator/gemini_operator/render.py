@@ -239,6 +239,7 @@ def _common_env(job: JobRef, spec: JobSpec, rank: int, config: RenderConfig) -> 
     return [
         _value("GEMINI_JOB", job.name),
         _value("GEMINI_NAMESPACE", job.namespace),
+        _value("GEMINI_JOB_UID", job.uid),  # tells a job from an older one of the same name
         _value("GEMINI_RANK", rank),
         _value("GEMINI_WORLD_SIZE", spec.num_nodes),
         {"name": "GEMINI_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
