@@ -60,6 +60,7 @@ from gemini_trainer.capture import (
     tensor_view,
 )
 from gemini_trainer.commprof import CommRecorder, phase_path, profile_path
+from gemini_trainer.device_copy import DeviceCopier
 from gemini_trainer.node_shard import RegionWriter, SoleWriter, region_payload
 from gemini_trainer.shm import (
     SLOT_HEADROOM_BYTES,
@@ -220,6 +221,7 @@ class Checkpointer:
         self.skipped_snapshots = 0
         self._restored_seq = 0  # a restored version is on every holder by construction
         self._agreement: Any = None  # the gloo process group of the write decision
+        self._device: DeviceCopier | None = None  # CUDA state: copies off the critical path
 
     def _make_recorder(self) -> CommRecorder | None:
         cfg = self.config
@@ -288,10 +290,11 @@ class Checkpointer:
         use_numpy = self.copy_method.next()
         copy_start = time.perf_counter()
         try:
-            for t, off in zip(tensors, offsets, strict=True):
-                _copy_tensor(buf, off, t, use_numpy)
+            self._copy_all(buf, tensors, offsets, use_numpy)
             write_index(buf, data_end, index)
         except BaseException:
+            if self._device is not None:
+                self._device.finish()  # nothing may still write into the slot given up
             self._writer.abort()
             raise
         del buf
@@ -302,6 +305,24 @@ class Checkpointer:
         if self.recorder is not None:
             self.recorder.iteration_start()
         return stats
+
+    def _copy_all(self, buf: np.ndarray, tensors: list[torch.Tensor], offsets: list[int],
+                  use_numpy: bool) -> None:
+        """Copy every tensor into the slot; CUDA tensors the optimizers own go asynchronously
+        (gemini_trainer.device_copy), the rest now."""
+        if self._device is None and DeviceCopier.wanted(tensors):
+            self._device = DeviceCopier()
+            self._device.install()
+        owned = self._device.owned_by_optimizers() if self._device is not None else set()
+        deferred = []
+        for t, off in zip(tensors, offsets, strict=True):
+            if t.is_cuda and t.untyped_storage().data_ptr() in owned:
+                deferred.append((buf[off : off + t.nbytes], t))
+            else:
+                _copy_tensor(buf, off, t, use_numpy)
+        if deferred and self._device is not None:
+            self._device.register(buf)
+            self._device.copy(deferred)
 
     def _agree_to_write(self) -> bool:
         """Whether every rank may reuse its older slot now (see the module docstring)."""
@@ -366,6 +387,8 @@ class Checkpointer:
 
     def _commit(self, step: int, stall_s: float) -> None:
         try:
+            if self._device is not None:
+                self._device.finish()  # the bytes are in the slot before it is checksummed
             info = self._writer.commit(step)
         except Exception as err:  # recorded, never raised into the training loop
             self._record(f"commit of step {step} failed: {err}")
@@ -415,6 +438,9 @@ class Checkpointer:
     def close(self) -> None:
         self.flush()
         self._pool.shutdown(wait=True)
+        if self._device is not None:
+            self._device.close()
+            self._device = None
         if self.recorder is not None:
             self.recorder.close()
         if self._slots is not None:

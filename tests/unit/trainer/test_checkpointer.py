@@ -50,9 +50,9 @@ def config(tmp_path: Path, **kw: object) -> CheckpointerConfig:
 
 DEVICES = [
     "cpu",
-    pytest.param(
-        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-    ),
+    pytest.param("cuda", marks=[
+        pytest.mark.cuda,
+        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")]),
 ]
 
 
@@ -82,6 +82,36 @@ def test_restore_then_continue_gives_the_same_losses_as_never_stopping(
     assert opt2.param_groups[0]["lr"] == lrs[3] != 0.01  # the schedule is restored too
     again = [train_step(model2, opt2, sched2, step) for step in range(4, 8)]
     assert again == losses[4:8]
+    ckpt2.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_a_cuda_shard_fetched_into_another_slot_file_restores_bit_exactly(
+    tmp_path: Path,
+) -> None:
+    """As after a peer fetch: the committed payload written into a new node's slot file (the
+    sidecar's put) restores a CUDA model and optimizer, and training continues identically."""
+    model, opt, sched = make(device="cuda")
+    ckpt = Checkpointer(model, opt, sched, config=config(tmp_path / "a"))
+    losses = []
+    for step in range(6):
+        losses.append(train_step(model, opt, sched, step))
+        ckpt.snapshot(step + 1)  # CUDA copies overlap the next steps; version 3 kept below
+        if step == 2:
+            ckpt.flush()
+            with ShardSlots(ckpt.path) as slots:
+                info = slots.find(3)
+                assert info is not None
+                payload = bytes(slots.read(3, verify=True))
+    ckpt.close()
+    (tmp_path / "b").mkdir()
+    with ShardSlots(shard_path(0, tmp_path / "b"), len(payload) + (1 << 20)) as fetched:
+        fetched.put(3, [payload], checksum=info.checksum)
+    model2, opt2, sched2 = make(seed=99, device="cuda")
+    ckpt2 = Checkpointer(model2, opt2, sched2, config=config(tmp_path / "b"))
+    assert ckpt2.restore(RestoreInstruction(version=3, source="peer")) == 3
+    assert [train_step(model2, opt2, sched2, step) for step in range(3, 6)] == losses[3:6]
     ckpt2.close()
 
 
