@@ -28,6 +28,7 @@ from typing import Any
 
 from support.cleanup import Cleanup, cleaning_up, kill_processes_naming
 
+from gemini_local.controlplane import NODE_GRACE_ENV
 from gemini_local.processes import venv_tools_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,6 +40,8 @@ def one_run(args: argparse.Namespace, cleanup: Cleanup) -> dict[str, Any]:
     state = cleanup.cluster(Path(tempfile.mkdtemp(prefix="gbench-", dir=args.tmp_dir)))
     # the reference run and the pods use the same ninja and JIT folder (see venv_tools_env)
     env = venv_tools_env(sys.executable, os.environ)
+    if args.node_grace is not None:
+        env[NODE_GRACE_ENV] = str(args.node_grace)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         demo: subprocess.Popen[bytes] | None = None
         try:
@@ -80,6 +83,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--failures", default="trainer-crash,node-loss,group-loss")
+    parser.add_argument("--node-grace", type=int, default=None,
+                        help="the controller manager's --node-monitor-grace-period in seconds "
+                        "(default 8; 40 is Kubernetes' own)")
     parser.add_argument("--warm-standby", action="store_true",
                         help="run the demo with the launchers' warm standby")
     parser.add_argument("--tmp-dir", default="/tmp",

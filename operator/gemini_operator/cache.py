@@ -10,8 +10,10 @@ and only when the node's readiness or labels changed (heartbeats change neither)
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 from typing import Any
 
 from gemini_operator import naming
@@ -36,6 +38,35 @@ class ClusterCache:
         self._pods: dict[JobKey, dict[int, PodView]] = {}
         self._nodes: dict[str, NodeView] = {}
         self._spares: dict[JobKey, dict[int, SpareView]] = {}
+        # node -> (until, in monotonic seconds; since): presumed lost by the poller
+        self._presumed: dict[str, tuple[float, datetime]] = {}
+        self._answered: set[str] = set()  # uids of worker pods whose sidecar answered
+
+    def heard_from(self, uids: Iterable[str]) -> None:
+        """These pods' sidecars answered: a pod silent later was up before (silence.py)."""
+        with self._lock:
+            self._answered.update(uids)
+
+    def has_answered(self, uid: str) -> bool:
+        with self._lock:
+            return uid in self._answered
+
+    def presume_lost(self, node: str, since: datetime, seconds: float) -> None:
+        """Show `node` as not ready for `seconds` (silence.py): its pods fell silent in a way
+        only a lost node explains, and the node controller is slower to tell."""
+        with self._lock:
+            self._presumed[node] = (time.monotonic() + seconds, since)
+
+    def _nodes_seen(self) -> dict[str, NodeView]:
+        now = time.monotonic()
+        self._presumed = {n: p for n, p in self._presumed.items() if p[0] > now}
+        nodes = dict(self._nodes)
+        for name, (_, since) in self._presumed.items():
+            view = nodes.get(name)
+            if view is not None and view.ready:
+                nodes[name] = replace(view, ready=False, presumed_lost=True,
+                                      ready_changed_at=since)
+        return nodes
 
     def update_job(self, obj: Mapping[str, Any], deleted: bool) -> list[JobKey]:
         key = _key(obj)
@@ -58,6 +89,7 @@ class ClusterCache:
         with self._lock:
             pods = self._pods.setdefault(key, {})
             if deleted:
+                self._answered.discard(view.uid)
                 if pods.get(view.rank, view).uid == view.uid:
                     pods.pop(view.rank, None)
             else:
@@ -116,7 +148,7 @@ class ClusterCache:
             job = self._jobs.get(key)
             if job is None:
                 return None
-            return Snapshot(job, dict(self._pods.get(key, {})), dict(self._nodes),
+            return Snapshot(job, dict(self._pods.get(key, {})), self._nodes_seen(),
                             dict(self._spares.get(key, {})))
 
     def forget(self, key: JobKey) -> None:

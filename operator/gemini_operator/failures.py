@@ -108,9 +108,12 @@ def _rank_failure(
         return _failed_pod(rank, pod)
     if pod.deleting:
         return RankFailure(rank, hardware, FailureReason.POD_DELETED, None, "the pod was deleted")
-    if pod.node_name and not _node_ready(nodes.get(pod.node_name)):
-        return RankFailure(rank, hardware, FailureReason.NODE_LOST, None,
-                           f"node {pod.node_name} is not ready")
+    node = nodes.get(pod.node_name) if pod.node_name else None
+    if pod.node_name and not _node_ready(node):
+        detail = (f"node {pod.node_name} does not answer (its pods refuse connections while "
+                  "the API still shows them running)" if node is not None and node.presumed_lost
+                  else f"node {pod.node_name} is not ready")
+        return RankFailure(rank, hardware, FailureReason.NODE_LOST, None, detail)
     if process_exit is not None and process_exit != 0:
         last = pod.trainer_last_exit
         return RankFailure(rank, FailureKind.SOFTWARE, FailureReason.ERROR, process_exit,

@@ -69,6 +69,9 @@ class NodeView:
     rack: str = ""
     labels: Mapping[str, str] = field(default_factory=dict)
     ready_changed_at: datetime | None = None  # the Ready condition's lastTransitionTime
+    # Not ready by the operator's own finding (silence.py) before the node controller's: the
+    # job's pods there stopped answering while the API still shows them running.
+    presumed_lost: bool = False
 
 
 def pod_view(pod: Mapping[str, Any]) -> PodView | None:

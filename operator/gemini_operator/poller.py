@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -33,7 +34,13 @@ from gemini_operator.failures import Progress
 from gemini_operator.kube import KubeClient
 from gemini_operator.observed import PodView
 from gemini_operator.pace import replication_pace
-from gemini_operator.sidecars import DeliveryError, SidecarError, persist_and_commit
+from gemini_operator.sidecars import (
+    DeliveryError,
+    SidecarError,
+    persist_and_commit,
+    worker_ports,
+)
+from gemini_operator.silence import PRESUME_S, SilenceTracker, suspects
 from gemini_operator.spec import JobSpec, Persistence, SpecError, parse_spec
 from gemini_operator.status import CheckpointStatus, JobStatus, ReplicaCoverage
 
@@ -46,6 +53,7 @@ PERSIST_ANNOTATION = "gemini.io/persist-requested"
 # Jobs polled at once. A job is never polled twice at a time, so a job whose workers hold
 # every call to its deadline holds one of these threads; the others keep polling.
 POLL_WORKERS = 16
+PROBE_TIMEOUT_SECONDS = 1.0  # a TCP connect to a silent pod's ports (silence.py)
 
 
 @dataclass(frozen=True)
@@ -55,6 +63,7 @@ class Findings:
     checkpoint: CheckpointStatus
     progress: Progress | None = None
     epoch: int | None = None  # the launch epoch `progress` was seen in
+    presumed_lost: frozenset[str] = frozenset()  # nodes whose pods fell silent (silence.py)
 
 
 def complete_in_memory(inventories: Mapping[int, Mapping[str, Any]], ranks: Sequence[int]
@@ -112,9 +121,11 @@ def progress_of(statuses: Mapping[int, Mapping[str, Any]], now: datetime,
 
 class CheckpointPoller:
     def __init__(self, kube: KubeClient, cache: ClusterCache, config: ReconcileConfig,
-                 clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
+                 clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.kube, self.cache, self.config = kube, cache, config
-        self._clock = clock
+        self._clock, self._monotonic = clock, monotonic
+        self._silence: dict[JobKey, SilenceTracker] = {}
         self._found: dict[JobKey, Findings] = {}
         self._handled_request: dict[JobKey, str] = {}
         self._persist_tried: dict[JobKey, float] = {}
@@ -132,6 +143,7 @@ class CheckpointPoller:
 
     def forget(self, key: JobKey) -> None:
         self._found.pop(key, None)
+        self._silence.pop(key, None)
         self._handled_request.pop(key, None)
         self._persist_tried.pop(key, None)
 
@@ -174,6 +186,7 @@ class CheckpointPoller:
             {r: (p.ip, ports.sidecar_api_port) for r, p in pods.items()}, token,
             POLL_TIMEOUT_SECONDS)
         inventories = {r: inventory.to_json() for r, inventory in typed.items()}
+        lost = self._lost_nodes(key, pods, typed)
         if silent:
             log.debug("inventory of %s/%s: %s", job.namespace, job.name, silent[:3])
             step = old.in_memory_step
@@ -201,7 +214,28 @@ class CheckpointPoller:
                 checkpoint, recoverable_step=pace.recoverable_step,
                 effective_interval=pace.effective_interval, interval_reason=pace.reason,
                 replication_lag_steps=pace.lag_steps)
-        return Findings(checkpoint, progress, epoch)
+        return Findings(checkpoint, progress, epoch, lost)
+
+    def _lost_nodes(self, key: JobKey, pods: Mapping[int, PodView],
+                    answering: Mapping[int, Any]) -> frozenset[str]:
+        """Nodes whose pods fell silent as only a lost node's do (silence.py), presumed lost
+        in the cache so that every reconcile sees them not ready."""
+        tracker = self._silence.setdefault(key, SilenceTracker())
+        tracker.keep_only(pods.values())
+        tracker.heard(pods[r] for r in answering)
+        self.cache.heard_from(pods[r].uid for r in answering)
+        probe = suspects(pods, answering, self.cache.has_answered)
+        if not probe:
+            return frozenset()
+        down = sidecars.refusing(worker_ports(probe, self.config.render), PROBE_TIMEOUT_SECONDS)
+        now = self._monotonic()
+        lost = tracker.silent_nodes(probe, down, now)
+        for node, since in lost.items():
+            log.warning("node %s presumed lost: pods of %s/%s there refuse connections for "
+                        "%.1f s while the API shows them running", node, *key, now - since)
+            self.cache.presume_lost(node, self._clock() - timedelta(seconds=now - since),
+                                    PRESUME_S)
+        return frozenset(lost)
 
     def _redeliver(self, job: JobView, status: JobStatus, pods: Mapping[int, PodView],
                    inventories: Mapping[int, Mapping[str, Any]], token: str) -> None:

@@ -127,6 +127,7 @@ class Reconciler:
         # One clock for every time and duration the executors record. What they write is noted
         # by the reconcile at hand (`keeping`), never in a place shared between jobs.
         self.recovery = RecoveryExecutor(kube, config, self._send_patch, clock)
+        self.recovery.cache = cache  # lost nodes presumed from silent pods (silence.py)
         self.starter = TrainingStarter(kube, config, self._send_patch, clock)
         self.suspend_saver = SuspendSaver(kube, config, clock)
         self.poller = CheckpointPoller(kube, cache, config, clock)

@@ -11,26 +11,30 @@ run) -> Fetching (replacements pull their shard and replicas from peers; or, for
 every sidecar restores the committed step) -> Restarting (every launcher starts the new epoch
 with the plan's version and the epoch's rendezvous: rank 0's pod IP, a fresh port) -> done.
 A phase that must wait (a pod not yet running, a launcher restarting) asks to be called again.
+Planning never waits for a lost node's sidecar: one that refuses connections on both ports
+although it answered before has its node presumed lost at once (silence.py), and the next
+reconcile plans again with that rank lost.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gemini.domain.placement import Placement
 from gemini.domain.recovery import FailureKind, RecoveryPlan, plan_recovery
 from gemini_operator import render
 from gemini_operator.apitime import api_time
-from gemini_operator.cache import Snapshot
+from gemini_operator.cache import ClusterCache, Snapshot
 from gemini_operator.decide import JobView, Recover
 from gemini_operator.failures import describe
-from gemini_operator.observed import pod_view
+from gemini_operator.observed import PodView, pod_view
 from gemini_operator.outcome import Outcome, RecoveryWait, S3Unreadable, Unrecoverable
 from gemini_operator.records import MODE_FRESH, PlanRecord, RecoveryPhase, RecoveryRecord
 from gemini_operator.restore import PhaseExecutor
-from gemini_operator.sidecars import SidecarError
+from gemini_operator.sidecars import SidecarError, refusing, worker_ports
+from gemini_operator.silence import PRESUME_S, suspects
 from gemini_operator.spares import prefer_nodes, spare_nodes
 from gemini_operator.spec import JobSpec
 from gemini_operator.status import JobStatus
@@ -38,10 +42,13 @@ from gemini_operator.worker_calls import inventory_copies
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 0.25
+PROBE_TIMEOUT_SECONDS = 1.0  # a TCP connect to a silent sidecar's and launcher's ports
 
 
 class RecoveryExecutor(PhaseExecutor):
     """Carries a recovery from the failure to the restarted epoch, phase by phase."""
+
+    cache: ClusterCache | None = None  # where lost nodes are presumed; None: never
 
     def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus
                 ) -> Outcome:
@@ -123,6 +130,7 @@ class RecoveryExecutor(PhaseExecutor):
         inventories, silent = self.calls.inventories(live, self.calls.token(job))
         if silent:
             log.warning("planning without %d silent sidecars: %s", len(silent), silent[:3])
+            self._presume_lost_nodes(job, live, inventories)
         copies = inventory_copies(inventories)
         try:
             s3_steps = list(self.calls.committed_steps(job, spec.persistence))
@@ -138,6 +146,24 @@ class RecoveryExecutor(PhaseExecutor):
         if not plan.recoverable:
             raise Unrecoverable(plan.reason)
         return PlanRecord.from_plan(plan, newest)
+
+    def _presume_lost_nodes(self, job: JobView, live: Mapping[int, PodView],
+                            answering: Mapping[int, Any]) -> None:
+        """Presume lost the nodes of pods that answered before, still show running, and now
+        refuse both connections; then plan again with them (RecoveryWait)."""
+        if self.cache is None:
+            return
+        probe = suspects(live, answering, self.cache.has_answered)
+        down = refusing(worker_ports(probe, self.config.render), PROBE_TIMEOUT_SECONDS)
+        nodes = sorted({probe[r].node_name for r in down if probe[r].node_name})
+        if not nodes:
+            return
+        for node in nodes:
+            self.cache.presume_lost(node, self._clock(), PRESUME_S)
+        log.warning("recovery of %s/%s: node(s) %s presumed lost: their pods refuse "
+                    "connections while the API shows them running", job.namespace, job.name,
+                    ", ".join(nodes))
+        raise RecoveryWait(f"node(s) {', '.join(nodes)} presumed lost: planning again")
 
     def _replace(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus,
                  record: RecoveryRecord) -> None:

@@ -14,6 +14,7 @@ so a job's own images can cost the operator no more than that job's calls.
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -121,6 +122,33 @@ def _per_rank(request: R | Mapping[int, R]) -> Callable[[int], R]:
     if isinstance(request, Mapping):
         return lambda rank: request[rank]  # type: ignore[no-any-return]
     return lambda rank: request
+
+
+def worker_ports(pods: Mapping[int, Any], ports: Any) -> dict[int, list[Target]]:
+    """Each pod's sidecar API and launcher address (`pods`: PodViews, `ports`: a
+    RenderConfig)."""
+    return {r: [(p.ip, ports.sidecar_api_port), (p.ip, ports.launcher_port)]
+            for r, p in pods.items()}
+
+
+def refusing(targets: Mapping[int, Sequence[Target]], timeout: float) -> set[int]:
+    """The ranks none of whose ports accept a TCP connection within `timeout` (refused or
+    timed out; the kernel accepts for a process that is only slow or stopped)."""
+    ranks = sorted(targets)
+
+    def down(rank: int) -> bool:
+        return not any(_accepts(ip, port, timeout) for ip, port in targets[rank])
+
+    with ThreadPoolExecutor(max_workers=min(32, max(1, len(ranks)))) as pool:
+        return {r for r, gone in zip(ranks, pool.map(down, ranks), strict=True) if gone}
+
+
+def _accepts(ip: str, port: int, timeout: float) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
 
 
 # -- typed calls -------------------------------------------------------------------------------

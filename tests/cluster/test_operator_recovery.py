@@ -179,6 +179,10 @@ def test_a_lost_node_gets_one_replacement_pod_that_fetches_its_shard_from_peers(
     print(f"node-loss recovery: {time.monotonic() - when:.1f} s after the loss, {last}")
     assert {p.metadata.name: p.metadata.uid for p in jobs.pods("hard")}["hard-worker-0"] == (
         rank0_uid)  # only the lost rank got a new pod
+    # Found by the operator from the pods' silence, before the node controller's NotReady
+    # (its grace period here is 8 s; 40 s or more on stock settings): silence.py.
+    assert f"node {lost} does not answer" in last["message"], last["message"]
+    assert last["breakdown"]["planning"] < 3.0, last["breakdown"]  # it did not wait for it
     jobs.delete("hard")
 
 
