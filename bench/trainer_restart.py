@@ -38,7 +38,7 @@ from gemini_local.processes import venv_tools_env
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_gpt_zero3.py"
 MODEL = ["--layers", "1", "--d-model", "32", "--heads", "2", "--seed", "1234"]
-TOKEN = "bench"
+TOKEN = "bench-token-0123456789"
 
 
 def free_port() -> int:

@@ -27,7 +27,8 @@ Ordering rules (what the servers require of their callers, and why):
    restarted comes back with its environment's placement: the operator compares
    ``GET /inventory``'s ``placement`` with the delivered one and posts it again.
 2. Inventory before the plan. A recovery reads every live sidecar's ``GET /inventory`` and
-   plans from it (and from S3's committed steps); the version named in ``/fetch``,
+   plans from it (and from S3's committed steps, which a sidecar lists: ``GET
+   /committed-steps``; the operator holds no S3 credentials); the version named in ``/fetch``,
    ``/fetch-replicas``, ``/restore`` and ``/restart`` is the plan's, never "the newest":
    survivors may hold newer versions of the abandoned run.
 3. Memory before the restart. Every shard to be restored must be complete in its rank's
@@ -38,7 +39,8 @@ Ordering rules (what the servers require of their callers, and why):
 4. Persist, then commit. ``POST /persist`` of one version on every rank, and only when all
    succeeded ``POST /commit`` of that version on one of them (the lowest rank): the commit
    verifies every rank's object and writes the marker that makes the step visible.
-   ``POST /restore`` restores committed steps only.
+   ``POST /restore`` restores committed steps of its own job only (the marker names the
+   namespace, job, uid and world size; another's is refused).
 5. Notify after the commit in shared memory. The trainer posts ``/v1/local/committed`` (or
    ``/notify``) for a version only after its slot is complete; the sidecar replicates it.
 6. Launcher epochs only grow. ``POST /restart`` with a newer epoch restarts the training
@@ -77,6 +79,7 @@ FETCH_REPLICAS_PATH = "/fetch-replicas"  # POST FetchReplicasRequest -> FetchRep
 PERSIST_PATH = "/persist"  # POST PersistRequest -> PersistAnswer
 COMMIT_PATH = "/commit"  # POST CommitRequest -> CommitAnswer
 RESTORE_PATH = "/restore"  # POST RestoreRequest -> RestoreAnswer
+COMMITTED_STEPS_PATH = "/committed-steps"  # GET -> CommittedStepsAnswer
 SIDECAR_OPEN_PATHS = frozenset({HEALTHZ_PATH, METRICS_PATH})
 
 # -- paths of the launcher's API -------------------------------------------------------------
@@ -789,6 +792,22 @@ class RestoreAnswer:
         return cls(f.integer("version", 0), f.integer("bytes", 0), f.number("seconds"))
 
 
+@dataclass(frozen=True)
+class CommittedStepsAnswer:
+    """GET /committed-steps: the steps committed to S3 by this job (its namespace, name and
+    uid), oldest first. The sidecars hold the S3 credentials, so the operator asks them."""
+
+    steps: tuple[int, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": list(self.steps)}
+
+    @classmethod
+    def from_json(cls, doc: object) -> CommittedStepsAnswer:
+        return cls(_Fields(doc, "/committed-steps answer").ranks("steps", required=True,
+                                                                 what="steps"))
+
+
 # -- the launcher ------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -1164,6 +1183,9 @@ class ControlClient:
 
     def restore(self, request: RestoreRequest) -> RestoreAnswer:
         return self._typed(RESTORE_PATH, request.to_json(), RestoreAnswer.from_json)
+
+    def committed_steps(self) -> CommittedStepsAnswer:
+        return self._typed(COMMITTED_STEPS_PATH, None, CommittedStepsAnswer.from_json)
 
     # -- the launcher --------------------------------------------------------------------
     def status(self) -> LauncherStatus:

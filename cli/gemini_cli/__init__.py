@@ -26,6 +26,8 @@ class Command:
 
 
 COMMANDS: dict[str, Command] = {
+    "checkpoint": Command("gemini_cli.checkpoint",
+                          "copy a legacy S3 checkpoint into a GeminiJob's own directory"),
     "demo": Command("gemini_cli.demo",
                     "train through failures on the local cluster and report the downtime", True),
     "fault": Command("gemini_cli.fault", "inject failures into the local cluster", True),

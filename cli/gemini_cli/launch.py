@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from gemini_cli import COMMANDS, CliError
-from gemini_trainer.launcher import Launcher, LauncherConfig
+from gemini_trainer.launcher import Launcher, LauncherConfig, LauncherConfigError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,6 +48,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="exit with the process's code when it fails instead of waiting for "
         "/restart (for runs without an operator)",
     )
+    p.add_argument(
+        "--insecure-local",
+        action="store_true",
+        help="allow no GEMINI_AUTH_TOKEN (or one under 16 characters) for a local run: the API "
+        "then listens on a loopback address only, open to local processes "
+        "($GEMINI_LAUNCHER_INSECURE_LOCAL=1)",
+    )
     p.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after `--`")
     p.set_defaults(func=_launch)
 
@@ -66,9 +73,12 @@ def _launch(args: argparse.Namespace) -> int:
         status_file=args.status_file,
         grace_s=args.grace_s,
         exit_on_failure=args.exit_on_failure or None,
+        insecure_local=args.insecure_local or None,
     )
     try:
         launcher = Launcher(config)
+    except LauncherConfigError as err:
+        raise CliError(f"the launcher cannot start: {err}", 2) from err
     except OSError as err:
         raise CliError(f"cannot listen on {config.host}:{config.port}: {err}") from err
     return launcher.run()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from typing import Any
 
@@ -44,6 +45,21 @@ def register(subparsers: Any) -> None:
                             default=True,
                             help="create the two PriorityClasses when missing (default: yes; "
                             "the Helm chart creates them and passes --no-create-priority-classes)")
+    run_parser.add_argument("--worker-network-policy", action=argparse.BooleanOptionalAction,
+                            default=True,
+                            help="give each job a NetworkPolicy admitting only its own pods "
+                            "and the operator (default: yes)")
+    run_parser.add_argument("--operator-pod-labels", type=_labels,
+                            default="app.kubernetes.io/name=gemini-operator",
+                            help="labels of the operator's pods, admitted by the jobs' "
+                            "NetworkPolicies to the launcher and sidecar APIs (default: "
+                            "%(default)s)")
+    run_parser.add_argument("--operator-namespace-labels", type=_labels, default="",
+                            help="labels of the operator's namespace, e.g. "
+                            "kubernetes.io/metadata.name=gemini-system (default: any namespace)")
+    run_parser.add_argument("--worker-metrics-from", type=_peers, default="[]",
+                            help="JSON list of NetworkPolicy peers admitted to the sidecars' "
+                            "/metrics port, e.g. your Prometheus (default: none)")
     run_parser.add_argument("--log-level", default="INFO",
                             choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     run_parser.set_defaults(func=run)
@@ -66,7 +82,11 @@ def run(args: argparse.Namespace) -> int:
         lease_namespace=args.lease_namespace or args.namespace or "default",
         metrics_port=args.metrics_port,
         render=RenderConfig(worker_priority_class=args.worker_priority_class,
-                            spare_priority_class=args.spare_priority_class),
+                            spare_priority_class=args.spare_priority_class,
+                            network_policy=args.worker_network_policy,
+                            operator_pod_labels=args.operator_pod_labels,
+                            operator_namespace_labels=args.operator_namespace_labels,
+                            metrics_from=args.worker_metrics_from),
         create_priority_classes=args.create_priority_classes,
     )
     try:
@@ -74,3 +94,21 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise CliError(f"the operator could not start: {err}") from err
     return 0
+
+
+def _labels(text: str) -> dict[str, str]:
+    """"k=v,k2=v2" as a dict (argparse applies it to the default string too)."""
+    pairs = [item.partition("=") for item in text.split(",") if item.strip()]
+    if any(not key.strip() or sep != "=" for key, sep, _ in pairs):
+        raise argparse.ArgumentTypeError(f"expected key=value[,key=value...], got {text!r}")
+    return {key.strip(): value.strip() for key, _, value in pairs}
+
+
+def _peers(text: str) -> tuple[dict[str, Any], ...]:
+    try:
+        peers = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from err
+    if not isinstance(peers, list) or not all(isinstance(p, dict) for p in peers):
+        raise argparse.ArgumentTypeError("expected a JSON list of NetworkPolicy peers")
+    return tuple(peers)

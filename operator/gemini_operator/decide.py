@@ -83,6 +83,7 @@ class Observed:
     has_secret: bool
     now: datetime
     pending_creates: frozenset[int] = frozenset()  # created by us, not yet seen in the cache
+    has_network_policy: bool = False
     # Ranks whose pod name is still taken by a pod of an earlier job of the same name.
     foreign_ranks: frozenset[int] = frozenset()
     process_exits: Mapping[int, int] = field(default_factory=dict)  # from the launchers
@@ -105,6 +106,11 @@ class CreateSecret:
 
 @dataclass(frozen=True)
 class CreateService:
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class CreateNetworkPolicy:
     manifest: Manifest
 
 
@@ -158,8 +164,8 @@ class DeleteJob:
 
 
 Action = (
-    CreateSecret | CreateService | CreatePods | DeletePods | DeliverPlacement | Recover
-    | StartTraining | DeleteJob | HoldSpares | SaveBeforeSuspend
+    CreateSecret | CreateService | CreateNetworkPolicy | CreatePods | DeletePods
+    | DeliverPlacement | Recover | StartTraining | DeleteJob | HoldSpares | SaveBeforeSuspend
 )
 
 
@@ -317,7 +323,8 @@ def _deadline(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft:
 
 
 def _children(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft) -> bool:
-    """Secret, Service and, until every rank has its pod, the missing worker pods."""
+    """Secret, Service, NetworkPolicy and, until every rank has its pod, the missing worker
+    pods. A job made before the operator created policies gets one on its next reconcile."""
     if draft.status.start_time is None:
         draft.status = draft.status.with_changes(start_time=draft.now)
     if not observed.has_secret:
@@ -325,6 +332,9 @@ def _children(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft:
     if not observed.has_service:
         service = render.headless_service(observed.job.ref, config.render)
         draft.actions.append(CreateService(service))
+    if config.render.network_policy and not observed.has_network_policy:
+        policy = render.network_policy(observed.job.ref, config.render)
+        draft.actions.append(CreateNetworkPolicy(policy))
     if draft.is_true(ConditionType.CREATED):
         return False
     attempt = draft.status.restart_attempt

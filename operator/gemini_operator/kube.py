@@ -49,6 +49,7 @@ class KubeClient:
         self._custom = client.CustomObjectsApi(api)
         self._coordination = client.CoordinationV1Api(api)
         self._scheduling = client.SchedulingV1Api(api)
+        self._networking = client.NetworkingV1Api(api)
 
     @staticmethod
     def connect(kubeconfig: str | None = None) -> KubeClient:
@@ -115,28 +116,32 @@ class KubeClient:
         return self._read(lambda: self._core.read_node(name, _preload_content=False))
 
     def exists(self, kind: str, namespace: str, name: str) -> bool:
-        """Whether the Service or Secret `name` exists."""
+        """Whether the Service, Secret or NetworkPolicy `name` exists."""
         readers: dict[str, Callable[..., Any]] = {
             "Service": self._core.read_namespaced_service,
             "Secret": self._core.read_namespaced_secret,
+            "NetworkPolicy": self._networking.read_namespaced_network_policy,
         }
         read = readers[kind]
         return self._read(lambda: read(name, namespace, _preload_content=False)) is not None
 
     def secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        """One decoded value of a Secret, or None when the Secret or key is missing."""
+        """One decoded value of a Secret, or None when the Secret or key is missing. The
+        operator reads its own jobs' peer-auth Secrets only: a job's S3 credentials Secret
+        goes to the job's pods alone (RBAC cannot narrow `get` to names not known ahead)."""
         secret = self._read(lambda: self._core.read_namespaced_secret(
             name, namespace, _preload_content=False))
         data = (secret or {}).get("data") or {}
         return base64.b64decode(data[key]).decode() if key in data else None
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
-        """Create a Pod, Service or Secret; False when it already exists."""
+        """Create a Pod, Service, Secret or NetworkPolicy; False when it already exists."""
         kind, namespace = manifest["kind"], manifest["metadata"]["namespace"]
         creators: dict[str, Callable[..., Any]] = {
             "Pod": self._core.create_namespaced_pod,
             "Service": self._core.create_namespaced_service,
             "Secret": self._core.create_namespaced_secret,
+            "NetworkPolicy": self._networking.create_namespaced_network_policy,
         }
         create = creators[kind]
         what = f"create {kind} {namespace}/{manifest['metadata']['name']}"

@@ -1,7 +1,8 @@
 """Names, labels and well-known values shared by rendering, observing and the CRD.
 
 Children have deterministic names so that a restarted operator finds them again:
-`<job>-worker-<rank>` pods, a headless Service named like the job, `<job>-peer-auth` Secret.
+`<job>-worker-<rank>` pods, a headless Service named like the job, `<job>-peer-auth` Secret,
+`<job>-workers` NetworkPolicy.
 """
 
 from __future__ import annotations
@@ -48,6 +49,10 @@ def service_name(job: str) -> str:
 
 def secret_name(job: str) -> str:
     return f"{job}-peer-auth"
+
+
+def network_policy_name(job: str) -> str:
+    return f"{job}-workers"
 
 
 def worker_selector(job: str) -> dict[str, str]:

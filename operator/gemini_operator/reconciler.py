@@ -45,6 +45,7 @@ from gemini_operator.conditions import (
     upsert,
 )
 from gemini_operator.decide import (
+    CreateNetworkPolicy,
     CreatePods,
     CreateSecret,
     CreateService,
@@ -115,6 +116,7 @@ class Reconciler:
         self._handlers: dict[type, Handler] = {
             CreateSecret: self._create_secret,
             CreateService: self._create_service,
+            CreateNetworkPolicy: self._create_network_policy,
             CreatePods: self._create_pods,
             DeletePods: self._delete_pods,
             DeliverPlacement: self._deliver_placement,
@@ -257,6 +259,8 @@ class Reconciler:
             foreign_ranks=frozenset(snap.pods) - frozenset(own),
             has_service=self._exists(job, "Service", naming.service_name(job.name)),
             has_secret=self._exists(job, "Secret", naming.secret_name(job.name)),
+            has_network_policy=self.config.render.network_policy and self._exists(
+                job, "NetworkPolicy", naming.network_policy_name(job.name)),
             now=self._clock(), pending_creates=self._pending(key, snap),
             spares={i: s for i, s in snap.spares.items() if s.owner_uid == job.uid},
         )
@@ -303,6 +307,11 @@ class Reconciler:
                         action: CreateService) -> None:
         self.kube.create(action.manifest)
         self._children.add((job.uid, "Service"))
+
+    def _create_network_policy(self, context: _Call, job: JobView, snap: Snapshot,
+                               action: CreateNetworkPolicy) -> None:
+        self.kube.create(action.manifest)
+        self._children.add((job.uid, "NetworkPolicy"))
 
     def _create_pods(self, context: _Call, job: JobView, snap: Snapshot,
                      action: CreatePods) -> None:

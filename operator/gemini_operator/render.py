@@ -5,7 +5,12 @@ One worker pod per rank: the trainer container runs the user's command under `ge
 with `restartPolicy: Always`, started first and stopped last), and both share a memory-backed
 emptyDir. Required anti-affinity keeps one worker (or spare placeholder, spares.py) per node,
 so a node loss costs one rank.
-A headless Service gives the pods stable DNS names; a per-job Secret authenticates peer traffic.
+A headless Service gives the pods stable DNS names; a per-job Secret authenticates peer traffic;
+a per-job NetworkPolicy admits only the job's own pods and the operator.
+
+Hardened by default (Pod Security `restricted`): non-root, no privilege escalation, every
+capability dropped, seccomp RuntimeDefault, no service-account token. A template that asks for
+user 0 gets a root trainer with the runtime's default capabilities (`baseline`).
 """
 
 from __future__ import annotations
@@ -15,8 +20,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gemini.control import HEALTHZ_PATH
 from gemini_operator import naming
-from gemini_operator.spec import JobSpec, Persistence
+from gemini_operator.spec import JobSpec, Persistence, RunAs, TrainerTemplate
 
 Manifest = dict[str, Any]
 
@@ -46,6 +52,14 @@ class RenderConfig:
     worker_priority_class: str = "gemini-worker"
     spare_priority_class: str = "gemini-spare"
     spare_command: tuple[str, ...] = ("sleep", "infinity")
+    # Each job's NetworkPolicy admits the operator's pods, found by these labels in the
+    # namespaces these labels select (empty: every namespace); the Helm chart passes its own.
+    network_policy: bool = True
+    operator_pod_labels: Mapping[str, str] = field(
+        default_factory=lambda: {"app.kubernetes.io/name": "gemini-operator"})
+    operator_namespace_labels: Mapping[str, str] = field(default_factory=dict)
+    # NetworkPolicy peers (e.g. Prometheus) admitted to the sidecar's API port for /metrics.
+    metrics_from: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def sidecar_api_port(self) -> int:
@@ -97,6 +111,8 @@ def worker_pod(
             "hostname": name,
             "subdomain": naming.service_name(job.name),
             "enableServiceLinks": False,
+            "automountServiceAccountToken": spec.template.automount_service_account_token,
+            "securityContext": pod_security_context(spec.template.run_as),
             "affinity": one_pod_per_node(job.name),
             **({"priorityClassName": config.worker_priority_class}
                if config.worker_priority_class else {}),
@@ -131,6 +147,77 @@ def headless_service(job: JobRef, config: RenderConfig) -> Manifest:
             ],
         },
     }
+
+
+def network_policy(job: JobRef, config: RenderConfig) -> Manifest:
+    """Who may reach the workers: the job's own workers on any port (collectives open ports
+    of their own, and the rendezvous port moves with each epoch), the operator on the two
+    APIs it calls, and the configured metrics scrapers on the sidecar's API. Egress is open
+    (S3, DNS, the image's own needs)."""
+    workers = {"podSelector": {"matchLabels": naming.worker_selector(job.name)}}
+    operator = {
+        "namespaceSelector": {"matchLabels": dict(config.operator_namespace_labels)},
+        "podSelector": {"matchLabels": dict(config.operator_pod_labels)},
+    }
+    ingress: list[Manifest] = [
+        {"from": [workers]},
+        {"from": [operator], "ports": [_policy_port(config.sidecar_api_port),
+                                       _policy_port(config.launcher_port)]},
+    ]
+    if config.metrics_from:
+        ingress.append({"from": [dict(peer) for peer in config.metrics_from],
+                        "ports": [_policy_port(config.sidecar_api_port)]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": naming.network_policy_name(job.name),
+            "namespace": job.namespace,
+            "labels": naming.job_labels(job.name),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "spec": {
+            "podSelector": {"matchLabels": naming.worker_selector(job.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def pod_security_context(run_as: RunAs) -> Manifest:
+    """Pod level: non-root, seccomp RuntimeDefault; a non-root user the template names applies
+    to both containers (they share files in the memory volume, created mode 0600)."""
+    context: Manifest = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    if run_as.user is not None and not run_as.root:
+        context["runAsUser"] = run_as.user
+    if run_as.group is not None:
+        context["runAsGroup"] = run_as.group
+    return context
+
+
+def container_security_context() -> Manifest:
+    """Every container but a root trainer: no privilege escalation, no capabilities."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def trainer_security_context(template: TrainerTemplate) -> Manifest:
+    """A template asking for user 0 gets root with the runtime's default capabilities (what
+    root is usually wanted for); still no privilege escalation."""
+    if not template.run_as.root:
+        return container_security_context()
+    return {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False}
+
+
+def sidecar_probes(config: RenderConfig) -> Manifest:
+    """The sidecar's /healthz (503 when a listener is dead) on its API port. Startup: up to
+    30 s for the API to listen (the trainer starts after it); liveness: a restart after about
+    30 s of a dead listener or no answer; readiness: out of Ready after two bad answers."""
+    def probe(period: int, timeout: int, failures: int) -> Manifest:
+        return {"httpGet": {"path": HEALTHZ_PATH, "port": "sidecar-api"},
+                "periodSeconds": period, "timeoutSeconds": timeout, "failureThreshold": failures}
+
+    return {"startupProbe": probe(1, 1, 30), "livenessProbe": probe(10, 3, 3),
+            "readinessProbe": probe(5, 2, 2)}
 
 
 def peer_secret(job: JobRef, token: str) -> Manifest:
@@ -194,6 +281,7 @@ def _trainer(job: JobRef, spec: JobSpec, rank: int, config: RenderConfig) -> Man
         # A failed run's last log lines land in its terminated state: the message of a job
         # that fails names them (an ImportError, a bad path) without a trip to the logs.
         "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": trainer_security_context(template),
     }
     if template.working_dir:
         container["workingDir"] = template.working_dir
@@ -227,6 +315,8 @@ def _sidecar(
             _container_port("sidecar-api", config.sidecar_api_port),
         ],
         "volumeMounts": [{"name": naming.SHM_VOLUME, "mountPath": config.shm_mount_path}],
+        "securityContext": container_security_context(),
+        **sidecar_probes(config),
     }
     resources = sidecar.resources.to_manifest()
     if resources:
@@ -341,6 +431,10 @@ def _ranks(ranks: Sequence[int]) -> str:
 
 def _port(name: str, port: int) -> Manifest:
     return {"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
+
+
+def _policy_port(port: int) -> Manifest:
+    return {"protocol": "TCP", "port": port}
 
 
 def _container_port(name: str, port: int) -> Manifest:

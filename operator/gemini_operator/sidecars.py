@@ -2,6 +2,7 @@
 
 Typed calls, one per API call, each to every rank given in parallel: `inventories`,
 `launcher_statuses`, `restart`, `fetch`, `fetch_replicas`, `restore`, `persist`, `commit`,
+`committed_steps` (the first of a job's sidecars to answer),
 and the placement (`peers_bodies`, `deliver_peers`, `deliver_placement`). The order they must
 come in (placement before fetches, memory before restarts, persist before commit) is stated
 in gemini.control. The untyped `call`, `call_all` and `call_each` (JSON dicts) remain for
@@ -16,11 +17,12 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gemini.control import (
+    COMMITTED_STEPS_PATH,
     CommitAnswer,
     CommitRequest,
     ControlClient,
@@ -49,6 +51,8 @@ DELIVERY_TIMEOUT_SECONDS = 3.0
 INVENTORY_TIMEOUT_SECONDS = 2.0
 # A fetch or an S3 restore moves a whole shard: seconds per GiB, not a quick answer.
 TRANSFER_TIMEOUT_SECONDS = 120.0
+# Listing a job's committed steps costs the sidecar a listing and a marker read per step.
+LISTING_TIMEOUT_SECONDS = 10.0
 
 Target = tuple[str, int]  # (pod IP, port of the sidecar's API or of the launcher's)
 T = TypeVar("T")
@@ -199,6 +203,39 @@ def restore(targets: Mapping[int, Target], token: str, request: RestoreRequest,
             timeout: float = TRANSFER_TIMEOUT_SECONDS) -> dict[int, RestoreAnswer]:
     """POST /restore (from S3) to every sidecar."""
     return every(targets, token, lambda _, c: c.restore(request), timeout)
+
+
+def committed_steps(targets: Sequence[Target], token: str,
+                    timeout: float = LISTING_TIMEOUT_SECONDS) -> tuple[int, ...]:
+    """GET /committed-steps of the given sidecars of one job side by side: the first answer
+    (one is enough, and a silent one must not hold up the rest). Raises ControlError: a
+    refusal at once (S3 itself refused or is down: the others would say the same), else the
+    last failure when none answered (`lists_no_steps` tells which)."""
+    pool = ThreadPoolExecutor(max_workers=max(1, len(targets)))
+    try:
+        asked = [pool.submit(_steps_of, target, token, timeout) for target in targets]
+        last: ControlError | None = None
+        for done in as_completed(asked):
+            try:
+                return done.result()
+            except ControlError as err:
+                if not lists_no_steps(err):
+                    raise
+                last = err
+        raise last or ControlError("", COMMITTED_STEPS_PATH, "no sidecar to ask")
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a silent one ends at its deadline
+
+
+def lists_no_steps(err: ControlError) -> bool:
+    """The sidecar did not answer, or is older than GET /committed-steps (404, during an
+    upgrade): it says nothing about S3."""
+    return err.status in (None, 404)
+
+
+def _steps_of(target: Target, token: str, timeout: float) -> tuple[int, ...]:
+    ip, port = target
+    return ControlClient(ip, port, token, timeout).committed_steps().steps
 
 
 def persist(targets: Mapping[int, Target], token: str, request: PersistRequest,

@@ -21,7 +21,15 @@ from typing import Any
 from gemini_operator import naming
 from gemini_operator.events import Event, EventReason
 from gemini_operator.observed import NodeView, condition_true, controller_uid
-from gemini_operator.render import JobRef, RenderConfig, one_pod_per_node, owner_reference
+from gemini_operator.render import (
+    JobRef,
+    RenderConfig,
+    container_security_context,
+    one_pod_per_node,
+    owner_reference,
+    pod_security_context,
+    trainer_security_context,
+)
 from gemini_operator.spec import JobSpec
 
 Manifest = dict[str, Any]
@@ -122,6 +130,7 @@ def spare_pod(job: JobRef, spec: JobSpec, index: int, config: RenderConfig) -> M
         "image": template.image,
         "imagePullPolicy": template.image_pull_policy,
         "command": list(config.spare_command),
+        "securityContext": trainer_security_context(template),  # the trainer image's user
     }
     hold_sidecar: Manifest = {
         "name": HOLD_SIDECAR,
@@ -129,6 +138,7 @@ def spare_pod(job: JobRef, spec: JobSpec, index: int, config: RenderConfig) -> M
         "imagePullPolicy": sidecar.image_pull_policy,
         "command": list(config.spare_command),
         "restartPolicy": "Always",  # a native sidecar, counted as the worker's sidecar is
+        "securityContext": container_security_context(),
     }
     for container, resources in ((hold, template.resources), (hold_sidecar, sidecar.resources)):
         if resources.to_manifest():
@@ -138,6 +148,8 @@ def spare_pod(job: JobRef, spec: JobSpec, index: int, config: RenderConfig) -> M
         "terminationGracePeriodSeconds": GRACE_SECONDS,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
+        # As hardened as a worker: a namespace that admits the workers admits these too.
+        "securityContext": pod_security_context(template.run_as),
         "affinity": one_pod_per_node(job.name),
         "initContainers": [hold_sidecar],
         "containers": [hold],

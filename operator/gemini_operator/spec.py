@@ -20,6 +20,7 @@ from gemini_operator.quantity import QuantityError, parse_bytes, parse_quantity
 MAX_JOB_NAME_LENGTH = 48  # "<name>-worker-<rank>" must fit a 63-character DNS label
 MAX_RANKS = 65536
 DEFAULT_MEMORY_BUDGET_BYTES = 4 << 30
+MAX_ID = 2147483647  # a Linux user or group id as Kubernetes accepts it
 E = TypeVar("E", bound=StrEnum)
 _JOB_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
@@ -80,6 +81,19 @@ class EnvVar:
 
 
 @dataclass(frozen=True)
+class RunAs:
+    """`template.securityContext`: the user and group the workers run as; None: the image's.
+    User 0 (root) applies to the trainer container alone, the sidecar never runs as root."""
+
+    user: int | None = None
+    group: int | None = None
+
+    @property
+    def root(self) -> bool:
+        return self.user == 0
+
+
+@dataclass(frozen=True)
 class TrainerTemplate:
     image: str
     command: tuple[str, ...]
@@ -88,6 +102,9 @@ class TrainerTemplate:
     working_dir: str | None = None
     env: tuple[EnvVar, ...] = ()
     resources: Resources = field(default_factory=Resources)
+    run_as: RunAs = field(default_factory=RunAs)
+    # The pods get no service-account token unless the template asks (they need no API access).
+    automount_service_account_token: bool = False
 
 
 @dataclass(frozen=True)
@@ -214,7 +231,22 @@ def _template(raw: Mapping[str, Any]) -> TrainerTemplate:
         working_dir=raw.get("workingDir"),
         env=tuple(_env(item, i) for i, item in enumerate(raw.get("env") or ())),
         resources=_resources(raw.get("resourcesPerNode"), "spec.template.resourcesPerNode"),
+        run_as=_run_as(raw.get("securityContext") or {}),
+        automount_service_account_token=_flag(
+            raw, "automountServiceAccountToken", "spec.template.automountServiceAccountToken"),
     )
+
+
+def _run_as(raw: Mapping[str, Any]) -> RunAs:
+    path = "spec.template.securityContext"
+    ids = {key: _optional_id(raw, key, f"{path}.{key}") for key in ("runAsUser", "runAsGroup")}
+    return RunAs(user=ids["runAsUser"], group=ids["runAsGroup"])
+
+
+def _optional_id(raw: Mapping[str, Any], key: str, path: str) -> int | None:
+    if raw.get(key) is None:
+        return None
+    return _int(raw, key, path, None, minimum=0, maximum=MAX_ID)
 
 
 def _env(raw: Mapping[str, Any], index: int) -> EnvVar:

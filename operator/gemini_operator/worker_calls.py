@@ -1,6 +1,7 @@
 """The calls the training steps make to a job's workers and to what they need for them: the
 job's token, its pods (from the watch cache or listed afresh), its launchers (the epoch's
-rendezvous), its sidecars' inventories, and the steps committed to S3."""
+rendezvous), its sidecars' inventories, and the steps committed to S3 (which its sidecars
+list: the operator holds no S3 credentials)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gemini.control import RestartRequest
+from gemini.control import ControlError, RestartRequest
 from gemini.domain.recovery import ShardCopy
 from gemini_operator import naming, render, sidecars
 from gemini_operator.cache import Snapshot
@@ -26,6 +27,7 @@ PORT_WINDOW = 1000  # the rendezvous port of epoch e is base + e % PORT_WINDOW
 # The steps committed to a job's S3 prefix (raises S3Unreadable); tests give their own.
 CommittedSteps = Callable[[JobView, Persistence | None], Sequence[int]]
 Targets = dict[int, tuple[str, int]]
+LISTING_TRIES = 3  # sidecars asked side by side for the committed steps (one answer suffices)
 
 
 def rendezvous(
@@ -142,24 +144,43 @@ class WorkerCalls:
     # --- S3 ---------------------------------------------------------------------------------
 
     def _committed_steps(self, job: JobView, persistence: Persistence | None) -> list[int]:
-        """The steps committed to the job's S3 prefix (none without persistence); raises
-        S3Unreadable when the prefix cannot be listed."""
-        from gemini_sidecar.config import S3Settings
-        from gemini_sidecar.s3 import committed_steps, open_store
-
+        """The steps the job committed to S3 (none without persistence), as one of its own
+        sidecars lists them: the sidecars hold the job's S3 credentials, the operator never
+        reads them. With no sidecar to ask (every pod lost, or sidecars older than the call),
+        the step the job's status records as its newest committed one. Raises S3Unreadable
+        when neither is known."""
         if persistence is None:
             return []
-        secret = persistence.credentials_secret
+        targets = self._listing_sidecars(job)
+        why = "no running pod"
+        if targets:
+            try:
+                return sorted(sidecars.committed_steps(targets, self.token(job)))
+            except ControlError as err:
+                if not sidecars.lists_no_steps(err):  # a sidecar answered: S3 refused it
+                    raise S3Unreadable(f"{persistence.uri}: {err.detail or err.reason}"
+                                       ) from err
+                why = str(err)
+        recorded = _recorded_persisted_step(job)
+        if recorded is not None:
+            log.info("no sidecar of %s/%s lists its S3 steps (%s); planning with step %d, "
+                     "the newest its status records as committed", job.namespace, job.name,
+                     why, recorded)
+            return [recorded]
+        raise S3Unreadable(f"{persistence.uri}: no sidecar of the job answers to list its "
+                           f"committed steps ({why})")
 
-        def key(name: str) -> str | None:
-            return self.kube.secret_value(job.namespace, secret, name) if secret else None
+    def _listing_sidecars(self, job: JobView) -> list[tuple[str, int]]:
+        """The sidecars of the job's running pods to ask, the newest attempt's lowest ranks
+        first (a few: any one of them can list the job's steps)."""
+        views = (pod_view(o) for o in self.kube.list_worker_pods(job.namespace, job.name))
+        running = sorted((v for v in views if v is not None and v.owner_uid == job.uid
+                          and v.phase == "Running" and v.ip and not v.deleting),
+                         key=lambda v: (-v.attempt, v.rank))
+        return [(v.ip, self.ports.sidecar_api_port) for v in running[:LISTING_TRIES]]
 
-        settings = S3Settings(
-            bucket=persistence.bucket, prefix=persistence.prefix or "gemini",
-            endpoint_url=persistence.endpoint, region=key(naming.S3_REGION_KEY) or "us-east-1",
-            access_key=key(naming.S3_ACCESS_KEY_KEY), secret_key=key(naming.S3_SECRET_KEY_KEY),
-        )
-        try:
-            return committed_steps(open_store(settings), job.name)
-        except Exception as err:  # boto3 raises many kinds
-            raise S3Unreadable(f"s3://{persistence.bucket}/{persistence.prefix}: {err}") from err
+
+def _recorded_persisted_step(job: JobView) -> int | None:
+    """status.checkpoint.persistedStep: the newest step the operator saw this job commit."""
+    step = ((job.status or {}).get("checkpoint") or {}).get("persistedStep")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None

@@ -24,7 +24,7 @@ from kubernetes import client
 from gemini_local import faults
 from gemini_operator import naming
 from gemini_operator.render import RenderConfig
-from gemini_sidecar.s3 import S3Store, committed_steps
+from gemini_sidecar.s3 import JobIdentity, S3Store, committed_steps
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import (
     ARGS,
@@ -133,7 +133,8 @@ def test_s3_down_while_a_persist_is_due_keeps_training_and_persists_once_it_is_b
     except AssertionError as err:
         raise AssertionError(f"{err}; status: {jobs.get('s3down')['status']}") from None
     store = S3Store(s3_server.client(), endpoint.bucket, prefix, TransferConfig())
-    assert persisted in committed_steps(store, "s3down")
+    owner = JobIdentity(job_namespace, "s3down", jobs.get("s3down")["metadata"]["uid"])
+    assert persisted in committed_steps(store, owner)
     _wait_finished(jobs, "s3down", state)
     assert jobs.get("s3down")["status"]["state"] == "Succeeded"
     got, conflicts = losses(state, job_namespace, "s3down-worker-0")

@@ -7,7 +7,7 @@ import re
 import time
 from typing import Any
 
-_STEP = re.compile(r"/step-(\d+)/")
+_STEP = re.compile(r"^(.*/)?step-(\d+)/")  # the step's directory, its number
 
 
 def checkpoint_costs(s3: Any, bucket: str, prefix: str) -> tuple[float, float, int] | None:
@@ -15,11 +15,13 @@ def checkpoint_costs(s3: Any, bucket: str, prefix: str) -> tuple[float, float, i
     under `prefix`, timed now against the same server; None when nothing was persisted."""
     listing = s3.list_objects_v2(Bucket=bucket, Prefix=prefix.rstrip("/") + "/")
     objects = listing.get("Contents", [])
-    steps = {int(m.group(1)) for o in objects if (m := _STEP.search(o["Key"]))}
+    # Each job has its own directory (<prefix>/<namespace>/<job>/<uid>/step-<v>/): the
+    # newest step's shards are those of one directory, never a mix of two jobs' objects.
+    steps = {(int(m.group(2)), m.group(0)) for o in objects if (m := _STEP.match(o["Key"]))}
     if not steps:
         return None
-    newest = f"/step-{max(steps)}/"
-    shards = [o for o in objects if newest in o["Key"] and o["Key"].endswith(".bin")]
+    newest = max(steps)[1]
+    shards = [o for o in objects if o["Key"].startswith(newest) and o["Key"].endswith(".bin")]
     if not shards:
         return None
     started = time.monotonic()

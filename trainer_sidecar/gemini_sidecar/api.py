@@ -264,6 +264,11 @@ async def restore(request: web.Request) -> web.Response:
     return _answer(await request.app[SIDECAR_KEY].restore_from_s3(req.version))
 
 
+async def committed_steps(request: web.Request) -> web.Response:
+    """The steps this job committed to S3 (the operator plans recoveries with them)."""
+    return _answer(await request.app[SIDECAR_KEY].committed_steps())
+
+
 def make_app(sidecar: Sidecar) -> web.Application:
     app = web.Application(middlewares=[_auth_and_errors], client_max_size=1 << 20)
     app[SIDECAR_KEY] = sidecar
@@ -280,5 +285,6 @@ def make_app(sidecar: Sidecar) -> web.Application:
         web.post(control.PERSIST_PATH, persist),
         web.post(control.COMMIT_PATH, commit),
         web.post(control.RESTORE_PATH, restore),
+        web.get(control.COMMITTED_STEPS_PATH, committed_steps),
     ])
     return app

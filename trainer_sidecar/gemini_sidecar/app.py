@@ -13,7 +13,13 @@ from typing import Any
 
 from aiohttp import web
 
-from gemini.control import CommitAnswer, PersistAnswer, ReplicaFetch, RestoreAnswer
+from gemini.control import (
+    CommitAnswer,
+    CommittedStepsAnswer,
+    PersistAnswer,
+    ReplicaFetch,
+    RestoreAnswer,
+)
 from gemini_sidecar import s3 as s3mod
 from gemini_sidecar.config import (
     PeerAddress,
@@ -160,6 +166,12 @@ class Sidecar:
             )
         )
         self.s3 = s3mod.open_store(cfg.s3) if cfg.s3 else None
+        self.identity = s3_identity(cfg)
+        self._refused_steps: set[tuple[int, str]] = set()
+        if self.s3 is not None and not cfg.job_uid:
+            log.warning("GEMINI_JOB_UID is unset: S3 checkpoints of job %s go under uid %s, "
+                        "shared with any other job of that namespace and name started so",
+                        cfg.job, s3mod.NO_UID)
         self.peer_port = 0
         self.api_port = 0
         self._runner: web.AppRunner | None = None
@@ -340,7 +352,7 @@ class Sidecar:
         started = time.perf_counter()
         try:
             key = await asyncio.to_thread(
-                s3mod.persist_shard, store, self.cfg.job, info.version, self.cfg.rank, data,
+                s3mod.persist_shard, store, self.identity, info.version, self.cfg.rank, data,
                 info.checksum,
             )
         except Exception:
@@ -358,26 +370,40 @@ class Sidecar:
         store = self._need_s3()
         retain = self.cfg.s3.retain if self.cfg.s3 else 3
         key = await asyncio.to_thread(
-            s3mod.commit_checkpoint, store, self.cfg.job, version, self.cfg.world_size
+            s3mod.commit_checkpoint, store, self.identity, version, self.cfg.world_size
         )
-        deleted = await asyncio.to_thread(s3mod.apply_retention, store, self.cfg.job, retain)
+        deleted = await asyncio.to_thread(s3mod.apply_retention, store, self.identity, retain)
         return CommitAnswer(key, version, tuple(deleted))
 
+    async def committed_steps(self) -> CommittedStepsAnswer:
+        """The steps committed to S3 by this job (its namespace, name and uid)."""
+        refused: dict[int, str] = {}
+        steps = await asyncio.to_thread(s3mod.committed_steps, self._need_s3(), self.identity,
+                                        refused)
+        for version, reason in sorted(refused.items()):
+            self._refuse_step(version, f"step {version} is not listed as committed: {reason}")
+        return CommittedStepsAnswer(tuple(steps))
+
     async def restore_from_s3(self, version: int | None) -> RestoreAnswer:
-        """Download this rank's object of a committed step into local shm."""
+        """Download this rank's object of a committed step of this job into local shm."""
         store = self._need_s3()
         if version is None:
-            version = await asyncio.to_thread(s3mod.latest_committed, store, self.cfg.job)
+            version = await asyncio.to_thread(s3mod.latest_committed, store, self.identity)
             if version is None:
-                raise ValueError(f"no committed checkpoint of job {self.cfg.job} in S3")
-        marker = await asyncio.to_thread(s3mod.read_marker, store, self.cfg.job, version)
+                raise ValueError(f"no committed checkpoint of job {self.identity} in S3")
+        marker = await asyncio.to_thread(s3mod.read_marker, store, self.identity, version)
+        try:
+            s3mod.check_marker(marker, self.identity, version, self.cfg.world_size)
+        except s3mod.ForeignCheckpoint as err:
+            self._refuse_step(version, str(err))
+            raise
         entry = marker["ranks"][str(self.cfg.rank)]
         length, crc = int(entry["bytes"]), int(entry["crc32"])
         slots, view = self.local.begin_write(version, length)
         started = time.perf_counter()
         try:
             await asyncio.to_thread(
-                s3mod.download_shard, store, self.cfg.job, version, self.cfg.rank, view, crc
+                s3mod.download_shard, store, self.identity, version, self.cfg.rank, view, crc
             )
         except BaseException:
             self.metrics.s3_failures.inc()
@@ -387,6 +413,17 @@ class Sidecar:
         seconds = time.perf_counter() - started
         self.metrics.s3_restore_seconds.observe(seconds)
         return RestoreAnswer(version, length, seconds)
+
+    def _refuse_step(self, version: int, reason: str) -> None:
+        """Log a refused S3 step once (a caller retrying must not flood the log)."""
+        if (version, reason) not in self._refused_steps:
+            self._refused_steps.add((version, reason))
+            log.warning("S3 of job %s: %s", self.identity, reason)
+
+
+def s3_identity(cfg: SidecarConfig) -> s3mod.JobIdentity:
+    """Whose S3 checkpoints this sidecar writes and reads (see gemini_sidecar.s3)."""
+    return s3mod.JobIdentity(cfg.namespace, cfg.job, cfg.job_uid or s3mod.NO_UID)
 
 
 async def serve_forever(cfg: SidecarConfig) -> None:

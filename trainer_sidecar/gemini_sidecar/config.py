@@ -42,7 +42,8 @@ class Placement:
 @dataclass(frozen=True)
 class S3Settings:
     bucket: str  # GEMINI_S3_BUCKET
-    prefix: str = "gemini"  # GEMINI_S3_PREFIX: keys are <prefix>/<job>/step-<v>/rank-<r>.bin
+    # GEMINI_S3_PREFIX: keys are <prefix>/<namespace>/<job>/<uid>/step-<v>/rank-<r>.bin
+    prefix: str = "gemini"
     endpoint_url: str | None = None  # GEMINI_S3_ENDPOINT (None: AWS default)
     region: str = "us-east-1"  # GEMINI_S3_REGION
     access_key: str | None = field(default=None, repr=False)  # GEMINI_S3_ACCESS_KEY
@@ -91,6 +92,11 @@ class SidecarConfig:
     # many peers as the placement names.
     replicas: int = 0
     limits: ServerLimits = field(default_factory=ServerLimits)  # GEMINI_*_TIMEOUT_S, _MAX_*
+    # GEMINI_NAMESPACE and GEMINI_JOB_UID (the GeminiJob's metadata.uid): with the job name,
+    # whose S3 checkpoints these are. The operator always sets both; a sidecar started by
+    # hand without them keeps its checkpoints under namespace "default" and uid "no-uid".
+    namespace: str = "default"
+    job_uid: str = ""
 
 
 def parse_peers(text: str) -> dict[int, PeerAddress]:
@@ -250,4 +256,6 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
         s3=_s3_from_env(env),
         replicas=_int("GEMINI_REPLICAS", env.get("GEMINI_REPLICAS", "0"), 0, world),
         limits=_limits_from_env(env),
+        namespace=env.get("GEMINI_NAMESPACE", "").strip() or "default",
+        job_uid=env.get("GEMINI_JOB_UID", "").strip(),
     )

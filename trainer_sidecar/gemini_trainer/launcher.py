@@ -22,8 +22,11 @@ ErrorAnswer), where the ordering rules of restarts are stated too:
     GET  /metrics   Prometheus text (gemini_launcher_*: restarts, epoch, running, last exit
                     code, warm start, start-up seconds, heartbeat step and age); no token.
 
-Every other request needs ``Authorization: Bearer <GEMINI_AUTH_TOKEN>`` when a token is set
-(compared in constant time); others get 401. It listens on GEMINI_LAUNCHER_HOST (default
+Every other request needs ``Authorization: Bearer <GEMINI_AUTH_TOKEN>`` (compared in constant
+time); others get 401. The launcher refuses to start without a token of at least 16 characters,
+unless GEMINI_LAUNCHER_INSECURE_LOCAL=1 (``--insecure-local``) asks for an open API on a
+loopback address, for local runs without an operator. A request must arrive whole (headers
+and body) within 10 s, or its connection is closed. It listens on GEMINI_LAUNCHER_HOST (default
 127.0.0.1; the pod IP so the operator can reach it) and GEMINI_LAUNCHER_PORT (default 7071;
 0 picks a free port, written to the status file).
 
@@ -58,11 +61,14 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import io
+import ipaddress
 import json
 import logging
 import os
 import queue
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
@@ -86,7 +92,14 @@ MAX_BODY = 64 * 1024
 SOURCES = control.RESTORE_SOURCES
 MAX_ENV = control.MAX_RESTART_ENV
 PR_SET_PDEATHSIG = 1
+MIN_TOKEN_LENGTH = 16  # as the sidecar demands of the same per-job token
+REQUEST_TIMEOUT_S = 10.0  # a request's headers and body must arrive within this
+WRITE_TIMEOUT_S = 10.0  # an answer the client does not read is dropped after this
 Child = subprocess.Popen[bytes] | LocalGroup
+
+
+class LauncherConfigError(ValueError):
+    """The launcher cannot start as configured; the message says what to set."""
 
 
 class LauncherError(Exception):
@@ -136,6 +149,7 @@ class LauncherConfig:
     hold: bool = False  # wait for the first POST /restart before starting the command
     standby: bool = False  # keep a warm standby interpreter for python commands
     preimport: tuple[str, ...] = warm.DEFAULT_PREIMPORT  # what the standby imports
+    insecure_local: bool = False  # allow no or a short token, on a loopback address only
 
     @classmethod
     def from_env(
@@ -155,6 +169,8 @@ class LauncherConfig:
             "hold": env.get("GEMINI_LAUNCHER_HOLD", "") in ("1", "true", "yes"),
             "standby": warm.enabled(env),
             "preimport": warm.preimport_list(env),
+            "insecure_local": env.get("GEMINI_LAUNCHER_INSECURE_LOCAL", "") in (
+                "1", "true", "yes"),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -166,6 +182,7 @@ class Launcher:
     def __init__(self, config: LauncherConfig, env: Mapping[str, str] | None = None) -> None:
         if not config.command:
             raise ValueError("no command to launch: use `gemini launch -- <command> [args]`")
+        check_token(config)
         self.config = config
         self._base_env = dict(os.environ if env is None else env)
         self._lock = threading.RLock()
@@ -434,10 +451,59 @@ class Launcher:
         os.replace(tmp, path)
 
     def authorized(self, header: str | None) -> bool:
-        if not self.config.token:
+        if not self.config.token:  # only with insecure_local on loopback (check_token)
             return True
         expected = f"Bearer {self.config.token}".encode()
         return hmac.compare_digest((header or "").encode(), expected)
+
+
+def check_token(config: LauncherConfig) -> None:
+    """Refuse an API anyone could drive: no token, or one short enough to guess, unless the
+    local opt-in is set and the API listens on loopback only."""
+    if len(config.token) >= MIN_TOKEN_LENGTH:
+        return
+    problem = ("GEMINI_AUTH_TOKEN is not set" if not config.token else
+               f"GEMINI_AUTH_TOKEN is too short ({len(config.token)} of at least "
+               f"{MIN_TOKEN_LENGTH} characters)")
+    if not config.insecure_local:
+        raise LauncherConfigError(
+            f"{problem}: the launcher API (restart, stop) would be open to whoever reaches it; set "
+            f"a per-job secret of at least {MIN_TOKEN_LENGTH} characters (the operator does), "
+            "or for a local run GEMINI_LAUNCHER_INSECURE_LOCAL=1 (--insecure-local)")
+    if not _loopback(config.host):
+        raise LauncherConfigError(
+            f"{problem}, and GEMINI_LAUNCHER_INSECURE_LOCAL allows that only on a loopback "
+            f"address, not {config.host}; set a token of at least {MIN_TOKEN_LENGTH} characters")
+    log.warning("%s: the launcher API on %s is open to local processes "
+                "(GEMINI_LAUNCHER_INSECURE_LOCAL)", problem, config.host)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A request's socket, read with what is left of its deadline as the timeout: a client
+    that sends headers or body a byte at a time cannot hold a server thread past it."""
+
+    def __init__(self, sock: socket.socket, seconds: float) -> None:
+        self._sock = sock
+        self._deadline = time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self._sock.settimeout(left)
+        return self._sock.recv_into(buffer)
 
 
 class _Spawner:
@@ -490,16 +556,26 @@ def _handler_for(launcher: Launcher) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "gemini-launcher"
 
+        def setup(self) -> None:
+            # One request per connection (HTTP/1.0): its deadline covers the request line,
+            # the headers and the body; BaseHTTPRequestHandler closes it on TimeoutError.
+            super().setup()
+            self.rfile.close()
+            self.rfile = io.BufferedReader(_DeadlineReader(self.connection, REQUEST_TIMEOUT_S))
+
+        def _send(self, status: HTTPStatus, content_type: str, data: bytes) -> None:
+            self.connection.settimeout(WRITE_TIMEOUT_S)  # not what was left of the read's
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("%s " + format, self.address_string(), *args)
 
         def _reply(self, status: HTTPStatus, body: Mapping[str, Any]) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self._send(status, "application/json", json.dumps(body).encode())
 
         def _refuse(self, status: HTTPStatus, message: str) -> None:
             self._reply(status, control.ErrorAnswer(message).to_json())
@@ -514,11 +590,7 @@ def _handler_for(launcher: Launcher) -> type[BaseHTTPRequestHandler]:
         def do_GET(self) -> None:
             if self.path == control.METRICS_PATH:  # open, like the sidecar's: no token
                 data = launcher_metrics.render(launcher.metrics)
-                self.send_response(HTTPStatus.OK)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                self._send(HTTPStatus.OK, "text/plain; version=0.0.4", data)
                 return
             if not self._guard():
                 return

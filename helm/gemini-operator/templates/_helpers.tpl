@@ -110,3 +110,13 @@ Arguments: (list $ "ServiceMonitor" "serviceMonitor")
 {{- define "gemini-operator.sparePriorityClass" -}}
 {{- default (include "gemini-operator.suffixedName" (list $ "spare")) .Values.priorityClasses.spare.name }}
 {{- end }}
+
+{{/* The operator pods' selector labels as "k=v,k=v" (--operator-pod-labels). */}}
+{{- define "gemini-operator.operatorPodLabels" -}}
+{{- $labels := include "gemini-operator.selectorLabels" . | fromYaml }}
+{{- $pairs := list }}
+{{- range $key := keys $labels | sortAlpha }}
+{{- $pairs = append $pairs (printf "%s=%s" $key (get $labels $key)) }}
+{{- end }}
+{{- join "," $pairs }}
+{{- end }}

@@ -59,11 +59,11 @@ async def test_persist_commit_retention_and_restore_from_the_real_s3_server(
                     assert got["bytes"] == size
                     if version == 4 and rank == 0 and cars[0].s3 is not None:
                         # a step is invisible until committed
-                        assert latest_committed(cars[0].s3, "job-a") == 3
+                        assert latest_committed(cars[0].s3, cars[0].identity) == 3
                 done = await _post(http, cars[0], "/commit", {"version": version})
                 assert done["marker"].endswith(f"step-{version}/COMMITTED")
             assert cars[0].s3 is not None
-            assert committed_steps(cars[0].s3, "job-a") == [4, 5]  # retain=2
+            assert committed_steps(cars[0].s3, cars[0].identity) == [4, 5]  # retain=2
 
             # rank 1 loses its memory: restore the newest committed step from S3
             await cars[1].stop()

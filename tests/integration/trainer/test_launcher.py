@@ -21,7 +21,7 @@ from gemini_trainer.launcher import Launcher, LauncherConfig
 
 pytestmark = pytest.mark.integration
 
-TOKEN = "job-secret"
+TOKEN = "job-secret-0123456789"
 
 # The child appends "<epoch> <version> <source> <pid>" to a file, then sleeps or exits.
 CHILD = (
@@ -223,7 +223,8 @@ def test_the_cli_runs_the_command_and_exits_with_its_code_when_asked(tmp_path: P
         str(tmp_path / "starts"),
         "6",
     ]
-    proc = subprocess.run(cmd, capture_output=True, timeout=60, check=False)
+    proc = subprocess.run(cmd, capture_output=True, timeout=60, check=False,
+                          env={**os.environ, "GEMINI_AUTH_TOKEN": TOKEN})
     assert proc.returncode == 6, proc.stderr.decode()
     assert json.loads((tmp_path / "s.json").read_text())["exit_code"] == 6
 

@@ -14,7 +14,7 @@ from gemini.control import ControlClient, ControlError, RestartRequest, RestoreO
 from gemini_trainer.launcher import Launcher, LauncherConfig
 
 pytestmark = pytest.mark.integration
-TOKEN = "job-secret"
+TOKEN = "job-secret-0123456789"
 
 
 def test_the_launcher_answers_the_contracts_types() -> None:

@@ -13,6 +13,7 @@ from gemini import control
 from gemini.control import (
     CommitAnswer,
     CommitRequest,
+    CommittedStepsAnswer,
     ControlClient,
     ControlError,
     FetchAnswer,
@@ -53,6 +54,7 @@ CALLS: list[tuple[str, Any, str, str, Any]] = [
     ("persist", PersistRequest(7), "/persist", "POST", PersistAnswer("k", 7, 10, 0.5, 5)),
     ("commit", CommitRequest(7), "/commit", "POST", CommitAnswer("m", 7, ())),
     ("restore", RestoreRequest(), "/restore", "POST", RestoreAnswer(7, 10, 0.5)),
+    ("committed_steps", None, "/committed-steps", "GET", CommittedStepsAnswer((5, 7))),
     ("status", None, "/status", "GET", STATUS),
     ("restart", RestartRequest(3, 7, "peer", {"MASTER_PORT": "1"}), "/restart", "POST",
      RestartAnswer("restarted", STATUS)),

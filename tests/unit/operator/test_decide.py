@@ -49,6 +49,7 @@ class Harness:
         observed = Observed(
             job=JobView.from_object(self.job), pods=dict(self.pods), nodes=self.nodes,
             has_service=self.has_children, has_secret=self.has_children, now=self.now,
+            has_network_policy=self.has_children,
             pending_creates=self.pending, process_exits=self.exits,
             progress=getattr(self, "progress", None),
         )

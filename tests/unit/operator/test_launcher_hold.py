@@ -51,7 +51,7 @@ def test_hold_mode_from_env() -> None:
 def test_held_launcher_starts_on_restart_with_the_given_rendezvous(tmp_path: Path) -> None:
     log = tmp_path / "starts"
     config = LauncherConfig(command=(sys.executable, "-c", CHILD, str(log)), port=0, hold=True,
-                            grace_s=2.0)
+                            grace_s=2.0, insecure_local=True)
     launcher = Launcher(config, env=dict(os.environ))
     thread = threading.Thread(target=launcher.run, daemon=True)
     thread.start()
@@ -78,7 +78,7 @@ def test_killing_the_launcher_kills_its_training_process(tmp_path: Path) -> None
         from gemini_trainer.launcher import Launcher, LauncherConfig
         child = ("import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
                  "time.sleep(60)")
-        cfg = LauncherConfig(command=(sys.executable, "-c", child), port=0)
+        cfg = LauncherConfig(command=(sys.executable, "-c", child), port=0, insecure_local=True)
         sys.exit(Launcher(cfg).run())
     """)
     proc = subprocess.Popen([sys.executable, "-c", script])

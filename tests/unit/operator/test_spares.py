@@ -50,6 +50,7 @@ class SpareHarness(Harness):
         observed = Observed(
             job=JobView.from_object(self.job), pods=dict(self.pods), nodes=self.nodes,
             has_service=self.has_children, has_secret=self.has_children, now=self.now,
+            has_network_policy=self.has_children,
             pending_creates=self.pending, spares=dict(self.spares),
         )
         decision = decide(observed, CONFIG)

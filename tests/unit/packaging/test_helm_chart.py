@@ -188,6 +188,7 @@ def test_rbac_grants_exactly_what_an_operator_of_gemini_jobs_needs(helm: Helm):
         ("", "services"): {"create", "get"},
         ("", "secrets"): {"create", "get"},
         ("", "events"): {"create", "patch"},
+        ("networking.k8s.io", "networkpolicies"): {"create", "get"},
         ("", "nodes"): {"get", "list", "watch"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
         ("coordination.k8s.io", "leases"): {"create", "get", "update"},

@@ -1,0 +1,123 @@
+"""The operator holds no S3 credentials: it asks one of the job's own sidecars for the steps
+committed to S3, and never reads the job's credentials Secret (issue 14, item 6)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import pytest
+
+from gemini import control
+from gemini_operator import naming
+from gemini_operator.decide import JobView
+from gemini_operator.outcome import S3Unreadable
+from gemini_operator.render import RenderConfig
+from gemini_operator.spec import Persistence
+from gemini_operator.worker_calls import WorkerCalls
+
+TOKEN = "peer-token-0123456789abcdef"
+JOB = JobView("train", "team-a", "uid-1", 1, {})
+PERSISTENCE = Persistence(bucket="ckpt", prefix="gemini", endpoint="http://s3.example:80",
+                          credentials_secret="s3-credentials")
+
+
+class FakeSidecar(BaseHTTPRequestHandler):
+    """GET /committed-steps as the sidecar answers it (`answer`: status and body)."""
+
+    answer: ClassVar[tuple[int, dict[str, Any]]] = (200, {"steps": [4, 2]})
+    seen: ClassVar[list[tuple[str, str]]] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append((self.path, self.headers.get("Authorization", "")))
+        status, body = type(self).answer
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def sidecar() -> Iterator[int]:
+    FakeSidecar.answer, FakeSidecar.seen = (200, {"steps": [4, 2]}), []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeSidecar)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+class FakeKube:
+    """The job's pods, and a record of every Secret the operator reads."""
+
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.secret_reads: list[tuple[str, str, str]] = []
+
+    def list_worker_pods(self, namespace: str, job: str, ranks: Any = None) -> list[Any]:
+        return self.pods
+
+    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
+        self.secret_reads.append((namespace, name, key))
+        return TOKEN if name == naming.secret_name(JOB.name) else "a-credential"
+
+
+def _pod(rank: int, phase: str = "Running", owner: str = JOB.uid) -> dict[str, Any]:
+    return {
+        "metadata": {"name": f"train-worker-{rank}", "uid": f"pod-{rank}",
+                     "labels": {naming.LABEL_RANK: str(rank),
+                                naming.LABEL_RESTART_ATTEMPT: "0"},
+                     "ownerReferences": [{"uid": owner, "controller": True}]},
+        "status": {"phase": phase, "podIP": "127.0.0.1"},
+    }
+
+
+def _calls(kube: FakeKube, port: int) -> WorkerCalls:
+    return WorkerCalls(kube, RenderConfig(sidecar_port=port - 1))  # type: ignore[arg-type]
+
+
+def test_the_steps_come_from_the_jobs_own_sidecar_and_no_credentials_are_read(sidecar):
+    kube = FakeKube([_pod(0), _pod(1, owner="another-job")])
+    assert _calls(kube, sidecar).committed_steps(JOB, PERSISTENCE) == [2, 4]
+    assert FakeSidecar.seen == [(control.COMMITTED_STEPS_PATH, f"Bearer {TOKEN}")]
+    assert kube.secret_reads == [("team-a", naming.secret_name("train"), "token")]
+
+
+def test_a_sidecar_that_s3_refuses_makes_the_steps_unreadable(sidecar):
+    FakeSidecar.answer = (502, {"error": "S3 request failed: AccessDenied"})
+    with pytest.raises(S3Unreadable, match="AccessDenied"):
+        _calls(FakeKube([_pod(0)]), sidecar).committed_steps(JOB, PERSISTENCE)
+
+
+def test_without_a_sidecar_to_ask_the_step_the_status_records_is_used(sidecar):
+    kube = FakeKube([_pod(0, phase="Failed")])
+    recorded = JobView("train", "team-a", "uid-1", 1, {},
+                       {"checkpoint": {"persistedStep": 7}})
+    assert _calls(kube, sidecar).committed_steps(recorded, PERSISTENCE) == [7]
+    with pytest.raises(S3Unreadable, match="no sidecar of the job answers"):
+        _calls(kube, sidecar).committed_steps(JOB, PERSISTENCE)
+    assert FakeSidecar.seen == [] and kube.secret_reads == []
+
+
+def test_no_persistence_lists_nothing(sidecar):
+    kube = FakeKube([_pod(0)])
+    assert _calls(kube, sidecar).committed_steps(JOB, None) == []
+    assert FakeSidecar.seen == [] and kube.secret_reads == []
+
+
+def test_a_sidecar_older_than_the_call_falls_back_to_the_recorded_step(sidecar):
+    FakeSidecar.answer = (404, {"error": "not found"})
+    recorded = JobView("train", "team-a", "uid-1", 1, {},
+                       {"checkpoint": {"persistedStep": 9}})
+    assert _calls(FakeKube([_pod(0)]), sidecar).committed_steps(recorded, PERSISTENCE) == [9]

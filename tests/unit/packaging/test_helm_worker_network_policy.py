@@ -1,0 +1,34 @@
+"""The chart tells the operator how each job's NetworkPolicy finds the operator: exactly this
+release's pods in the release namespace, so the policy admits the operator and no look-alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gemini_cli import build_parser
+from tests.fixtures.helm import Helm, one
+
+
+def _operator(objects: list[dict[str, Any]]) -> tuple[Any, dict[str, str]]:
+    """The operator's parsed command line and its pods' labels."""
+    template = one(objects, "Deployment")["spec"]["template"]
+    container = template["spec"]["containers"][0]
+    argv = [*container["command"], *container["args"]][1:]
+    return build_parser().parse_args(argv), template["metadata"]["labels"]
+
+
+def test_the_policy_admits_this_releases_operator_pods_from_its_namespace(helm: Helm):
+    args, pod_labels = _operator(helm.template(release="g", namespace="ml-ops"))
+    assert args.worker_network_policy is True
+    assert args.operator_pod_labels.items() <= pod_labels.items()
+    assert args.operator_pod_labels["app.kubernetes.io/instance"] == "g"
+    assert args.operator_namespace_labels == {"kubernetes.io/metadata.name": "ml-ops"}
+    assert args.worker_metrics_from == ()
+
+
+def test_metrics_scrapers_and_opting_out_reach_the_operator(helm: Helm):
+    scraper = "workerNetworkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=mon"
+    args, _ = _operator(helm.template("--set", scraper))
+    assert args.worker_metrics_from == ({"namespaceSelector": {"matchLabels": {"team": "mon"}}},)
+    args, _ = _operator(helm.template("--set", "workerNetworkPolicy.enabled=false"))
+    assert args.worker_network_policy is False
