@@ -60,6 +60,11 @@ def register(subparsers: Any) -> None:
     run_parser.add_argument("--worker-metrics-from", type=_peers, default="[]",
                             help="JSON list of NetworkPolicy peers admitted to the sidecars' "
                             "/metrics port, e.g. your Prometheus (default: none)")
+    run_parser.add_argument("--token-key-file", default=None,
+                        help="derive each job's peer-auth token from this key (at least 32 "
+                        "bytes) instead of reading it back from the job's Secret, so the "
+                        "operator needs no `get` on Secrets (default: $GEMINI_OPERATOR_TOKEN_KEY;"
+                        " neither: random tokens, read back)")
     run_parser.add_argument("--log-level", default="INFO",
                             choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     run_parser.set_defaults(func=run)
@@ -70,11 +75,17 @@ def run(args: argparse.Namespace) -> int:
     from gemini_operator.main import OperatorOptions
     from gemini_operator.main import run as run_operator
     from gemini_operator.render import RenderConfig
+    from gemini_operator.tokens import TokenKeyError, load_key
 
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # kopf logs every handled watch event at INFO: too much with a thousand pods.
     logging.getLogger("kopf").setLevel(max(logging.WARNING, logging.getLevelName(args.log_level)))
+    try:
+        token_key = load_key(path=args.token_key_file)
+    except (TokenKeyError, OSError) as err:
+        raise CliError(f"--token-key-file / $GEMINI_OPERATOR_TOKEN_KEY: {err}",
+                       exit_code=2) from err
     options = OperatorOptions(
         kubeconfig=args.kubeconfig,
         namespace=args.namespace,
@@ -88,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
                             operator_namespace_labels=args.operator_namespace_labels,
                             metrics_from=args.worker_metrics_from),
         create_priority_classes=args.create_priority_classes,
+        token_key=token_key,
     )
     try:
         run_operator(options)

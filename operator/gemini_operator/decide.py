@@ -96,6 +96,7 @@ class Observed:
 class ReconcileConfig:
     render: render.RenderConfig = field(default_factory=render.RenderConfig)
     default_sidecar_image: str | None = None
+    token_key: bytes | None = field(default=None, repr=False)  # tokens.py
 
 
 # Actions: what the executor does, in this order.

@@ -39,6 +39,7 @@ class OperatorOptions:
     # Create the worker and spare PriorityClasses the pods name when missing (needs the right
     # to create PriorityClasses; the Helm chart creates its own and turns this off).
     create_priority_classes: bool = True
+    token_key: bytes | None = field(default=None, repr=False)  # tokens.py: None, random ones
 
 
 def default_identity() -> str:
@@ -49,7 +50,8 @@ def build_runtime(options: OperatorOptions) -> handlers.Runtime:
     kube = KubeClient.connect(options.kubeconfig)
     cache = ClusterCache()
     metrics = OperatorMetrics()
-    config = ReconcileConfig(render=options.render, default_sidecar_image=options.sidecar_image)
+    config = ReconcileConfig(render=options.render, default_sidecar_image=options.sidecar_image,
+                             token_key=options.token_key)
     reconciler = Reconciler(kube, cache, config, metrics)
     elector = LeaderElector(kube, options.lease_namespace, options.lease_name,
                             options.identity or default_identity())

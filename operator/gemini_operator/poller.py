@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
-from gemini_operator import naming, placement_delivery, sidecars
+from gemini_operator import placement_delivery, sidecars
 from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.cache import ClusterCache, JobKey
 from gemini_operator.conditions import ConditionType, is_true
@@ -43,6 +43,7 @@ from gemini_operator.sidecars import (
 from gemini_operator.silence import PRESUME_S, SilenceTracker, suspects
 from gemini_operator.spec import JobSpec, Persistence, SpecError, parse_spec
 from gemini_operator.status import CheckpointStatus, JobStatus, ReplicaCoverage
+from gemini_operator.tokens import JobTokens
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 2.0
@@ -126,6 +127,7 @@ class CheckpointPoller:
         self.kube, self.cache, self.config = kube, cache, config
         self._clock, self._monotonic = clock, monotonic
         self._silence: dict[JobKey, SilenceTracker] = {}
+        self._tokens = JobTokens(kube, config.token_key)
         self._found: dict[JobKey, Findings] = {}
         self._handled_request: dict[JobKey, str] = {}
         self._persist_tried: dict[JobKey, float] = {}
@@ -166,8 +168,7 @@ class CheckpointPoller:
                 and p.attempt == status.restart_attempt and p.ip and not p.deleting}
         if len(pods) < spec.num_nodes:
             return False
-        token = self.kube.secret_value(job.namespace, naming.secret_name(job.name),
-                                       naming.SECRET_TOKEN_KEY)
+        token = self._tokens.of(job.ref)
         if token is None:
             return False
         before = self._found.get(key)

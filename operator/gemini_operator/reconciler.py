@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -73,6 +72,7 @@ from gemini_operator.spares import HoldSpares
 from gemini_operator.start import TrainingStarter
 from gemini_operator.status import JobStatus, status_patch
 from gemini_operator.suspend import SuspendSaver
+from gemini_operator.tokens import JobTokens
 
 log = logging.getLogger(__name__)
 EXPECTATION_SECONDS = 60.0  # how long a created pod may take to show up in the watch
@@ -130,6 +130,7 @@ class Reconciler:
         # by the reconcile at hand (`keeping`), never in a place shared between jobs.
         self.recovery = RecoveryExecutor(kube, config, self._send_patch, clock)
         self.recovery.cache = cache  # lost nodes presumed from silent pods (silence.py)
+        self.tokens = JobTokens(kube, config.token_key)
         self.starter = TrainingStarter(kube, config, self._send_patch, clock)
         self.suspend_saver = SuspendSaver(kube, config, clock)
         self.poller = CheckpointPoller(kube, cache, config, clock)
@@ -258,7 +259,7 @@ class Reconciler:
             progress=found.progress if found else None,
             foreign_ranks=frozenset(snap.pods) - frozenset(own),
             has_service=self._exists(job, "Service", naming.service_name(job.name)),
-            has_secret=self._exists(job, "Secret", naming.secret_name(job.name)),
+            has_secret=self._has_secret(job),
             has_network_policy=self.config.render.network_policy and self._exists(
                 job, "NetworkPolicy", naming.network_policy_name(job.name)),
             now=self._clock(), pending_creates=self._pending(key, snap),
@@ -280,6 +281,13 @@ class Reconciler:
                     self.cache.update_node(obj, deleted=False)
         return self.cache.snapshot(key) or fresh
 
+    def _has_secret(self, job: JobView) -> bool:
+        """With derived tokens the operator may not read Secrets: it creates the job's once
+        per run (an existing one is kept) instead of looking for it."""
+        if self.tokens.derived:
+            return (job.uid, "Secret") in self._children
+        return self._exists(job, "Secret", naming.secret_name(job.name))
+
     def _exists(self, job: JobView, kind: str, name: str) -> bool:
         """Read once per job; afterwards remembered (children are owned and not edited)."""
         if (job.uid, kind) in self._children:
@@ -300,7 +308,8 @@ class Reconciler:
 
     def _create_secret(self, context: _Call, job: JobView, snap: Snapshot,
                        action: CreateSecret) -> None:
-        self.kube.create(render.peer_secret(job.ref, secrets.token_urlsafe(32)))
+        # Created once; a Secret that exists (another operator's, a restart) is kept as is.
+        self.kube.create(render.peer_secret(job.ref, self.tokens.new(job.ref)))
         self._children.add((job.uid, "Secret"))
 
     def _create_service(self, context: _Call, job: JobView, snap: Snapshot,
@@ -353,8 +362,7 @@ class Reconciler:
         if due > time.monotonic():
             context.outcomes.append(Outcome(requeue_after=due - time.monotonic()))
             return
-        token = self.kube.secret_value(job.namespace, naming.secret_name(job.name),
-                                       naming.SECRET_TOKEN_KEY)
+        token = self.tokens.of(job.ref)
         if token is None:
             raise RuntimeError(f"the peer-auth Secret of {job.namespace}/{job.name} is missing")
 

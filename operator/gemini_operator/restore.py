@@ -40,7 +40,7 @@ class PhaseExecutor:
         s3_steps: CommittedSteps | None = None,
     ) -> None:
         self.kube, self.config = kube, config
-        self.calls = WorkerCalls(kube, config.render, s3_steps)
+        self.calls = WorkerCalls(kube, config.render, s3_steps, config.token_key)
         self.restorer = Restorer(self.calls, clock)
         self._write = write_status
         self._clock = clock

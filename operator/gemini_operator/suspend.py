@@ -24,7 +24,7 @@ SUSPEND_PERSIST_SECONDS = 120.0  # how long a suspend waits for the upload befor
 class SuspendSaver:
     def __init__(self, kube: KubeClient, config: ReconcileConfig,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        self.calls = WorkerCalls(kube, config.render)
+        self.calls = WorkerCalls(kube, config.render, token_key=config.token_key)
         self._clock = clock
 
     def save_before_suspend(self, job: JobView, snap: Snapshot, action: SaveBeforeSuspend,

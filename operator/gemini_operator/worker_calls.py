@@ -12,7 +12,7 @@ from typing import Any
 
 from gemini.control import ControlError, RestartRequest
 from gemini.domain.recovery import ShardCopy
-from gemini_operator import naming, render, sidecars
+from gemini_operator import render, sidecars
 from gemini_operator.cache import Snapshot
 from gemini_operator.decide import JobView
 from gemini_operator.kube import KubeClient
@@ -21,6 +21,7 @@ from gemini_operator.outcome import RecoveryWait, S3Unreadable
 from gemini_operator.records import LaunchRecord
 from gemini_operator.sidecars import INVENTORY_TIMEOUT_SECONDS, call_all, call_each
 from gemini_operator.spec import Persistence
+from gemini_operator.tokens import JobTokens
 
 log = logging.getLogger(__name__)
 PORT_WINDOW = 1000  # the rendezvous port of epoch e is base + e % PORT_WINDOW
@@ -74,13 +75,14 @@ def inventory_copies(inventories: Mapping[int, Mapping[str, Any]]) -> list[Shard
 
 class WorkerCalls:
     def __init__(self, kube: KubeClient, ports: render.RenderConfig,
-                 committed_steps: CommittedSteps | None = None) -> None:
+                 committed_steps: CommittedSteps | None = None,
+                 token_key: bytes | None = None) -> None:
         self.kube, self.ports = kube, ports
+        self.tokens = JobTokens(kube, token_key)
         self.committed_steps: CommittedSteps = committed_steps or self._committed_steps
 
     def token(self, job: JobView) -> str:
-        token = self.kube.secret_value(job.namespace, naming.secret_name(job.name),
-                                       naming.SECRET_TOKEN_KEY)
+        token = self.tokens.of(job.ref)
         if token is None:
             raise RuntimeError(f"the peer-auth Secret of {job.namespace}/{job.name} is missing")
         return token

@@ -120,3 +120,8 @@ Arguments: (list $ "ServiceMonitor" "serviceMonitor")
 {{- end }}
 {{- join "," $pairs }}
 {{- end }}
+
+{{/* The Secret holding the key job tokens are derived from (tokenKey.derive). */}}
+{{- define "gemini-operator.tokenKeySecret" -}}
+{{- include "gemini-operator.suffixedName" (list $ "token-key") }}
+{{- end }}

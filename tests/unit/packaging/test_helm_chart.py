@@ -4,6 +4,7 @@ copies staying identical to their sources. Uses the real helm binary (hack/build
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import tomllib
@@ -48,8 +49,8 @@ def test_default_render_has_one_of_each_object_and_no_monitoring(helm: Helm):
     kinds = sorted(o["kind"] for o in helm.template())
     assert kinds == sorted([
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition",
-        "Deployment", "PriorityClass", "PriorityClass", "Role", "RoleBinding", "Service",
-        "ServiceAccount",
+        "Deployment", "PriorityClass", "PriorityClass", "Role", "RoleBinding", "Secret",
+        "Service", "ServiceAccount",
     ])
 
 
@@ -186,13 +187,29 @@ def test_rbac_grants_exactly_what_an_operator_of_gemini_jobs_needs(helm: Helm):
         ("", "pods"): {"create", "delete", "get", "list", "watch", "patch"},
         ("", "pods/status"): {"get"},
         ("", "services"): {"create", "get"},
-        ("", "secrets"): {"create", "get"},
+        ("", "secrets"): {"create"},  # job tokens are derived from a key: no Secret is read
         ("", "events"): {"create", "patch"},
         ("networking.k8s.io", "networkpolicies"): {"create", "get"},
         ("", "nodes"): {"get", "list", "watch"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
         ("coordination.k8s.io", "leases"): {"create", "get", "update"},
     }
+
+
+def test_job_tokens_come_from_a_kept_key_unless_read_back_is_chosen(helm: Helm):
+    objects = helm.template()
+    (secret,) = [o for o in objects if o["kind"] == "Secret"]
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(base64.b64decode(secret["data"]["key"])) >= 32
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["GEMINI_OPERATOR_TOKEN_KEY"]["valueFrom"]["secretKeyRef"] == {
+        "name": secret["metadata"]["name"], "key": "key"}
+    legacy = helm.template("--set", "tokenKey.derive=false")
+    assert not [o for o in legacy if o["kind"] == "Secret"]
+    granted = {(g, res): set(r["verbs"]) for r in rbac_rules(legacy)
+               for g in r["apiGroups"] for res in r["resources"]}
+    assert granted[("", "secrets")] == {"create", "get"}
 
 
 def test_watching_one_namespace_adds_only_listing_namespaces(helm: Helm):
