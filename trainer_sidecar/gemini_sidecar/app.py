@@ -9,6 +9,7 @@ import resource
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -180,6 +181,7 @@ class Sidecar:
     async def start(self) -> None:
         from gemini_sidecar.api import make_app  # the API module builds on this class
 
+        self.local.unpin()  # a pin left by a previous run's upload: a persist pins it again
         self.peer_port = await self.server.start(self.cfg.bind_host, self.cfg.peer_port)
         self.replicator.start()  # a restarted sidecar's check sends the unacknowledged newest
         # aiohttp's keep-alive timer also runs from a connection's start until its first
@@ -347,17 +349,25 @@ class Sidecar:
         return self.s3
 
     async def persist(self, version: int | None) -> PersistAnswer:
+        """Upload a version pinned in the slot file (the trainers keep it meanwhile),
+        resuming an unfinished upload of it (gemini_sidecar.uploads)."""
         store = self._need_s3()
         info, data = self.local.read(version)
+        if not self.local.pin(info):
+            raise ValueError(f"version {info.version} was overwritten before its upload began; "
+                             "persist a newer version")
         started = time.perf_counter()
         try:
-            key = await asyncio.to_thread(
-                s3mod.persist_shard, store, self.identity, info.version, self.cfg.rank, data,
-                info.checksum,
-            )
+            sent = await asyncio.to_thread(
+                s3mod.persist_pinned, store, self.identity, info.version, self.cfg.rank, data,
+                info.checksum, info.seq, self._upload_state_path())
         except Exception:
             self.metrics.s3_failures.inc()
             raise
+        finally:
+            self.local.unpin(info)
+        key = sent.key
+        self.metrics.s3_parts_sent.inc(sent.sent)
         if not self.local.still_valid(info):
             self.metrics.s3_failures.inc()
             raise ValueError(f"version {info.version} was overwritten during the upload; "
@@ -365,6 +375,10 @@ class Sidecar:
         seconds = time.perf_counter() - started
         self.metrics.s3_persist_seconds.observe(seconds)
         return PersistAnswer(key, info.version, len(data), seconds, info.checksum)
+
+    def _upload_state_path(self) -> Path:
+        # On the pod's memory volume, next to the slot file: it outlives a sidecar restart.
+        return self.local.path.with_name(self.local.path.name + ".upload.json")
 
     async def commit(self, version: int) -> CommitAnswer:
         store = self._need_s3()

@@ -73,6 +73,25 @@ class LocalShard:
         if slots is not None and slots.still_valid(info):
             slots.acknowledge(info.seq)
 
+    def pin(self, info: SlotInfo) -> bool:
+        """Ask the trainers to keep `info`'s version (a persist reads it); False when it is
+        gone already. Checked after pinning: a version replaced meanwhile is not kept."""
+        slots = self._open()
+        if slots is None:
+            return False
+        slots.pin(info.seq)
+        if slots.still_valid(info):
+            return True
+        self.unpin(info)
+        return False
+
+    def unpin(self, info: SlotInfo | None = None) -> None:
+        """Release `info`'s pin (None: whatever is pinned, as a restarted sidecar does: no
+        upload of its own runs yet)."""
+        slots = self._open()
+        if slots is not None and (info is None or slots.pinned_seq == info.seq):
+            slots.pin(0)
+
     def acknowledged_seq(self) -> int:
         slots = self._open()
         return slots.acknowledged_seq if slots else 0

@@ -30,6 +30,7 @@ class SidecarMetrics:
     s3_persist_seconds: Histogram
     s3_restore_seconds: Histogram
     s3_failures: Counter
+    s3_parts_sent: Counter
     fetch_seconds: Histogram
     fetch_failures: Counter
     latest_local_version: Gauge
@@ -94,6 +95,9 @@ def make_metrics(job: str, rank: int) -> SidecarMetrics:
             "gemini_s3_restore_seconds", "Time to download one shard version from S3.",
             _TRANSFER_BUCKETS),
         s3_failures=counter("gemini_s3_failures_total", "Failed S3 uploads or downloads."),
+        s3_parts_sent=counter(
+            "gemini_s3_parts_sent_total",
+            "Parts uploaded to S3 (a resumed upload sends only the parts S3 lacks)."),
         fetch_seconds=histogram(
             "gemini_fetch_seconds", "Time to fetch one shard version from peer holders.",
             _TRANSFER_BUCKETS),

@@ -23,6 +23,7 @@ import io
 import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -30,6 +31,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from gemini_sidecar import uploads
 from gemini_sidecar.config import S3Settings
 from gemini_trainer.shm import payload_checksum
 
@@ -178,6 +180,16 @@ def persist_shard(
         _ViewReader(data), s3.bucket, key, ExtraArgs={"Metadata": meta}, Config=s3.transfer
     )
     return key
+
+
+def persist_pinned(s3: S3Store, job: JobIdentity, version: int, rank: int, data: memoryview,
+                   crc: int, seq: int, state_path: Path) -> uploads.Uploaded:
+    """Upload one rank's shard version, resuming an unfinished upload of the same version
+    (gemini_sidecar.uploads); the caller has pinned it in the slot file."""
+    key = shard_key(s3, job, version, rank)
+    meta = {CRC_KEY: f"{crc:08x}", LENGTH_KEY: str(len(data))}
+    return uploads.upload(s3.client, s3.bucket, key, data, meta, state_path, version, seq,
+                          int(s3.transfer.multipart_chunksize), int(s3.transfer.max_concurrency))
 
 
 def _head(s3: S3Store, key: str) -> dict[str, Any] | None:

@@ -1,0 +1,118 @@
+"""Persists read a pinned version and resume after a sidecar restart (gemini_sidecar.uploads),
+against the real S3 server the project starts (Ceph RADOS Gateway)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import zlib
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from gemini_sidecar import uploads
+from gemini_sidecar.app import Sidecar
+from gemini_sidecar.config import S3Settings
+from gemini_sidecar.s3 import open_store
+from gemini_trainer.shm import ShardSlots, shard_path
+from tests.integration.sidecar.conftest import TOKEN, free_port, make_config, payload, write_local
+
+pytestmark = [pytest.mark.integration, pytest.mark.s3]
+PART = 5 << 20
+
+
+def settings(s3_server: Any, prefix: str) -> S3Settings:
+    ep = s3_server.endpoint
+    return S3Settings(bucket=ep.bucket, prefix=prefix.strip("/"), endpoint_url=ep.url,
+                      region=ep.region, access_key=ep.access_key, secret_key=ep.secret_key,
+                      retain=2, part_bytes=PART, concurrency=2)
+
+
+async def test_a_persist_pins_its_version_while_it_uploads_and_releases_it_after(
+        tmp_path: Path, s3_server: Any, s3_prefix: str) -> None:
+    car = Sidecar(make_config(0, 1, tmp_path, {0: free_port()}, s3=settings(s3_server, s3_prefix)))
+    await car.start()
+    size = 9 * PART + 123
+    info = write_local(car.cfg, 7, payload(7, size), capacity=size)
+    path = shard_path(0, car.cfg.shm_dir, car.cfg.job)
+    pins: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        with ShardSlots(path) as slots:
+            while not stop.is_set():
+                pins.append(slots.pinned_seq)
+                time.sleep(0.001)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"http://127.0.0.1:{car.api_port}/persist", json={"version": 7},
+                                 headers={"Authorization": f"Bearer {TOKEN.decode()}"}) as resp:
+                assert resp.status == 200, await resp.text()
+    finally:
+        stop.set()
+        watcher.join()
+        await car.stop()
+    assert info.seq in pins, "the version was not pinned while it was uploaded"
+    with ShardSlots(path) as slots:
+        assert slots.pinned_seq == 0  # released: the trainers may reuse the slot again
+
+
+class DiesAfter:
+    """A real S3 client that stops working after `parts` uploaded parts, as a sidecar killed
+    mid-upload would."""
+
+    def __init__(self, client: Any, parts: int) -> None:
+        self._client, self._left = client, parts
+        self._lock = threading.Lock()
+
+    def upload_part(self, **kw: Any) -> Any:
+        with self._lock:
+            if self._left <= 0:
+                raise ConnectionError("the sidecar was killed")
+            self._left -= 1
+        return self._client.upload_part(**kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+def test_a_restarted_upload_sends_only_the_parts_s3_lacks(
+        tmp_path: Path, s3_server: Any, s3_prefix: str) -> None:
+    store = open_store(settings(s3_server, s3_prefix))
+    data = memoryview(payload(3, 7 * PART + 99))
+    state = tmp_path / "upload.json"
+    key = f"{s3_prefix.strip('/')}/resume/rank-0.bin"
+    args = (store.bucket, key, data, {"gemini-crc32": "0"}, state, 3, 11, PART, 1)
+    with pytest.raises(ConnectionError):
+        uploads.upload(DiesAfter(store.client, 3), *args)
+    assert uploads.UploadState.load(state) is not None  # the upload is remembered
+    done = uploads.upload(store.client, *args)
+    assert (done.parts, done.sent) == (8, 5)  # the three parts in S3 were not sent again
+    assert not state.exists()
+    body = store.client.get_object(Bucket=store.bucket, Key=key)["Body"].read()
+    assert zlib.crc32(body) == zlib.crc32(data)
+
+
+def test_an_unfinished_upload_of_another_version_is_aborted_and_started_over(
+        tmp_path: Path, s3_server: Any, s3_prefix: str) -> None:
+    store = open_store(settings(s3_server, s3_prefix))
+    state = tmp_path / "upload.json"
+    key = f"{s3_prefix.strip('/')}/other/rank-0.bin"
+    old = memoryview(payload(4, 3 * PART + 1))
+    with pytest.raises(ConnectionError):
+        uploads.upload(DiesAfter(store.client, 1), store.bucket, key, old, {}, state, 4, 20,
+                       PART, 1)
+    stale = uploads.UploadState.load(state)
+    assert stale is not None
+    new = memoryview(payload(5, 3 * PART + 1))
+    done = uploads.upload(store.client, store.bucket, key, new, {}, state, 5, 21, PART, 1)
+    assert done.sent == done.parts == 4
+    body = store.client.get_object(Bucket=store.bucket, Key=key)["Body"].read()
+    assert body == bytes(new)
+    uploads_left = store.client.list_multipart_uploads(Bucket=store.bucket).get("Uploads", [])
+    assert stale.upload_id not in {u["UploadId"] for u in uploads_left}

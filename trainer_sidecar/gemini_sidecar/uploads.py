@@ -1,0 +1,140 @@
+"""Resumable multipart uploads of a pinned shard version (a persist to S3).
+
+The sidecar pins the version it persists in the slot file (gemini_trainer.shm: the trainers
+skip overwriting it while it is pinned, and unpinned it is released), so the upload reads a
+version no one writes, never a live slot. Its parts go `concurrency` at a time. The upload's
+key, id, version, sequence number and part size are kept in a small state file on the pod's
+memory volume, which outlives a sidecar restart: a restarted sidecar asked to persist the same
+version again asks S3 which parts it already has (ListParts) and sends only the others. An
+unfinished upload of another version is aborted.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+log = logging.getLogger(__name__)
+
+MIN_PART_BYTES = 5 << 20  # S3's least part size (but for the last part)
+
+
+@dataclass(frozen=True)
+class UploadState:
+    """What a restarted sidecar needs to resume an upload."""
+
+    key: str
+    upload_id: str
+    version: int
+    seq: int
+    part_bytes: int
+    length: int
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        os.replace(tmp, path)
+
+    @staticmethod
+    def load(path: Path) -> UploadState | None:
+        try:
+            return UploadState(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    key: str
+    parts: int  # parts of the object
+    sent: int  # parts this call sent (the others were in S3 already)
+
+
+def upload(client: Any, bucket: str, key: str, data: memoryview, metadata: Mapping[str, str],
+           state_path: Path, version: int, seq: int, part_bytes: int,
+           concurrency: int) -> Uploaded:
+    """Upload `data` to `key`, resuming an unfinished upload of the same version and slot
+    sequence number recorded at `state_path`."""
+    part_bytes = max(part_bytes, MIN_PART_BYTES)
+    if len(data) <= part_bytes:
+        client.put_object(Bucket=bucket, Key=key, Body=bytes(data), Metadata=dict(metadata))
+        return Uploaded(key, 1, 1)
+    state = _resume(client, bucket, state_path, key, version, seq, len(data))
+    done = _parts_in_s3(client, bucket, state) if state is not None else None
+    if state is None or done is None:  # nothing to resume (or S3 no longer knows the upload)
+        created = client.create_multipart_upload(Bucket=bucket, Key=key, Metadata=dict(metadata))
+        state = UploadState(key, created["UploadId"], version, seq, part_bytes, len(data))
+        state.save(state_path)
+        done = {}
+    count = -(-len(data) // state.part_bytes)
+    todo = [n for n in range(1, count + 1) if n not in done]
+    if done:
+        log.info("resuming the upload of version %d: %d of %d parts already in S3",
+                 version, len(done), count)
+
+    def send(number: int) -> tuple[int, str]:
+        start = (number - 1) * state.part_bytes
+        body = bytes(data[start : start + state.part_bytes])
+        answer = client.upload_part(Bucket=bucket, Key=key, UploadId=state.upload_id,
+                                    PartNumber=number, Body=body)
+        return number, str(answer["ETag"])
+
+    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+        done.update(pool.map(send, todo))
+    client.complete_multipart_upload(
+        Bucket=bucket, Key=key, UploadId=state.upload_id,
+        MultipartUpload={"Parts": [{"PartNumber": n, "ETag": done[n]} for n in sorted(done)]})
+    state_path.unlink(missing_ok=True)
+    return Uploaded(key, count, len(todo))
+
+
+def _resume(client: Any, bucket: str, state_path: Path, key: str, version: int, seq: int,
+            length: int) -> UploadState | None:
+    """The recorded upload when it is of this very version; else abort it (None)."""
+    state = UploadState.load(state_path)
+    if state is None:
+        return None
+    if (state.key, state.version, state.seq, state.length) == (key, version, seq, length):
+        return state
+    abort(client, bucket, state)
+    state_path.unlink(missing_ok=True)
+    return None
+
+
+def _parts_in_s3(client: Any, bucket: str, state: UploadState) -> dict[int, str] | None:
+    """Whole parts S3 holds of the upload; None when S3 does not know the upload (it was
+    completed or aborted meanwhile)."""
+    parts: dict[int, str] = {}
+    marker = 0
+    while True:
+        try:
+            page = client.list_parts(Bucket=bucket, Key=state.key, UploadId=state.upload_id,
+                                     PartNumberMarker=marker)
+        except ClientError as err:
+            log.info("upload %s of %s cannot be resumed: %s", state.upload_id, state.key, err)
+            return None
+        expected = state.part_bytes
+        parts.update({int(p["PartNumber"]): str(p["ETag"]) for p in page.get("Parts", [])
+                      if int(p["Size"]) == expected or _is_last(state, int(p["PartNumber"]))})
+        if not page.get("IsTruncated"):
+            return parts
+        marker = int(page["NextPartNumberMarker"])
+
+
+def _is_last(state: UploadState, number: int) -> bool:
+    return number == -(-state.length // state.part_bytes)
+
+
+def abort(client: Any, bucket: str, state: UploadState) -> None:
+    try:
+        client.abort_multipart_upload(Bucket=bucket, Key=state.key, UploadId=state.upload_id)
+    except ClientError as err:  # already completed or aborted: nothing to free
+        log.info("aborting upload %s of %s: %s", state.upload_id, state.key, err)
