@@ -1,0 +1,139 @@
+"""Persisting a node checkpoint to S3 while training runs, against the same upload alone.
+
+A sidecar process holds a 1 GiB version in its slot file and uploads it to the local S3 server
+(Ceph RGW, started here) through POST /persist: the version is pinned for the upload and sent in
+parts (gemini_sidecar.uploads). The same upload runs alone and while a training process (a
+torch MLP on its own cores' share, OMP_NUM_THREADS=1) trains, alternating, BENCH_RUNS times.
+The figure: upload throughput while training / alone (target >= 0.8); the training's step rate
+during the uploads over its rate between them is printed beside it (what the upload costs the
+training). Both compete for the same cores here (2 on the build machine): quote the load.
+
+    .venv/bin/python bench/persist_while_training.py   (BENCH_BYTES, BENCH_RUNS to change)
+
+Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from support.cleanup import Cleanup, cleaning_up
+from support.sidecar_procs import SidecarProc, commit_version, free_port, pattern
+
+SIZE = int(os.environ.get("BENCH_BYTES", str(1 << 30)))
+RUNS = int(os.environ.get("BENCH_RUNS", "3"))
+TRAINER = """
+import sys, time, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)])
+opt = torch.optim.Adam(model.parameters())
+x = torch.randn(64, 1024)
+while True:
+    model(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+    print(time.monotonic(), flush=True)
+"""
+
+
+def start_s3(state: Path, cleanup: Cleanup) -> dict[str, str]:
+    from gemini_local.s3 import start_s3 as start
+    from gemini_local.s3 import stop_s3
+
+    cleanup.at_exit(stop_s3, state)
+    ep = start(state, stop_with_pid=os.getpid())
+    return {"GEMINI_S3_BUCKET": ep.bucket, "GEMINI_S3_ENDPOINT": ep.url,
+            "GEMINI_S3_REGION": ep.region, "GEMINI_S3_ACCESS_KEY": ep.access_key,
+            "GEMINI_S3_SECRET_KEY": ep.secret_key, "GEMINI_S3_PREFIX": "bench-persist",
+            "GEMINI_S3_PART_BYTES": str(64 << 20), "GEMINI_S3_CONCURRENCY": "8"}
+
+
+class Training:
+    """A training process whose step times are read from its output."""
+
+    def __init__(self, log: Path) -> None:
+        self.log = log
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "-c", TRAINER], stdout=out,
+                                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+    def steps_between(self, start: float, end: float) -> int:
+        stamps = [float(t) for t in self.log.read_text().split()]
+        return sum(start <= t <= end for t in stamps)
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def persist_seconds(owner: SidecarProc) -> float:
+    start = time.perf_counter()
+    owner.api("POST", "/persist", {"version": 1})
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    with cleaning_up() as cleanup:
+        measure(cleanup)
+
+
+def measure(cleanup: Cleanup) -> None:
+    if not shutil.which("radosgw"):
+        raise SystemExit("radosgw is not installed: run ./dev setup first")
+    root = Path(tempfile.mkdtemp(prefix="gemini-persist-", dir="/dev/shm"))
+    cleanup.at_exit(shutil.rmtree, root, True)
+    s3_state = Path(tempfile.mkdtemp(prefix="gemini-persist-s3-"))
+    cleanup.at_exit(shutil.rmtree, s3_state, True)
+    env = start_s3(s3_state, cleanup)
+    owner = SidecarProc(0, 1, root / "owner", {0: free_port()}, extra=env)
+    cleanup.at_exit(owner.stop)
+    with owner.slots(SIZE) as slots:
+        commit_version(slots, 1, pattern(SIZE, 3))
+    persist_seconds(owner)  # warm-up: connections, the bucket's first objects
+    alone: list[float] = []
+    loaded: list[float] = []
+    rates: list[tuple[float, float]] = []  # training steps/s during the upload, between
+    training = Training(root / "training.log")
+    cleanup.at_exit(training.stop)
+    time.sleep(3.0)  # imports done, steady steps
+    try:
+        for run in range(RUNS):
+            training.proc.send_signal(signal.SIGSTOP)  # the upload alone
+            alone.append(persist_seconds(owner))
+            training.proc.send_signal(signal.SIGCONT)
+            time.sleep(1.0)
+            begin = time.monotonic()
+            loaded.append(persist_seconds(owner))
+            end = time.monotonic()
+            time.sleep(loaded[-1])
+            during = training.steps_between(begin, end) / (end - begin)
+            after = training.steps_between(end, time.monotonic()) / (time.monotonic() - end)
+            rates.append((during, after))
+            print(f"run {run}: alone {alone[-1]:.2f} s, while training {loaded[-1]:.2f} s; "
+                  f"training {during:.1f} steps/s during, {after:.1f} after", flush=True)
+    finally:
+        training.stop()
+    gib = SIZE / (1 << 30)
+    ratio = statistics.median(alone) / statistics.median(loaded)
+    slowdown = statistics.median(d / a for d, a in rates if a > 0)
+    print(f"persist of {gib:.2f} GiB: alone {gib / statistics.median(alone):.2f} GiB/s, "
+          f"while training {gib / statistics.median(loaded):.2f} GiB/s; the training ran at "
+          f"{slowdown:.2f} of its pace during the uploads; load {os.getloadavg()[0]:.1f}")
+    print(json.dumps({"metric": "persist_throughput_while_training_over_alone",
+                      "value": round(ratio, 3), "target": 0.8, "better": "higher",
+                      "unit": "ratio"}))
+
+
+if __name__ == "__main__":
+    main()
