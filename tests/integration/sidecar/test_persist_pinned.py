@@ -49,10 +49,10 @@ async def test_a_persist_pins_its_version_while_it_uploads_and_releases_it_after
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        async with aiohttp.ClientSession() as http:
-            async with http.post(f"http://127.0.0.1:{car.api_port}/persist", json={"version": 7},
-                                 headers={"Authorization": f"Bearer {TOKEN.decode()}"}) as resp:
-                assert resp.status == 200, await resp.text()
+        async with aiohttp.ClientSession() as http, http.post(
+                f"http://127.0.0.1:{car.api_port}/persist", json={"version": 7},
+                headers={"Authorization": f"Bearer {TOKEN.decode()}"}) as resp:
+            assert resp.status == 200, await resp.text()
     finally:
         stop.set()
         watcher.join()
