@@ -1,13 +1,14 @@
 """Persisting a node checkpoint to S3 while training runs, against the same upload alone.
 
-A sidecar process holds a version (256 MiB by default: the local RGW, an OSD in memory,
-choked on repeated 1 GiB uploads on the 2-core build machine, closing connections mid-part) in its slot file and uploads it to the local S3 server
-(Ceph RGW, started here) through POST /persist: the version is pinned for the upload and sent in
-parts (gemini_sidecar.uploads). The same upload runs alone and while a training process (a
-torch MLP on its own cores' share, OMP_NUM_THREADS=1) trains, alternating, BENCH_RUNS times.
-The figure: upload throughput while training / alone (target >= 0.8); the training's step rate
-during the uploads over its rate between them is printed beside it (what the upload costs the
-training). Both compete for the same cores here (2 on the build machine): quote the load.
+A sidecar process holds a version in its slot file (256 MiB by default: the local RGW, an OSD
+in memory, choked on repeated 1 GiB uploads on the 2-core build machine, closing connections
+mid-part) and uploads it to the local S3 server (Ceph RGW, started here) through POST /persist:
+the version is pinned for the upload and sent in parts (gemini_sidecar.uploads). The same
+upload runs alone (the trainer stopped) and while a training process (a torch MLP,
+OMP_NUM_THREADS=1) trains, alternating, BENCH_RUNS times. The figure: upload throughput while
+training / alone (target >= 0.8); the training's step rate during the uploads over its rate
+between them is printed beside it (what the upload costs the training). Both compete for the
+same cores here (2 on the build machine): quote the load.
 
     .venv/bin/python bench/persist_while_training.py   (BENCH_BYTES, BENCH_RUNS to change)
 
