@@ -61,7 +61,7 @@ class GPT(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        x = self.drop(self.tok(idx) + self.pos(torch.arange(idx.shape[1])))
+        x = self.drop(self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device)))
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.ln(x))
@@ -93,6 +93,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dropout", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds to idle per step")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cuda: one GPU per process (LOCAL_RANK), NCCL instead of gloo")
     return p.parse_args(argv)
 
 
@@ -121,16 +123,20 @@ def build(args: argparse.Namespace) -> tuple[Any, Any, Any]:
     """Returns (target, optimizer, scheduler) for Checkpointer, with the train step inside."""
     torch.manual_seed(args.seed)
     model = GPT(args.vocab, args.seq, args.d_model, args.layers, args.heads, args.dropout)
+    backend = "gloo"
+    if args.device == "cuda":  # the launcher gives each process of a node its LOCAL_RANK
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        model, backend = model.to("cuda"), "nccl"
     if args.engine == "deepspeed":
         import deepspeed
 
         os.environ.setdefault("LOCAL_RANK", os.environ.get("RANK", "0"))
-        deepspeed.init_distributed(dist_backend="gloo")
+        deepspeed.init_distributed(dist_backend=backend)
         engine, _, _, _ = deepspeed.initialize(
             model=model, model_parameters=model.parameters(), config=deepspeed_config(args)
         )
         return engine, None, None
-    torch.distributed.init_process_group("gloo")
+    torch.distributed.init_process_group(backend)
     if args.engine == "ddp":
         ddp: nn.Module = nn.parallel.DistributedDataParallel(model)
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
@@ -155,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if start:
         print(f"restored step {start} extra {ckpt.extra_state}", flush=True)
     for step in range(start, args.steps):
-        x, y = batch(args, step, rank)
+        x, y = (t.to(args.device) for t in batch(args, step, rank))
         if args.engine == "deepspeed":
             loss = target(x, y)
             target.backward(loss)
