@@ -13,8 +13,9 @@ The legacy layout `<prefix>/<job>/step-<v>/` (before namespace and uid were in t
 never listed by a job: it is left as it is, and used only when the user copies one of its
 steps into a job's directory (`adopt_legacy`, the `gemini checkpoint adopt-legacy` command).
 
-Uploads and downloads are multipart and concurrent (boto3's TransferConfig); these functions
-block, the sidecar runs them in a thread.
+Uploads are multipart, concurrent and resumable (gemini_sidecar.uploads); downloads are
+multipart and concurrent (boto3's TransferConfig). These functions block, the sidecar runs them
+in a thread.
 """
 
 from __future__ import annotations
@@ -141,20 +142,6 @@ class _ViewFile(io.RawIOBase):
         return self._pos
 
 
-class _ViewReader(_ViewFile):
-    """Uploads read the shard straight from its memory."""
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        out = memoryview(buffer).cast("B")
-        n = max(0, min(len(out), len(self._view) - self._pos))
-        out[:n] = self._view[self._pos : self._pos + n]
-        self._pos += n
-        return n
-
-
 class _ViewWriter(_ViewFile):
     """Downloads write into preallocated memory (concurrent parts seek, then write)."""
 
@@ -168,18 +155,6 @@ class _ViewWriter(_ViewFile):
         self._view[self._pos : self._pos + len(src)] = src
         self._pos += len(src)
         return len(src)
-
-
-def persist_shard(
-    s3: S3Store, job: JobIdentity, version: int, rank: int, data: memoryview, crc: int
-) -> str:
-    """Upload one rank's shard version (multipart, concurrent); returns its key."""
-    key = shard_key(s3, job, version, rank)
-    meta = {CRC_KEY: f"{crc:08x}", LENGTH_KEY: str(len(data))}
-    s3.client.upload_fileobj(
-        _ViewReader(data), s3.bucket, key, ExtraArgs={"Metadata": meta}, Config=s3.transfer
-    )
-    return key
 
 
 def persist_pinned(s3: S3Store, job: JobIdentity, version: int, rank: int, data: memoryview,

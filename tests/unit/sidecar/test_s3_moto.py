@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import boto3
 import pytest
@@ -24,11 +26,20 @@ from gemini_sidecar.s3 import (
     download_shard,
     latest_committed,
     open_store,
-    persist_shard,
+    persist_pinned,
     read_marker,
     shard_key,
 )
 from gemini_trainer.shm import payload_checksum
+
+
+def persist_shard(store: S3Store, job: JobIdentity, version: int, rank: int, data: memoryview,
+                  crc: int) -> None:
+    """What the sidecar's persist does, without the pin (no slot file here)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        persist_pinned(store, job, version, rank, data, crc, seq=1,
+                       state_path=Path(tmp) / "upload.json")
+
 
 JOB = JobIdentity("team-a", "job-s3", "0b8f6c1e-1111-4a2b-9c3d-000000000001")
 
