@@ -310,17 +310,18 @@ class Checkpointer:
                   use_numpy: bool) -> None:
         """Copy every tensor into the slot; CUDA tensors the optimizers own go asynchronously
         (gemini_trainer.device_copy), the rest now."""
-        if self._device is None and DeviceCopier.wanted(tensors):
-            self._device = DeviceCopier()
-            self._device.install()
-        owned = self._device.owned_by_optimizers() if self._device is not None else set()
+        if self._device is None:  # CPU state: the plain copies, nothing else per iteration
+            for t, off in zip(tensors, offsets, strict=True):
+                _copy_tensor(buf, off, t, use_numpy)
+            return
+        owned = self._device.owned_by_optimizers()
         deferred = []
         for t, off in zip(tensors, offsets, strict=True):
             if t.is_cuda and t.untyped_storage().data_ptr() in owned:
                 deferred.append((buf[off : off + t.nbytes], t))
             else:
                 _copy_tensor(buf, off, t, use_numpy)
-        if deferred and self._device is not None:
+        if deferred:
             self._device.register(buf)
             self._device.copy(deferred)
 
@@ -357,6 +358,9 @@ class Checkpointer:
         if self._layout is None or self._layout[0] != shapes:
             offsets, end = plan_layout([t.nbytes for t in tensors])
             self._layout = (shapes, offsets, end)
+            if self._device is None and DeviceCopier.wanted(tensors):  # decided once, here
+                self._device = DeviceCopier()
+                self._device.install()
         return self._layout[1], self._layout[2]
 
     def _slots_for(self, nbytes: int, create: bool = True) -> ShardSlots:

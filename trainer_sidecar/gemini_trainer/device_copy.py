@@ -43,6 +43,8 @@ class DeviceCopier:
         self._registered: set[tuple[int, int]] = set()
         self._optimizers: list[Any] = []  # seen by the step hook: whose tensors may change
         self._hook: Any = None
+        self._owned: set[int] = set()
+        self._owned_for: tuple[int, ...] | None = None  # state entries per optimizer, then
 
     @staticmethod
     def wanted(tensors: Sequence[torch.Tensor]) -> bool:
@@ -70,7 +72,15 @@ class DeviceCopier:
         self._registered.add(key)
 
     def owned_by_optimizers(self) -> set[int]:
-        """Storages of the tensors the optimizers seen so far update at their step."""
+        """Storages of the tensors the optimizers seen so far update at their step; walked
+        again only when an optimizer or its state entries appeared (once, after the first
+        steps), not every iteration."""
+        shape = tuple(len(opt.state) for opt in self._optimizers)
+        if shape != self._owned_for:
+            self._owned, self._owned_for = self._walk_optimizers(), shape
+        return self._owned
+
+    def _walk_optimizers(self) -> set[int]:
         owned: set[int] = set()
         for opt in self._optimizers:
             for group in opt.param_groups:
