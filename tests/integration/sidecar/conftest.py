@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -49,6 +49,23 @@ def make_config(
     return SidecarConfig(**fields)  # type: ignore[arg-type]
 
 
+def sidecar_env(cfg: SidecarConfig, api_port: int, extra: Mapping[str, str]) -> dict[str, str]:
+    peers = ",".join(f"{r}={a}" for r, a in cfg.placement.peers.items())
+    env = dict(os.environ)
+    env.update({
+        "GEMINI_JOB": cfg.job, "GEMINI_RANK": str(cfg.rank),
+        "GEMINI_WORLD_SIZE": str(cfg.world_size), "GEMINI_AUTH_TOKEN": cfg.auth_token.decode(),
+        "GEMINI_MEMORY_BUDGET_BYTES": str(cfg.memory_budget_bytes), "GEMINI_PEERS": peers,
+        "GEMINI_HOLD_RANKS": ",".join(map(str, cfg.placement.hold_ranks)),
+        "GEMINI_SEND_TO": ",".join(map(str, cfg.placement.send_to)),
+        "GEMINI_POD_IP": "127.0.0.1", "GEMINI_SIDECAR_PORT": str(cfg.peer_port),
+        "GEMINI_SIDECAR_API_PORT": str(api_port), "GEMINI_SHM_DIR": str(cfg.shm_dir),
+        "GEMINI_TRAFFIC_MODE": cfg.traffic_mode, "GEMINI_CHUNK_BYTES": str(cfg.chunk_bytes),
+    })
+    env.update(extra)
+    return env
+
+
 def payload(version: int, size: int) -> bytes:
     rng = np.random.default_rng(version)
     return rng.integers(0, 256, size, dtype=np.uint8).tobytes()
@@ -89,18 +106,7 @@ class SidecarProcess:
 
         self.cfg = cfg
         self.api_port = api_port
-        peers = ",".join(f"{r}={a}" for r, a in cfg.placement.peers.items())
-        env = dict(os.environ)
-        env.update({
-            "GEMINI_JOB": cfg.job, "GEMINI_RANK": str(cfg.rank),
-            "GEMINI_WORLD_SIZE": str(cfg.world_size), "GEMINI_AUTH_TOKEN": cfg.auth_token.decode(),
-            "GEMINI_MEMORY_BUDGET_BYTES": str(cfg.memory_budget_bytes), "GEMINI_PEERS": peers,
-            "GEMINI_HOLD_RANKS": ",".join(map(str, cfg.placement.hold_ranks)),
-            "GEMINI_SEND_TO": ",".join(map(str, cfg.placement.send_to)),
-            "GEMINI_POD_IP": "127.0.0.1", "GEMINI_SIDECAR_PORT": str(cfg.peer_port),
-            "GEMINI_SIDECAR_API_PORT": str(api_port), "GEMINI_SHM_DIR": str(cfg.shm_dir),
-            "GEMINI_TRAFFIC_MODE": cfg.traffic_mode, "GEMINI_CHUNK_BYTES": str(cfg.chunk_bytes),
-        })
+        env = sidecar_env(cfg, api_port, {})
         code = "import sys; from gemini_cli import main; sys.exit(main(['sidecar']))"
         self.proc = subprocess.Popen([sys.executable, "-c", code], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -17,26 +17,10 @@ from pathlib import Path
 from gemini_sidecar.config import PeerAddress, SidecarConfig
 from gemini_sidecar.fetcher import Fetched, FetchRequest, fetch
 from gemini_sidecar.metrics import make_metrics
+from tests.integration.sidecar.conftest import sidecar_env
 
 API_STALL = b"GET /inventory HTTP/1.1\r\nHost: sidecar\r\nAuthorization: Bear"  # no end
 PEER_STALL = b"GMN1\x01"  # the start of a HELLO header, never finished
-
-
-def sidecar_env(cfg: SidecarConfig, api_port: int, extra: Mapping[str, str]) -> dict[str, str]:
-    peers = ",".join(f"{r}={a}" for r, a in cfg.placement.peers.items())
-    env = dict(os.environ)
-    env.update({
-        "GEMINI_JOB": cfg.job, "GEMINI_RANK": str(cfg.rank),
-        "GEMINI_WORLD_SIZE": str(cfg.world_size), "GEMINI_AUTH_TOKEN": cfg.auth_token.decode(),
-        "GEMINI_MEMORY_BUDGET_BYTES": str(cfg.memory_budget_bytes), "GEMINI_PEERS": peers,
-        "GEMINI_HOLD_RANKS": ",".join(map(str, cfg.placement.hold_ranks)),
-        "GEMINI_SEND_TO": ",".join(map(str, cfg.placement.send_to)),
-        "GEMINI_POD_IP": "127.0.0.1", "GEMINI_SIDECAR_PORT": str(cfg.peer_port),
-        "GEMINI_SIDECAR_API_PORT": str(api_port), "GEMINI_SHM_DIR": str(cfg.shm_dir),
-        "GEMINI_TRAFFIC_MODE": cfg.traffic_mode, "GEMINI_CHUNK_BYTES": str(cfg.chunk_bytes),
-    })
-    env.update(extra)
-    return env
 
 
 class LimitedSidecar:
