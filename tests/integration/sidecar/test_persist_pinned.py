@@ -17,6 +17,7 @@ from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import S3Settings
 from gemini_sidecar.s3 import open_store
 from gemini_trainer.shm import ShardSlots, shard_path
+from tests.fixtures.s3 import sidecar_settings
 from tests.integration.sidecar.conftest import TOKEN, free_port, make_config, payload, write_local
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
@@ -24,10 +25,7 @@ PART = 5 << 20
 
 
 def settings(s3_server: Any, prefix: str) -> S3Settings:
-    ep = s3_server.endpoint
-    return S3Settings(bucket=ep.bucket, prefix=prefix.strip("/"), endpoint_url=ep.url,
-                      region=ep.region, access_key=ep.access_key, secret_key=ep.secret_key,
-                      retain=2, part_bytes=PART, concurrency=2)
+    return sidecar_settings(s3_server, prefix, part_bytes=PART, concurrency=2)
 
 
 async def test_a_persist_pins_its_version_while_it_uploads_and_releases_it_after(

@@ -23,6 +23,7 @@ from gemini_cli import main as gemini
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import S3Settings
 from gemini_trainer.shm import payload_checksum
+from tests.fixtures.s3 import sidecar_settings
 from tests.integration.sidecar.conftest import (
     TOKEN,
     free_port,
@@ -36,13 +37,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.s3]
 AUTH = {"Authorization": f"Bearer {TOKEN.decode()}"}
 NAME = "train"
 SIZE = (6 << 20) + 8  # multipart (5 MiB parts)
-
-
-def _settings(s3_server: Any, s3_prefix: str, retain: int) -> S3Settings:
-    ep = s3_server.endpoint
-    return S3Settings(bucket=ep.bucket, prefix=s3_prefix.strip("/"), endpoint_url=ep.url,
-                      region=ep.region, access_key=ep.access_key, secret_key=ep.secret_key,
-                      retain=retain, part_bytes=5 << 20, concurrency=4)
 
 
 @asynccontextmanager
@@ -100,7 +94,7 @@ async def _restored(http: aiohttp.ClientSession, car: Sidecar,
 async def test_same_named_jobs_in_two_namespaces_and_a_recreated_job_keep_apart(
     tmp_path, s3_server, s3_prefix,
 ):
-    s3 = _settings(s3_server, s3_prefix, retain=1)
+    s3 = sidecar_settings(s3_server, s3_prefix, retain=1)
     jobs = {"first": ("team-a", "uid-first"), "other namespace": ("team-b", "uid-other"),
             "created again": ("team-a", "uid-again")}
     plan = {"first": (1, 2, 3), "other namespace": (10, 11), "created again": (5,)}
@@ -128,7 +122,7 @@ async def test_same_named_jobs_in_two_namespaces_and_a_recreated_job_keep_apart(
 async def test_a_step_whose_marker_names_another_job_is_refused_and_logged_once(
     tmp_path, s3_server, s3_prefix, caplog,
 ):
-    s3 = _settings(s3_server, s3_prefix, retain=2)
+    s3 = sidecar_settings(s3_server, s3_prefix, retain=2)
     client = s3_server.client()
     async with aiohttp.ClientSession() as http:
         async with job_sidecar(tmp_path, s3, "team-a", "uid-owner") as owner:
@@ -172,7 +166,7 @@ def _legacy_step(client: Any, bucket: str, prefix: str, version: int, data: byte
 async def test_a_legacy_checkpoint_is_kept_and_restored_only_once_adopted(
     tmp_path, s3_server, s3_prefix, monkeypatch, capsys,
 ):
-    s3 = _settings(s3_server, s3_prefix, retain=1)
+    s3 = sidecar_settings(s3_server, s3_prefix, retain=1)
     client, prefix = s3_server.client(), s3_prefix.strip("/")
     legacy = payload(77, SIZE)
     base = _legacy_step(client, s3.bucket, prefix, 7, legacy)

@@ -9,8 +9,8 @@ import aiohttp
 import pytest
 
 from gemini_sidecar.app import Sidecar
-from gemini_sidecar.config import S3Settings
 from gemini_sidecar.s3 import committed_steps, latest_committed
+from tests.fixtures.s3 import sidecar_settings
 from tests.integration.sidecar.conftest import (
     TOKEN,
     free_port,
@@ -24,13 +24,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.s3]
 AUTH = {"Authorization": f"Bearer {TOKEN.decode()}"}
 
 
-def _settings(s3_server, s3_prefix: str) -> S3Settings:
-    ep = s3_server.endpoint
-    return S3Settings(bucket=ep.bucket, prefix=s3_prefix.strip("/"), endpoint_url=ep.url,
-                      region=ep.region, access_key=ep.access_key, secret_key=ep.secret_key,
-                      retain=2, part_bytes=5 << 20, concurrency=4)
-
-
 async def _post(http, car: Sidecar, path: str, body: dict[str, Any]) -> dict[str, Any]:
     url = f"http://127.0.0.1:{car.api_port}{path}"
     async with http.post(url, json=body, headers=AUTH) as resp:
@@ -42,7 +35,7 @@ async def _post(http, car: Sidecar, path: str, body: dict[str, Any]) -> dict[str
 async def test_persist_commit_retention_and_restore_from_the_real_s3_server(
     tmp_path, s3_server, s3_prefix
 ):
-    s3 = _settings(s3_server, s3_prefix)
+    s3 = sidecar_settings(s3_server, s3_prefix)
     ports = {0: free_port(), 1: free_port()}
     cars = [Sidecar(make_config(r, 2, tmp_path, ports, s3=s3)) for r in (0, 1)]
     for car in cars:

@@ -67,19 +67,12 @@ def test_killed_accelerate_loop_resumes_at_the_restored_step_bit_exactly(
     resumed = run(training_runs, tmp_path / "resumed", shm,
                   GEMINI_RESTORE_VERSION=restore, GEMINI_RESTART_EPOCH="1")
     resumed.wait_ok()
-    steps = {resumed.restored_step(r) for r in range(WORLD)}
-    assert len(steps) == 1, f"ranks restored different steps: {steps}"
-    step = steps.pop()
-    assert step is not None, f"the loop did not resume:\n{resumed.tail()}"
+    step = resumed.agreed_restored_step("loop")
     if restore == "latest":
         assert kill_at - 1 <= step <= reached and step % STEPS_PER_EPOCH, step
     else:
         assert step == int(restore)
-    for r in range(WORLD):
-        got = resumed.losses(r)
-        assert sorted(got) == list(range(step + 1, STEPS + 1)), (
-            f"rank {r} did not resume at step {step}:\n{resumed.tail()}")
-        assert got == {s: reference[r][s] for s in got}, f"rank {r} diverged after step {step}"
+    resumed.assert_continues(step, STEPS, reference)
 
 
 def test_an_unseeded_shuffling_loader_is_refused_with_the_setting_to_use(
