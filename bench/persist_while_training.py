@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from support.cleanup import Cleanup, cleaning_up
-from support.sidecar_procs import SidecarProc, commit_version, free_port, pattern
+from support.sidecar_procs import SidecarProc, commit_version, free_port, local_s3_env, pattern
 
 SIZE = int(os.environ.get("BENCH_BYTES", str(256 << 20)))  # see the docstring
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
@@ -47,18 +47,6 @@ while True:
     opt.zero_grad()
     print(time.monotonic(), flush=True)
 """
-
-
-def start_s3(state: Path, cleanup: Cleanup) -> dict[str, str]:
-    from gemini_local.s3 import start_s3 as start
-    from gemini_local.s3 import stop_s3
-
-    cleanup.at_exit(stop_s3, state)
-    ep = start(state, stop_with_pid=os.getpid())
-    return {"GEMINI_S3_BUCKET": ep.bucket, "GEMINI_S3_ENDPOINT": ep.url,
-            "GEMINI_S3_REGION": ep.region, "GEMINI_S3_ACCESS_KEY": ep.access_key,
-            "GEMINI_S3_SECRET_KEY": ep.secret_key, "GEMINI_S3_PREFIX": "bench-persist",
-            "GEMINI_S3_PART_BYTES": str(64 << 20), "GEMINI_S3_CONCURRENCY": "8"}
 
 
 class Training:
@@ -97,7 +85,7 @@ def measure(cleanup: Cleanup) -> None:
     cleanup.at_exit(shutil.rmtree, root, True)
     s3_state = Path(tempfile.mkdtemp(prefix="gemini-persist-s3-"))
     cleanup.at_exit(shutil.rmtree, s3_state, True)
-    env = start_s3(s3_state, cleanup)
+    env = local_s3_env(s3_state, cleanup, "bench-persist")
     owner = SidecarProc(0, 1, root / "owner", {0: free_port()}, extra=env)
     cleanup.at_exit(owner.stop)
     with owner.slots(SIZE) as slots:

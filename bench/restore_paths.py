@@ -30,7 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from replication_throughput import raw_run
 from support.cleanup import Cleanup, cleaning_up
-from support.sidecar_procs import SidecarProc, commit_version, free_port, pattern, wait_until
+from support.sidecar_procs import (
+    SidecarProc,
+    commit_version,
+    free_port,
+    local_s3_env,
+    pattern,
+    wait_until,
+)
 
 from gemini_trainer.shm import ShardSlots
 
@@ -50,14 +57,7 @@ def start_s3_if_installed(state: Path, cleanup: Cleanup) -> dict[str, str] | Non
     if not shutil.which("radosgw"):
         print("radosgw not installed: S3 path skipped", flush=True)
         return None
-    from gemini_local.s3 import start_s3, stop_s3
-
-    cleanup.at_exit(stop_s3, state)
-    ep = start_s3(state, stop_with_pid=os.getpid())
-    return {"GEMINI_S3_BUCKET": ep.bucket, "GEMINI_S3_ENDPOINT": ep.url,
-            "GEMINI_S3_REGION": ep.region, "GEMINI_S3_ACCESS_KEY": ep.access_key,
-            "GEMINI_S3_SECRET_KEY": ep.secret_key, "GEMINI_S3_PREFIX": "bench-restore",
-            "GEMINI_S3_PART_BYTES": str(64 << 20), "GEMINI_S3_CONCURRENCY": "8"}
+    return local_s3_env(state, cleanup, "bench-restore")
 
 
 def timed(work) -> float:

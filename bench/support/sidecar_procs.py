@@ -102,3 +102,16 @@ def wait_until(cond: Any, timeout: float = 600.0, every: float = 0.002) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError("benchmark step timed out")
         time.sleep(every)
+
+
+def local_s3_env(state: Path, cleanup: Any, prefix: str) -> dict[str, str]:
+    """Start the local S3 server in `state` (stopped by `cleanup`) and return the sidecar
+    environment that points at it."""
+    from gemini_local.s3 import start_s3, stop_s3
+
+    cleanup.at_exit(stop_s3, state)
+    ep = start_s3(state, stop_with_pid=os.getpid())
+    return {"GEMINI_S3_BUCKET": ep.bucket, "GEMINI_S3_ENDPOINT": ep.url,
+            "GEMINI_S3_REGION": ep.region, "GEMINI_S3_ACCESS_KEY": ep.access_key,
+            "GEMINI_S3_SECRET_KEY": ep.secret_key, "GEMINI_S3_PREFIX": prefix,
+            "GEMINI_S3_PART_BYTES": str(64 << 20), "GEMINI_S3_CONCURRENCY": "8"}
