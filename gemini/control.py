@@ -49,6 +49,14 @@ Ordering rules (what the servers require of their callers, and why):
    ``/restart``. A launcher whose container restarted comes back held at its environment's
    epoch: after ``/restart``, ``GET /status`` tells which launchers run the new epoch, and
    the others are sent it again. ``POST /stop`` ends the launcher; nothing follows it.
+7. Transfers run in the background. ``/fetch``, ``/fetch-replicas``, ``/persist`` and
+   ``/restore`` start a transfer, or join the one already running for the same request (the
+   same rank, version and target): a retry never starts a second copy. A request with
+   ``wait_seconds`` is answered when the transfer ends or after that many seconds, whichever
+   comes first; in the second case with 202 and a ``TransferRunning`` (bytes done of the
+   total), and the caller asks again to join it. Without ``wait_seconds`` the answer waits
+   for the end. A failed transfer is answered with its error once; the next request starts
+   a new one.
 """
 
 from __future__ import annotations
@@ -92,6 +100,8 @@ RESTORE_SOURCES = ("local", "peer", "s3")
 LAUNCHER_STATES = ("starting", "held", "running", "exited", "stopped")
 RESTART_RESULTS = ("restarted", "already")
 FETCH_TARGETS = ("shm", "store")
+TRANSFER_KINDS = ("fetch", "fetch-replicas", "persist", "restore")
+MAX_WAIT_SECONDS = 60.0  # a transfer request's wait_seconds: longer would hold the call open
 MAX_RESTART_ENV = 64  # names a restart may add to the training process's environment
 DEFAULT_TIMEOUT_SECONDS = 5.0
 
@@ -262,6 +272,21 @@ def _peer_text(f: _Fields, text: str) -> dict[int, str]:
 
 
 # -- the error answer and health ---------------------------------------------------------------
+
+def _wait_of(f: _Fields) -> float | None:
+    """A transfer request's `wait_seconds` (None: wait for the end)."""
+    wait = f.opt_number("wait_seconds")
+    if wait is not None and not 0 <= wait <= MAX_WAIT_SECONDS:
+        raise f.fail("wait_seconds", f"a number of seconds from 0 to {MAX_WAIT_SECONDS:g}",
+                     wait)
+    return wait
+
+
+def _with_wait(doc: dict[str, Any], wait: float | None) -> dict[str, Any]:
+    if wait is not None:
+        doc["wait_seconds"] = wait
+    return doc
+
 
 @dataclass(frozen=True)
 class ErrorAnswer:
@@ -588,13 +613,14 @@ class FetchRequest:
     version: int | None = None
     holders: tuple[Holder, ...] = ()
     into: Literal["shm", "store"] | None = None  # None: shm for the own rank, else store
+    wait_seconds: float | None = None  # rule 7
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"rank": self.rank, "version": self.version,
                                "holders": list(self.holders)}
         if self.into is not None:
             doc["into"] = self.into
-        return doc
+        return _with_wait(doc, self.wait_seconds)
 
     @classmethod
     def from_json(cls, doc: object) -> FetchRequest:
@@ -603,7 +629,7 @@ class FetchRequest:
         if into is not None and into not in FETCH_TARGETS:
             raise f.fail("into", '"shm", "store" or null', into)
         return cls(f.integer("rank", 0), f.opt_integer("version", 0), f.holders("holders"),
-                   into)
+                   into, _wait_of(f))
 
 
 @dataclass(frozen=True)
@@ -634,10 +660,11 @@ class FetchReplicasRequest:
 
     holders: Mapping[int, tuple[Holder, ...]] = field(default_factory=dict)
     version: int | None = None
+    wait_seconds: float | None = None  # rule 7
 
     def to_json(self) -> dict[str, Any]:
-        return {"holders": {str(r): list(hs) for r, hs in self.holders.items()},
-                "version": self.version}
+        return _with_wait({"holders": {str(r): list(hs) for r, hs in self.holders.items()},
+                           "version": self.version}, self.wait_seconds)
 
     @classmethod
     def from_json(cls, doc: object) -> FetchReplicasRequest:
@@ -645,7 +672,7 @@ class FetchReplicasRequest:
         raw = f.raw("holders")  # null: none given, as missing
         given = f.by_rank("holders") if raw is not None else {}
         holders = {r: f.holders_of(f"holders.{r}", hs) for r, hs in given.items()}
-        return cls(holders, f.opt_integer("version", 0))
+        return cls(holders, f.opt_integer("version", 0), _wait_of(f))
 
 
 @dataclass(frozen=True)
@@ -703,13 +730,15 @@ class PersistRequest:
     """POST /persist: upload `version` (None: the newest complete) of the own shard to S3."""
 
     version: int | None = None
+    wait_seconds: float | None = None  # rule 7
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.version}
+        return _with_wait({"version": self.version}, self.wait_seconds)
 
     @classmethod
     def from_json(cls, doc: object) -> PersistRequest:
-        return cls(_Fields(doc, "/persist body").opt_integer("version", 0))
+        f = _Fields(doc, "/persist body")
+        return cls(f.opt_integer("version", 0), _wait_of(f))
 
 
 @dataclass(frozen=True)
@@ -768,13 +797,15 @@ class RestoreRequest:
     committed) into shared memory."""
 
     version: int | None = None
+    wait_seconds: float | None = None  # rule 7
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.version}
+        return _with_wait({"version": self.version}, self.wait_seconds)
 
     @classmethod
     def from_json(cls, doc: object) -> RestoreRequest:
-        return cls(_Fields(doc, "/restore body").opt_integer("version", 0))
+        f = _Fields(doc, "/restore body")
+        return cls(f.opt_integer("version", 0), _wait_of(f))
 
 
 @dataclass(frozen=True)
@@ -806,6 +837,40 @@ class CommittedStepsAnswer:
     def from_json(cls, doc: object) -> CommittedStepsAnswer:
         return cls(_Fields(doc, "/committed-steps answer").ranks("steps", required=True,
                                                                  what="steps"))
+
+
+@dataclass(frozen=True)
+class TransferRunning:
+    """A transfer still under way (rule 7), answered with 202: bytes done of the total
+    (None until the source said how many), and seconds since it started."""
+
+    kind: str  # one of TRANSFER_KINDS
+    rank: int | None  # the rank moved (None: every held rank, /fetch-replicas)
+    version: int | None
+    done_bytes: int
+    total_bytes: int | None
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"state": "running", "kind": self.kind, "rank": self.rank,
+                "version": self.version, "done_bytes": self.done_bytes,
+                "total_bytes": self.total_bytes, "seconds": self.seconds}
+
+    @classmethod
+    def from_json(cls, doc: object) -> TransferRunning:
+        f = _Fields(doc, "transfer answer (202)")
+        kind = f.string("kind")
+        if kind not in TRANSFER_KINDS:
+            raise f.fail("kind", f"one of {', '.join(TRANSFER_KINDS)}", kind)
+        return cls(kind, f.opt_integer("rank", 0), f.opt_integer("version", 0),
+                   f.integer("done_bytes", 0), f.opt_integer("total_bytes", 0),
+                   f.number("seconds"))
+
+    def words(self) -> str:
+        """'1.2 of 4.0 GiB in 3.1 s' (for events and waits)."""
+        gib = 1 << 30
+        total = "?" if self.total_bytes is None else f"{self.total_bytes / gib:.2f}"
+        return f"{self.done_bytes / gib:.2f} of {total} GiB in {self.seconds:.1f} s"
 
 
 # -- the launcher ------------------------------------------------------------------------------
@@ -1167,22 +1232,24 @@ class ControlClient:
     def profile(self, request: ProfileRequest) -> ProfileAnswer:
         return self._typed(PROFILE_PATH, request.to_json(), ProfileAnswer.from_json)
 
-    def fetch(self, request: FetchRequest) -> FetchAnswer:
-        return self._typed(FETCH_PATH, request.to_json(), FetchAnswer.from_json)
+    # The transfers (rule 7): TransferRunning when the request's wait_seconds passed first.
+    def fetch(self, request: FetchRequest) -> FetchAnswer | TransferRunning:
+        return self._transfer(FETCH_PATH, request.to_json(), FetchAnswer.from_json)
 
-    def fetch_replicas(self, request: FetchReplicasRequest) -> FetchReplicasAnswer:
+    def fetch_replicas(self, request: FetchReplicasRequest
+                       ) -> FetchReplicasAnswer | TransferRunning:
         """Raises ControlError (status 502) when some held rank did not come."""
-        return self._typed(FETCH_REPLICAS_PATH, request.to_json(),
-                           FetchReplicasAnswer.from_json)
+        return self._transfer(FETCH_REPLICAS_PATH, request.to_json(),
+                              FetchReplicasAnswer.from_json)
 
-    def persist(self, request: PersistRequest) -> PersistAnswer:
-        return self._typed(PERSIST_PATH, request.to_json(), PersistAnswer.from_json)
+    def persist(self, request: PersistRequest) -> PersistAnswer | TransferRunning:
+        return self._transfer(PERSIST_PATH, request.to_json(), PersistAnswer.from_json)
 
     def commit(self, request: CommitRequest) -> CommitAnswer:
         return self._typed(COMMIT_PATH, request.to_json(), CommitAnswer.from_json)
 
-    def restore(self, request: RestoreRequest) -> RestoreAnswer:
-        return self._typed(RESTORE_PATH, request.to_json(), RestoreAnswer.from_json)
+    def restore(self, request: RestoreRequest) -> RestoreAnswer | TransferRunning:
+        return self._transfer(RESTORE_PATH, request.to_json(), RestoreAnswer.from_json)
 
     def committed_steps(self) -> CommittedStepsAnswer:
         return self._typed(COMMITTED_STEPS_PATH, None, CommittedStepsAnswer.from_json)
@@ -1207,6 +1274,17 @@ class ControlClient:
     def _typed(self, path: str, body: Mapping[str, Any] | None,
                parse: Callable[[object], T]) -> T:
         status, raw = self._exchange(path, body)
+        return self._parsed(path, status, raw, parse)
+
+    def _transfer(self, path: str, body: Mapping[str, Any] | None,
+                  parse: Callable[[object], T]) -> T | TransferRunning:
+        status, raw = self._exchange(path, body)
+        if status == 202:
+            return self._parsed(path, status, raw, TransferRunning.from_json)
+        return self._parsed(path, status, raw, parse)
+
+    def _parsed(self, path: str, status: int, raw: bytearray,
+                parse: Callable[[object], T]) -> T:
         if not 200 <= status < 300:
             raise self._refused(path, status, raw)
         with _PARSE_LOCK:

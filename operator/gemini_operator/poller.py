@@ -37,18 +37,20 @@ from gemini_operator.pace import replication_pace
 from gemini_operator.sidecars import (
     DeliveryError,
     SidecarError,
+    TransfersRunning,
     persist_and_commit,
     worker_ports,
 )
 from gemini_operator.silence import PRESUME_S, SilenceTracker, suspects
 from gemini_operator.spec import JobSpec, Persistence, SpecError, parse_spec
-from gemini_operator.status import CheckpointStatus, JobStatus, ReplicaCoverage
+from gemini_operator.status import CheckpointStatus, JobStatus, PersistProgress, ReplicaCoverage
 from gemini_operator.tokens import JobTokens
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 2.0
 POLL_TIMEOUT_SECONDS = 2.0
-PERSIST_TIMEOUT_SECONDS = 300.0
+PERSIST_TIMEOUT_SECONDS = 300.0  # the commit (it reads every rank's object's head)
+PERSIST_WAIT_SECONDS = 0.5  # each poll joins the uploads under way for this long at most
 PERSIST_RETRY_SECONDS = 10.0
 PERSIST_ANNOTATION = "gemini.io/persist-requested"
 # Jobs polled at once. A job is never polled twice at a time, so a job whose workers hold
@@ -131,6 +133,7 @@ class CheckpointPoller:
         self._found: dict[JobKey, Findings] = {}
         self._handled_request: dict[JobKey, str] = {}
         self._persist_tried: dict[JobKey, float] = {}
+        self._persisting: dict[JobKey, tuple[int | None, int]] = {}  # (epoch, step) under way
 
     def findings(self, key: JobKey) -> Findings | None:
         found = self._found.get(key)
@@ -148,6 +151,7 @@ class CheckpointPoller:
         self._silence.pop(key, None)
         self._handled_request.pop(key, None)
         self._persist_tried.pop(key, None)
+        self._persisting.pop(key, None)
 
     def poll(self, key: JobKey) -> bool:
         """Refresh the findings of job `key`; True when they changed (reconcile it)."""
@@ -174,7 +178,8 @@ class CheckpointPoller:
         before = self._found.get(key)
         found = self._observe(key, job, status, pods, token, before)
         if spec.persistence is not None:
-            found = self._persist(key, snap.job, spec, pods, token, found)
+            found = self._persist(key, snap.job, spec, pods, token, found,
+                                  _launch_epoch(status))
         self._found[key] = found
         return found != before
 
@@ -258,35 +263,57 @@ class CheckpointPoller:
                         err)
 
     def _persist(self, key: JobKey, obj: Mapping[str, Any], spec: JobSpec,
-                 pods: Mapping[int, PodView], token: str, found: Findings) -> Findings:
+                 pods: Mapping[int, PodView], token: str, found: Findings,
+                 epoch: int | None) -> Findings:
+        """Start an upload when one is due, or join the one under way (each poll asks again,
+        so no poll waits for a whole upload); commit once every rank's is in S3."""
         persistence: Persistence = spec.persistence  # type: ignore[assignment]
         ckpt = found.checkpoint
-        version = ckpt.in_memory_step
         request = ((obj.get("metadata") or {}).get("annotations") or {}).get(PERSIST_ANNOTATION)
-        requested = bool(request) and self._handled_request.get(key) != request
-        now = self._clock().timestamp()
-        last = _unix(ckpt.persisted_time)
-        due = requested or last is None or now - last >= persistence.interval_seconds
-        if version is None or not due or (version == ckpt.persisted_step and not requested):
+        under_way = self._persisting.get(key)
+        due = under_way[1] if under_way is not None and under_way[0] == epoch else (
+            self._persist_due(key, persistence, ckpt, request))
+        if due is None:
             return found
-        if now - self._persist_tried.get(key, 0.0) < PERSIST_RETRY_SECONDS and not requested:
-            return found
-        self._persist_tried[key] = now
+        version = due
+        self._persisting[key] = (epoch, version)
         port = self.config.render.sidecar_api_port
         try:
             persist_and_commit({r: (p.ip, port) for r, p in pods.items()}, token, version,
-                               PERSIST_TIMEOUT_SECONDS)
+                               PERSIST_TIMEOUT_SECONDS, wait=PERSIST_WAIT_SECONDS)
+        except TransfersRunning as running:
+            done, total = running.bytes_done()
+            return replace(found, checkpoint=replace(
+                ckpt, persist_progress=PersistProgress(version, done, total)))
         except SidecarError as err:
+            del self._persisting[key]
             log.warning("persisting step %s of %s/%s failed (retrying): %s", version, *key, err)
             return replace(found, checkpoint=replace(
-                ckpt, persist_error=f"step {version}: {err}"[:1024]))
+                ckpt, persist_error=f"step {version}: {err}"[:1024], persist_progress=None))
+        del self._persisting[key]
         if request:
             self._handled_request[key] = request
         stamp = api_time(self._clock())
         log.info("persisted step %s of %s/%s to %s", version, *key, persistence.uri)
         return replace(found, checkpoint=replace(
             ckpt, persisted_step=version, persisted_time=stamp, persist_error=None,
-            persist_request=request or ckpt.persist_request))
+            persist_request=request or ckpt.persist_request, persist_progress=None))
+
+    def _persist_due(self, key: JobKey, persistence: Persistence, ckpt: CheckpointStatus,
+                     request: str | None) -> int | None:
+        """The step to upload now (the newest complete in memory), if one is due: asked for
+        by the annotation, or the interval passed (failures retried every few seconds)."""
+        version = ckpt.in_memory_step
+        requested = bool(request) and self._handled_request.get(key) != request
+        now = self._clock().timestamp()
+        last = _unix(ckpt.persisted_time)
+        due = requested or last is None or now - last >= persistence.interval_seconds
+        if version is None or not due or (version == ckpt.persisted_step and not requested):
+            return None
+        if now - self._persist_tried.get(key, 0.0) < PERSIST_RETRY_SECONDS and not requested:
+            return None
+        self._persist_tried[key] = now
+        return version
 
 
 class PollRounds:

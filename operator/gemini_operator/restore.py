@@ -61,6 +61,15 @@ class Restorer:
 
     def fetch(self, job: JobView, spec: JobSpec, status: JobStatus,
               record: RecoveryRecord) -> None:
+        """The transfers of Fetching; RecoveryWait with their progress while some run (the
+        next reconcile asks again and joins them)."""
+        try:
+            self._fetch(job, spec, status, record)
+        except sidecars.TransfersRunning as running:
+            raise RecoveryWait(f"transfers under way: {running}") from running
+
+    def _fetch(self, job: JobView, spec: JobSpec, status: JobStatus,
+               record: RecoveryRecord) -> None:
         """Fetching: for an S3 plan every sidecar restores the version; for a memory plan,
         replacements get the placement again, ranks sourced from a peer fetch their shard,
         and every holder fetches the replicas it lacks of that version (replacements all of

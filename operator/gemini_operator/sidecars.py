@@ -18,7 +18,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from gemini.control import (
@@ -40,6 +40,7 @@ from gemini.control import (
     RestartRequest,
     RestoreAnswer,
     RestoreRequest,
+    TransferRunning,
 )
 
 TIMEOUT_SECONDS = 5.0
@@ -49,8 +50,12 @@ DELIVERY_TIMEOUT_SECONDS = 3.0
 # Recovery plans with the inventories that answer within this; a silent sidecar's copies are
 # left out rather than waited for (its node may be cut off).
 INVENTORY_TIMEOUT_SECONDS = 2.0
-# A fetch or an S3 restore moves a whole shard: seconds per GiB, not a quick answer.
+# A fetch or an S3 restore moves a whole shard: seconds per GiB, not a quick answer. Calls
+# that wait for the end (no wait_seconds) get this deadline; a retry joins the transfer.
 TRANSFER_TIMEOUT_SECONDS = 120.0
+# The recovery's and the poller's transfer calls return after this at the latest with the
+# progress, and ask again (joining the transfer): no call is held for the transfer's size.
+TRANSFER_WAIT_SECONDS = 1.0
 # Listing a job's committed steps costs the sidecar a listing and a marker read per step.
 LISTING_TIMEOUT_SECONDS = 10.0
 
@@ -61,6 +66,34 @@ R = TypeVar("R")
 
 class SidecarError(RuntimeError):
     """A sidecar did not take the request; the message names the rank and the reason."""
+
+
+class TransfersRunning(Exception):
+    """Some ranks' transfers are still under way (asked again, the calls join them)."""
+
+    def __init__(self, running: Mapping[int, TransferRunning]) -> None:
+        self.running = dict(running)
+        super().__init__("; ".join(f"rank {r}: {t.kind} {t.words()}"
+                                   for r, t in sorted(self.running.items())))
+
+    def bytes_done(self) -> tuple[int, int | None]:
+        """Bytes done and the total over every rank (None while some total is unknown)."""
+        done = sum(t.done_bytes for t in self.running.values())
+        totals = [t.total_bytes for t in self.running.values()]
+        return done, None if None in totals else sum(t or 0 for t in totals)
+
+
+def finished(answers: Mapping[int, T | TransferRunning]) -> dict[int, T]:
+    """Every rank's answer, or TransfersRunning naming those still under way."""
+    running = {r: a for r, a in answers.items() if isinstance(a, TransferRunning)}
+    if running:
+        raise TransfersRunning(running)
+    return {r: a for r, a in answers.items() if not isinstance(a, TransferRunning)}
+
+
+def _call_timeout(wait: float | None, timeout: float) -> float:
+    """A transfer call's deadline: the wait it asked for and time to answer, else `timeout`."""
+    return timeout if wait is None else wait + TIMEOUT_SECONDS
 
 
 class DeliveryError(SidecarError):
@@ -186,23 +219,34 @@ def restart(targets: Mapping[int, Target], token: str,
 
 
 def fetch(targets: Mapping[int, Target], token: str, requests: Mapping[int, FetchRequest],
-          timeout: float = TRANSFER_TIMEOUT_SECONDS) -> dict[int, FetchAnswer]:
-    """POST /fetch to each rank's sidecar with its own request."""
-    return every(targets, token, lambda r, c: c.fetch(requests[r]), timeout)
+          timeout: float = TRANSFER_TIMEOUT_SECONDS,
+          wait: float | None = TRANSFER_WAIT_SECONDS) -> dict[int, FetchAnswer]:
+    """POST /fetch to each rank's sidecar with its own request. With `wait` (seconds), a
+    transfer not done by then raises TransfersRunning with every rank's progress."""
+    bodies = {r: replace(q, wait_seconds=wait) for r, q in requests.items()}
+    return finished(every(targets, token, lambda r, c: c.fetch(bodies[r]),
+                          _call_timeout(wait, timeout)))
 
 
 def fetch_replicas(targets: Mapping[int, Target], token: str,
                    request: FetchReplicasRequest | Mapping[int, FetchReplicasRequest],
-                   timeout: float = TRANSFER_TIMEOUT_SECONDS) -> dict[int, FetchReplicasAnswer]:
-    """POST /fetch-replicas; a sidecar that did not get every held rank is a failure."""
+                   timeout: float = TRANSFER_TIMEOUT_SECONDS,
+                   wait: float | None = TRANSFER_WAIT_SECONDS) -> dict[int, FetchReplicasAnswer]:
+    """POST /fetch-replicas; a sidecar that did not get every held rank is a failure.
+    `wait` as for `fetch`."""
     body = _per_rank(request)
-    return every(targets, token, lambda r, c: c.fetch_replicas(body(r)), timeout)
+    return finished(every(targets, token,
+                          lambda r, c: c.fetch_replicas(replace(body(r), wait_seconds=wait)),
+                          _call_timeout(wait, timeout)))
 
 
 def restore(targets: Mapping[int, Target], token: str, request: RestoreRequest,
-            timeout: float = TRANSFER_TIMEOUT_SECONDS) -> dict[int, RestoreAnswer]:
-    """POST /restore (from S3) to every sidecar."""
-    return every(targets, token, lambda _, c: c.restore(request), timeout)
+            timeout: float = TRANSFER_TIMEOUT_SECONDS,
+            wait: float | None = TRANSFER_WAIT_SECONDS) -> dict[int, RestoreAnswer]:
+    """POST /restore (from S3) to every sidecar; `wait` as for `fetch`."""
+    body = replace(request, wait_seconds=wait)
+    return finished(every(targets, token, lambda _, c: c.restore(body),
+                          _call_timeout(wait, timeout)))
 
 
 def committed_steps(targets: Sequence[Target], token: str,
@@ -240,8 +284,10 @@ def _steps_of(target: Target, token: str, timeout: float) -> tuple[int, ...]:
 
 def persist(targets: Mapping[int, Target], token: str, request: PersistRequest,
             timeout: float = TIMEOUT_SECONDS) -> dict[int, PersistAnswer]:
-    """POST /persist (to S3) to every sidecar."""
-    return every(targets, token, lambda _, c: c.persist(request), timeout)
+    """POST /persist (to S3) to every sidecar; with the request's wait_seconds, an upload
+    not done by then raises TransfersRunning (asked again, the calls join the uploads)."""
+    return finished(every(targets, token, lambda _, c: c.persist(request),
+                          _call_timeout(request.wait_seconds, timeout)))
 
 
 def commit(target: Target, token: str, request: CommitRequest,
@@ -255,10 +301,11 @@ def commit(target: Target, token: str, request: CommitRequest,
 
 
 def persist_and_commit(targets: Mapping[int, Target], token: str, version: int,
-                       timeout: float) -> CommitAnswer:
+                       timeout: float, wait: float | None = None) -> CommitAnswer:
     """Every rank's sidecar uploads `version` of its shard, then the lowest rank's commits
-    it (the commit marker makes the step visible only once every shard is in S3)."""
-    persist(targets, token, PersistRequest(version), timeout)
+    it (the commit marker makes the step visible only once every shard is in S3). With
+    `wait`, uploads not done by then raise TransfersRunning: call again to join them."""
+    persist(targets, token, PersistRequest(version, wait), timeout)
     return commit(targets[min(targets)], token, CommitRequest(version), timeout)
 
 

@@ -51,12 +51,36 @@ class ReplicaCoverage:
 
 
 @dataclass(frozen=True)
+class PersistProgress:
+    """An upload to S3 under way: its step, and bytes in S3 of the total over every rank."""
+
+    step: int
+    done_bytes: int
+    total_bytes: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {"step": self.step, "doneBytes": self.done_bytes}
+        if self.total_bytes is not None:
+            out["totalBytes"] = self.total_bytes
+        return out
+
+    @staticmethod
+    def from_dict(raw: Mapping[str, Any] | None) -> PersistProgress | None:
+        if not isinstance(raw, Mapping) or raw.get("step") is None:
+            return None
+        total = raw.get("totalBytes")
+        return PersistProgress(int(raw["step"]), int(raw.get("doneBytes", 0)),
+                               None if total is None else int(total))
+
+
+@dataclass(frozen=True)
 class CheckpointStatus:
     in_memory_step: int | None = None  # newest step complete in memory for every rank
     persisted_step: int | None = None  # newest step committed to S3
     persisted_time: str | None = None
     persist_error: str | None = None  # the last upload or commit failure (retried)
     persist_request: str | None = None  # the gemini.io/persist-requested value last honoured
+    persist_progress: PersistProgress | None = None  # the upload under way, if any
     replica_coverage: ReplicaCoverage | None = None  # from the sidecars' inventories
     # Newest step every holder has of every shard (acknowledged): the trainers never write
     # over it. The steps between the last two snapshots (1 unless replication lags), why, and
@@ -78,6 +102,8 @@ class CheckpointStatus:
             out["persistError"] = self.persist_error
         if self.persist_request is not None:
             out["persistRequest"] = self.persist_request
+        if self.persist_progress is not None:
+            out["persistProgress"] = self.persist_progress.to_dict()
         if self.replica_coverage is not None:
             out["replicaCoverage"] = self.replica_coverage.to_dict()
         for key, value in (("recoverableStep", self.recoverable_step),
@@ -153,6 +179,7 @@ class JobStatus:
                 persisted_time=checkpoint.get("persistedTime"),
                 persist_error=checkpoint.get("persistError"),
                 persist_request=checkpoint.get("persistRequest"),
+                persist_progress=PersistProgress.from_dict(checkpoint.get("persistProgress")),
                 replica_coverage=ReplicaCoverage.from_dict(checkpoint.get("replicaCoverage")),
                 recoverable_step=checkpoint.get("recoverableStep"),
                 effective_interval=checkpoint.get("effectiveInterval"),

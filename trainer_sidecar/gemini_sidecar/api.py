@@ -45,6 +45,7 @@ from gemini.control import (
     ReplicaCopy,
     RestoreRequest,
     Sending,
+    TransferRunning,
 )
 from gemini.domain.traffic import IterationTimeline
 from gemini_sidecar.app import Sidecar
@@ -56,6 +57,7 @@ from gemini_sidecar.peer_server import address_of
 from gemini_sidecar.protocol import PeerRefused
 from gemini_sidecar.s3 import S3Error
 from gemini_sidecar.store import StoreError
+from gemini_sidecar.transfers import outcome
 from gemini_trainer.shm import SlotBusy
 
 log = logging.getLogger(__name__)
@@ -221,14 +223,24 @@ async def profile(request: web.Request) -> web.Response:
     return _answer(ProfileAnswer(len(sidecar.pushed_profile.iterations)))
 
 
+def _transfer_answer(answer: Any) -> web.Response:
+    """A transfer's answer, or 202 with its progress while it runs (gemini.control, rule 7)."""
+    return _answer(answer, status=202 if isinstance(answer, TransferRunning) else 200)
+
+
 async def fetch(request: web.Request) -> web.Response:
     """Pull a rank's shard from holders: the own rank into shm, a held rank into the store."""
     sidecar = request.app[SIDECAR_KEY]
     req = FetchRequest.from_json(await _body(request))
     _check_version(req.version)
     into = req.into or ("shm" if req.rank == sidecar.cfg.rank else "store")
-    got = await sidecar.fetch(req.rank, req.version,
-                              sidecar.holders_for(req.rank, list(req.holders)), into)
+    holders = sidecar.holders_for(req.rank, list(req.holders))
+    transfer = sidecar.transfers.start_or_join(
+        ("fetch", req.rank, req.version, into), "fetch", req.rank, req.version,
+        lambda progress: sidecar.fetch(req.rank, req.version, holders, into, progress))
+    got = await outcome(transfer, req.wait_seconds)
+    if isinstance(got, TransferRunning):
+        return _answer(got, status=202)
     return _answer(FetchAnswer(got.rank, got.version, got.length, got.checksum,
                                tuple(got.holders_used)))
 
@@ -236,18 +248,29 @@ async def fetch(request: web.Request) -> web.Response:
 async def fetch_replicas(request: web.Request) -> web.Response:
     """Re-pull every held rank at a version (default: the newest complete); 502 when some
     rank did not come (the body says which)."""
+    sidecar = request.app[SIDECAR_KEY]
     req = FetchReplicasRequest.from_json(await _body(request))
     _check_version(req.version)
     given = {r: list(hs) for r, hs in req.holders.items()}
-    answer = FetchReplicasAnswer(await request.app[SIDECAR_KEY].refill(given, req.version))
+    transfer = sidecar.transfers.start_or_join(
+        ("fetch-replicas", req.version), "fetch-replicas", None, req.version,
+        lambda progress: sidecar.refill(given, req.version, progress))
+    got = await outcome(transfer, req.wait_seconds)
+    if isinstance(got, TransferRunning):
+        return _answer(got, status=202)
+    answer = FetchReplicasAnswer(got)
     return _answer(answer, status=200 if answer.ok else 502)
 
 
 async def persist(request: web.Request) -> web.Response:
     """Upload a version of the own shard (default: the newest) to S3."""
+    sidecar = request.app[SIDECAR_KEY]
     req = PersistRequest.from_json(await _body(request))
     _check_version(req.version)
-    return _answer(await request.app[SIDECAR_KEY].persist(req.version))
+    transfer = sidecar.transfers.start_or_join(
+        ("persist", req.version), "persist", sidecar.cfg.rank, req.version,
+        lambda progress: sidecar.persist(req.version, progress))
+    return _transfer_answer(await outcome(transfer, req.wait_seconds))
 
 
 async def commit(request: web.Request) -> web.Response:
@@ -259,9 +282,13 @@ async def commit(request: web.Request) -> web.Response:
 
 async def restore(request: web.Request) -> web.Response:
     """Download the own rank of a committed step (default: the newest) into shm."""
+    sidecar = request.app[SIDECAR_KEY]
     req = RestoreRequest.from_json(await _body(request))
     _check_version(req.version)
-    return _answer(await request.app[SIDECAR_KEY].restore_from_s3(req.version))
+    transfer = sidecar.transfers.start_or_join(
+        ("restore", req.version), "restore", sidecar.cfg.rank, req.version,
+        lambda progress: sidecar.restore_from_s3(req.version, progress))
+    return _transfer_answer(await outcome(transfer, req.wait_seconds))
 
 
 async def committed_steps(request: web.Request) -> web.Response:

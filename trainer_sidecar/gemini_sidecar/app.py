@@ -46,6 +46,7 @@ from gemini_sidecar.peer_server import (
 )
 from gemini_sidecar.replicator import Replicator
 from gemini_sidecar.store import ReplicaStore, StoreError
+from gemini_sidecar.transfers import Progress, Transfers
 
 log = logging.getLogger(__name__)
 # File descriptors this process asks for (up to the hard limit): each peer connection takes
@@ -169,6 +170,9 @@ class Sidecar:
         self.s3 = s3mod.open_store(cfg.s3) if cfg.s3 else None
         self.identity = s3_identity(cfg)
         self._refused_steps: set[tuple[int, str]] = set()
+        self.transfers = Transfers()
+        # the last upload that finished: (version, slot seq, CRC-32) and its answer
+        self._persisted: tuple[tuple[int, int, int], PersistAnswer] | None = None
         if self.s3 is not None and not cfg.job_uid:
             log.warning("GEMINI_JOB_UID is unset: S3 checkpoints of job %s go under uid %s, "
                         "shared with any other job of that namespace and name started so",
@@ -196,6 +200,7 @@ class Sidecar:
                  self.api_port)
 
     async def stop(self) -> None:
+        await self.transfers.stop()
         await self.replicator.stop()
         await self.server.stop()
         if self._api is not None:
@@ -262,20 +267,22 @@ class Sidecar:
 
     # -- fetch -------------------------------------------------------------------------------
     async def fetch(
-        self, rank: int, version: int | None, holders: list[PeerAddress], into: str
+        self, rank: int, version: int | None, holders: list[PeerAddress], into: str,
+        progress: Progress | None = None,
     ) -> Fetched:
         """Pull (rank, version) from holders into local shm (own rank) or the replica store."""
         req = FetchRequest(self.cfg.job, self.cfg.auth_token, self.cfg.max_frame_bytes, rank,
                            version, holders, self.cfg.chunk_bytes)
+        progress = progress if progress is not None else Progress()
         started = time.perf_counter()
         if into == "shm":
-            result = await self._fetch_into_shm(req)
+            result = await self._fetch_into_shm(req, progress)
         else:
-            result = await self._fetch_into_store(req)
+            result = await self._fetch_into_store(req, progress)
         self.metrics.fetch_seconds.observe(time.perf_counter() - started)
         return result
 
-    async def _fetch_into_shm(self, req: FetchRequest) -> Fetched:
+    async def _fetch_into_shm(self, req: FetchRequest, progress: Progress) -> Fetched:
         if req.rank != self.cfg.rank:
             raise ValueError(f"only this sidecar's own rank {self.cfg.rank} goes into shm")
         opened: list[Any] = []
@@ -286,7 +293,7 @@ class Sidecar:
             return view
 
         try:
-            result = await fetch(req, allocate, self.metrics)
+            result = await fetch(req, allocate, self.metrics, progress)
         except BaseException:
             for slots in opened[-1:]:
                 slots.abort()
@@ -296,7 +303,7 @@ class Sidecar:
         self.metrics.latest_local_version.set(result.version)
         return result
 
-    async def _fetch_into_store(self, req: FetchRequest) -> Fetched:
+    async def _fetch_into_store(self, req: FetchRequest, progress: Progress) -> Fetched:
         if req.rank not in self.placement.hold_ranks:
             raise ValueError(f"rank {req.rank} is not among the ranks this sidecar holds "
                              f"{list(self.placement.hold_ranks)}; POST /peers first")
@@ -305,15 +312,15 @@ class Sidecar:
             self.store.begin(req.rank, version, length, crc)
             return self.store.chunk_view(req.rank, version, 0, length)
 
-        result = await fetch(req, allocate, self.metrics)
+        result = await fetch(req, allocate, self.metrics, progress)
         # fetch() checked the whole payload against its CRC-32: one piece with that CRC
         self.store.chunk_done(req.rank, result.version, 0, result.length, result.checksum)
         self.store.finish(req.rank, result.version, result.checksum)
         self._refresh_gauges()
         return result
 
-    async def refill(self, holders: Mapping[int, Sequence[int | str]], version: int | None = None
-                     ) -> tuple[ReplicaFetch, ...]:
+    async def refill(self, holders: Mapping[int, Sequence[int | str]], version: int | None = None,
+                     progress: Progress | None = None) -> tuple[ReplicaFetch, ...]:
         """Pull `version` (default: the newest complete) of every held rank (a replacement
         sidecar does this after its own shard; a recovery names the version it restores, which
         its owner may have newer ones of, and then every holder has it): from the holders given
@@ -328,7 +335,7 @@ class Sidecar:
                 continue
             try:
                 got = await self.fetch(rank, version, self.holders_for(rank, holders.get(rank)),
-                                       "store")
+                                       "store", progress)
             except (FetchFailed, ValueError, StoreError) as err:
                 results.append(ReplicaFetch(rank, error=str(err)))
                 continue
@@ -348,11 +355,19 @@ class Sidecar:
             raise ValueError("S3 is not configured: set GEMINI_S3_BUCKET (and endpoint/keys)")
         return self.s3
 
-    async def persist(self, version: int | None) -> PersistAnswer:
+    async def persist(self, version: int | None, progress: Progress | None = None
+                      ) -> PersistAnswer:
         """Upload a version pinned in the slot file (the trainers keep it meanwhile),
-        resuming an unfinished upload of it (gemini_sidecar.uploads)."""
+        resuming an unfinished upload of it (gemini_sidecar.uploads). A version uploaded
+        last is answered from the note of that upload (a retry after the answer was lost)."""
         store = self._need_s3()
+        progress = progress if progress is not None else Progress()
         info, data = self.local.read(version)
+        done = self._persisted
+        # the same slot write (a restart from an older step writes its versions again)
+        if done is not None and done[0] == (info.version, info.seq, info.checksum):
+            return done[1]
+        progress.expect(len(data))
         if not self.local.pin(info):
             raise ValueError(f"version {info.version} was overwritten before its upload began; "
                              "persist a newer version")
@@ -360,7 +375,7 @@ class Sidecar:
         try:
             sent = await asyncio.to_thread(
                 s3mod.persist_pinned, store, self.identity, info.version, self.cfg.rank, data,
-                info.checksum, info.seq, self._upload_state_path())
+                info.checksum, info.seq, self._upload_state_path(), progress.add)
         except Exception:
             self.metrics.s3_failures.inc()
             raise
@@ -374,7 +389,9 @@ class Sidecar:
                              "persist a newer version")
         seconds = time.perf_counter() - started
         self.metrics.s3_persist_seconds.observe(seconds)
-        return PersistAnswer(key, info.version, len(data), seconds, info.checksum)
+        answer = PersistAnswer(key, info.version, len(data), seconds, info.checksum)
+        self._persisted = ((info.version, info.seq, info.checksum), answer)
+        return answer
 
     def _upload_state_path(self) -> Path:
         # On the pod's memory volume, next to the slot file: it outlives a sidecar restart.
@@ -398,9 +415,11 @@ class Sidecar:
             self._refuse_step(version, f"step {version} is not listed as committed: {reason}")
         return CommittedStepsAnswer(tuple(steps))
 
-    async def restore_from_s3(self, version: int | None) -> RestoreAnswer:
+    async def restore_from_s3(self, version: int | None, progress: Progress | None = None
+                              ) -> RestoreAnswer:
         """Download this rank's object of a committed step of this job into local shm."""
         store = self._need_s3()
+        progress = progress if progress is not None else Progress()
         if version is None:
             version = await asyncio.to_thread(s3mod.latest_committed, store, self.identity)
             if version is None:
@@ -413,12 +432,13 @@ class Sidecar:
             raise
         entry = marker["ranks"][str(self.cfg.rank)]
         length, crc = int(entry["bytes"]), int(entry["crc32"])
+        progress.expect(length)
         slots, view = self.local.begin_write(version, length)
         started = time.perf_counter()
         try:
             await asyncio.to_thread(
-                s3mod.download_shard, store, self.identity, version, self.cfg.rank, view, crc
-            )
+                s3mod.download_shard, store, self.identity, version, self.cfg.rank, view, crc,
+                progress.add)
         except BaseException:
             self.metrics.s3_failures.inc()
             slots.abort()

@@ -20,6 +20,7 @@ from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.peer_client import FetchFailed, connect
 from gemini_sidecar.protocol import (
     FLAG_EXACT,
+    PEER_SILENCE_S,
     Channel,
     ChecksumMismatch,
     Frame,
@@ -27,9 +28,13 @@ from gemini_sidecar.protocol import (
     PeerRefused,
     ProtocolError,
 )
+from gemini_sidecar.transfers import Progress
 
 log = logging.getLogger(__name__)
-REPLY_TIMEOUT_S = 120.0
+# A holder is given up when it sends nothing for this long, however large the shard: the
+# replies stream back to back, so silence means the holder stopped (SIGSTOP, a hung process,
+# a cut-off node), not a large transfer. A slow link keeps bytes coming and is waited for.
+REPLY_SILENCE_S = PEER_SILENCE_S
 
 Allocate = Callable[[int, int, int], memoryview]  # (version, length, crc) -> writable memory
 
@@ -58,7 +63,7 @@ class FetchRequest:
 async def _info(chan: Channel, rank: int, version: int | None) -> tuple[int, int, int]:
     flags = FLAG_EXACT if version is not None else 0
     await chan.send(Frame(FrameType.GET_INFO, rank, version or 0, flags=flags))
-    reply = await asyncio.wait_for(chan.recv(), REPLY_TIMEOUT_S)
+    reply = await asyncio.wait_for(chan.recv(), REPLY_SILENCE_S)
     if reply.type == FrameType.ERROR:
         raise PeerRefused((await chan.recv_payload(reply)).decode(errors="replace"))
     if reply.type != FrameType.INFO:
@@ -68,7 +73,7 @@ async def _info(chan: Channel, rank: int, version: int | None) -> tuple[int, int
 
 async def _pull(
     chan: Channel, rank: int, version: int, dest: memoryview, chunks: list[tuple[int, int]],
-    window: int, done: dict[int, int],
+    window: int, done: dict[int, int], progress: Progress,
 ) -> None:
     """Request `chunks` pipelined; those that arrive intact go into `done` as offset -> their
     CRC-32 (also when the holder fails half-way, so the next holder only fetches the rest)."""
@@ -80,24 +85,36 @@ async def _pull(
             await chan.send(Frame(FrameType.GET, rank, version, off, 0, 0, size))
             in_flight.append((off, size))
         off, size = in_flight.pop(0)
-        reply = await asyncio.wait_for(chan.recv(), REPLY_TIMEOUT_S)
+        reply = await asyncio.wait_for(chan.recv(), REPLY_SILENCE_S)
         if reply.type == FrameType.ERROR:
             raise PeerRefused((await chan.recv_payload(reply)).decode(errors="replace"))
         if reply.type != FrameType.DATA or (reply.offset, reply.length) != (off, size):
             raise ProtocolError(f"expected DATA at {off}, got {reply.type.name}")
         try:
             done[off] = await chan.recv_into(reply, dest[off : off + size])
+            progress.add(size)
         except ChecksumMismatch as err:
             log.warning("%s; will refetch it from another holder", err)
 
 
-async def fetch(req: FetchRequest, allocate: Allocate, metrics: SidecarMetrics) -> Fetched:
-    """Fetch `req.rank` into memory from `allocate`; raises FetchFailed if no holder can."""
+async def fetch(req: FetchRequest, allocate: Allocate, metrics: SidecarMetrics,
+                progress: Progress | None = None) -> Fetched:
+    """Fetch `req.rank` into memory from `allocate`; raises FetchFailed if no holder can.
+    `progress` counts its length once known and each chunk as it lands."""
     holders = list(req.holders)
+    progress = progress if progress is not None else Progress()
+    expected: list[int] = []
+
+    def counted(version: int, length: int, crc: int) -> memoryview:
+        if not expected:
+            expected.append(length)
+            progress.expect(length)
+        return allocate(version, length, crc)
+
     for start in range(len(holders)):  # whole-payload attempts, each from a rotated order
         order = holders[start:] + holders[:start]
         try:
-            return await _fetch_once(req, order, allocate, metrics)
+            return await _fetch_once(req, order, counted, metrics, progress)
         except _CorruptWhole as err:
             metrics.fetch_failures.inc()
             log.warning("%s; fetching it again starting from the next holder", err)
@@ -110,7 +127,8 @@ class _CorruptWhole(Exception):
 
 
 async def _fetch_once(
-    req: FetchRequest, order: list[PeerAddress], allocate: Allocate, metrics: SidecarMetrics
+    req: FetchRequest, order: list[PeerAddress], allocate: Allocate, metrics: SidecarMetrics,
+    progress: Progress,
 ) -> Fetched:
     dest: memoryview | None = None
     version, length, crc = req.version, 0, 0
@@ -120,7 +138,7 @@ async def _fetch_once(
     used: list[str] = []
     for holder in order:
         try:
-            chan = await connect(holder, req.job, req.token, req.max_payload)
+            chan = await connect(holder, req.job, req.token, req.max_payload, REPLY_SILENCE_S)
         except (PeerRefused, OSError, TimeoutError) as err:
             metrics.fetch_failures.inc()
             log.warning("holder %s unreachable: %s", holder, err)
@@ -136,7 +154,8 @@ async def _fetch_once(
             elif (got_version, got_length, got_crc) != (version, length, crc):
                 raise PeerRefused(f"{holder} holds another copy of version {version}")
             used.append(str(holder))
-            await _pull(chan, req.rank, got_version, dest, remaining, req.window, done)
+            await _pull(chan, req.rank, got_version, dest, remaining, req.window, done,
+                        progress)
         except (PeerRefused, ProtocolError, OSError, TimeoutError) as err:
             metrics.fetch_failures.inc()
             log.warning("fetch of rank %d from %s failed: %s", req.rank, holder, err)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from gemini_sidecar.checksum import crc32
 from gemini_sidecar.config import PeerAddress
 from gemini_sidecar.protocol import (
+    BULK_TIMEOUT_S,
     FLAG_COMPLETE,
     FLAG_CORRUPT,
     Channel,
@@ -46,15 +47,17 @@ class PlannedChunk:
     delay_s: float  # earliest send time, seconds after the send started
 
 
-async def connect(addr: PeerAddress, job: str, token: bytes, max_payload: int) -> Channel:
-    """Open an authenticated channel to a peer sidecar; PeerRefused if it turns us away."""
+async def connect(addr: PeerAddress, job: str, token: bytes, max_payload: int,
+                  bulk_timeout: float = BULK_TIMEOUT_S) -> Channel:
+    """Open an authenticated channel to a peer sidecar; PeerRefused if it turns us away.
+    A bulk payload received on it fails after `bulk_timeout` seconds without a byte."""
     loop = asyncio.get_running_loop()
     family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
         await asyncio.wait_for(loop.sock_connect(sock, (addr.host, addr.port)), CONNECT_TIMEOUT_S)
-        chan = Channel(sock, token, max_payload, server=False)
+        chan = Channel(sock, token, max_payload, server=False, bulk_timeout=bulk_timeout)
         await asyncio.wait_for(chan.client_handshake(job), CONNECT_TIMEOUT_S)
     except (ConnectionError, ProtocolError) as err:
         sock.close()

@@ -188,20 +188,21 @@ class Channel:
     One task sends and one task receives at a time (sends are awaited in order).
 
     `read_timeout` (servers): once a frame has started, its header and small payloads must
-    arrive within it (a bulk payload: BULK_TIMEOUT_S without a byte); waiting for the next
-    frame is not limited (an authenticated peer keeps its connection between versions).
+    arrive within it; waiting for the next frame is not limited (an authenticated peer keeps
+    its connection between versions). A bulk payload fails after `bulk_timeout` without a byte.
     Raises OSError (no file descriptor left for the duplicate); the caller closes `sock`.
     """
 
     def __init__(self, sock: socket.socket, token: bytes, max_payload: int, server: bool,
-                 pools: ChannelPools = CLIENT_POOLS, read_timeout: float | None = None) -> None:
+                 pools: ChannelPools = CLIENT_POOLS, read_timeout: float | None = None,
+                 bulk_timeout: float = BULK_TIMEOUT_S) -> None:
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):  # acks must not wait for Nagle
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             watch_for_silence(sock)
         self.sock = sock
         self._bulk = sock.dup()
-        self._bulk.settimeout(BULK_TIMEOUT_S)
+        self._bulk.settimeout(bulk_timeout)
         self._pools = pools
         self._read_timeout = read_timeout
         self._token = token

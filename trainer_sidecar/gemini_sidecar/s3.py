@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,10 @@ def shard_key(s3: S3Store, job: JobIdentity, version: int, rank: int) -> str:
     return f"{step_prefix(s3, job, version)}rank-{rank}.bin"
 
 
+def _ignore(_: int) -> None:
+    """No progress wanted."""
+
+
 class _ViewFile(io.RawIOBase):
     """A seekable file over a memoryview, so transfers need no copy of the shard first."""
 
@@ -158,13 +163,16 @@ class _ViewWriter(_ViewFile):
 
 
 def persist_pinned(s3: S3Store, job: JobIdentity, version: int, rank: int, data: memoryview,
-                   crc: int, seq: int, state_path: Path) -> uploads.Uploaded:
+                   crc: int, seq: int, state_path: Path,
+                   progress: Callable[[int], None] = _ignore) -> uploads.Uploaded:
     """Upload one rank's shard version, resuming an unfinished upload of the same version
-    (gemini_sidecar.uploads); the caller has pinned it in the slot file."""
+    (gemini_sidecar.uploads); the caller has pinned it in the slot file. `progress` is
+    called with the bytes of each part in S3."""
     key = shard_key(s3, job, version, rank)
     meta = {CRC_KEY: f"{crc:08x}", LENGTH_KEY: str(len(data))}
     return uploads.upload(s3.client, s3.bucket, key, data, meta, state_path, version, seq,
-                          int(s3.transfer.multipart_chunksize), int(s3.transfer.max_concurrency))
+                          int(s3.transfer.multipart_chunksize), int(s3.transfer.max_concurrency),
+                          progress)
 
 
 def _head(s3: S3Store, key: str) -> dict[str, Any] | None:
@@ -335,11 +343,14 @@ def read_marker(s3: S3Store, job: JobIdentity, version: int) -> dict[str, Any]:
 
 
 def download_shard(
-    s3: S3Store, job: JobIdentity, version: int, rank: int, dest: memoryview, crc: int
+    s3: S3Store, job: JobIdentity, version: int, rank: int, dest: memoryview, crc: int,
+    progress: Callable[[int], None] = _ignore,
 ) -> None:
-    """Download a rank object into `dest` (its exact length) and verify its CRC-32."""
+    """Download a rank object into `dest` (its exact length) and verify its CRC-32;
+    `progress` is called with the bytes of each piece as it lands."""
     key = shard_key(s3, job, version, rank)
-    s3.client.download_fileobj(s3.bucket, key, _ViewWriter(dest), Config=s3.transfer)
+    s3.client.download_fileobj(s3.bucket, key, _ViewWriter(dest), Config=s3.transfer,
+                               Callback=progress)
     actual = payload_checksum(dest)
     if actual != crc:
         raise S3Error(f"s3://{s3.bucket}/{key} fails its CRC-32 check ({actual:08x} != "

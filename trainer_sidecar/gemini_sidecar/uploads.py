@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -60,12 +60,14 @@ class Uploaded:
 
 def upload(client: Any, bucket: str, key: str, data: memoryview, metadata: Mapping[str, str],
            state_path: Path, version: int, seq: int, part_bytes: int,
-           concurrency: int) -> Uploaded:
+           concurrency: int, progress: Callable[[int], None] = lambda _: None) -> Uploaded:
     """Upload `data` to `key`, resuming an unfinished upload of the same version and slot
-    sequence number recorded at `state_path`."""
+    sequence number recorded at `state_path`; `progress` gets the bytes of each part in S3
+    (those already there first)."""
     part_bytes = max(part_bytes, MIN_PART_BYTES)
     if len(data) <= part_bytes:
         client.put_object(Bucket=bucket, Key=key, Body=bytes(data), Metadata=dict(metadata))
+        progress(len(data))
         return Uploaded(key, 1, 1)
     state = _resume(client, bucket, state_path, key, version, seq, len(data))
     done = _parts_in_s3(client, bucket, state) if state is not None else None
@@ -79,12 +81,14 @@ def upload(client: Any, bucket: str, key: str, data: memoryview, metadata: Mappi
     if done:
         log.info("resuming the upload of version %d: %d of %d parts already in S3",
                  version, len(done), count)
+        progress(sum(_part_size(state, len(data), n) for n in done))
 
     def send(number: int) -> tuple[int, str]:
         start = (number - 1) * state.part_bytes
         body = bytes(data[start : start + state.part_bytes])
         answer = client.upload_part(Bucket=bucket, Key=key, UploadId=state.upload_id,
                                     PartNumber=number, Body=body)
+        progress(len(body))
         return number, str(answer["ETag"])
 
     with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
@@ -127,6 +131,10 @@ def _parts_in_s3(client: Any, bucket: str, state: UploadState) -> dict[int, str]
         if not page.get("IsTruncated"):
             return parts
         marker = int(page["NextPartNumberMarker"])
+
+
+def _part_size(state: UploadState, length: int, number: int) -> int:
+    return max(0, min(state.part_bytes, length - (number - 1) * state.part_bytes))
 
 
 def _is_last(state: UploadState, number: int) -> bool:

@@ -21,6 +21,7 @@ from gemini.control import (
     RestartRequest,
     RestoreAnswer,
     RestoreRequest,
+    TransferRunning,
 )
 from gemini_operator import sidecars
 from gemini_operator.sidecars import DeliveryError, SidecarAddress, SidecarError
@@ -96,12 +97,47 @@ def test_fetch_restore_and_fetch_replicas(two: list[tuple[Scripted, int]]) -> No
     targets = _targets(two)
     got = sidecars.fetch({0: targets[0]}, TOKEN, {0: FetchRequest(0, 7, (1,), "shm")})
     assert got == {0: FetchAnswer(0, 7, 10, 5, ("127.0.0.1:9",))}
-    assert first.bodies("/fetch") == [{"rank": 0, "version": 7, "holders": [1], "into": "shm"}]
+    assert first.bodies("/fetch") == [{"rank": 0, "version": 7, "holders": [1], "into": "shm",
+                                       "wait_seconds": sidecars.TRANSFER_WAIT_SECONDS}]
     assert sidecars.restore(targets, TOKEN, RestoreRequest(7)) == {
         0: RestoreAnswer(7, 10, 0.5), 1: RestoreAnswer(7, 10, 0.5)}
     with pytest.raises(SidecarError, match=r"rank 1: .*/fetch-replicas answered 502"):
         sidecars.fetch_replicas({1: targets[1]}, TOKEN,
                                 FetchReplicasRequest(version=7))
+
+
+def test_a_transfer_still_running_is_reported_with_every_ranks_progress(
+    two: list[tuple[Scripted, int]],
+) -> None:
+    (first, _), (second, _) = two
+    first.answer("/restore", RestoreAnswer(7, 10, 0.5).to_json())
+    second.answer("/restore", TransferRunning("restore", 1, 7, 3 << 30, 4 << 30, 2.5).to_json(),
+                  status=202)
+    with pytest.raises(sidecars.TransfersRunning,
+                       match=r"rank 1: restore 3.00 of 4.00 GiB") as info:
+        sidecars.restore(_targets(two), TOKEN, RestoreRequest(7))
+    assert info.value.bytes_done() == (3 << 30, 4 << 30)
+    assert second.bodies("/restore") == [{"version": 7,
+                                          "wait_seconds": sidecars.TRANSFER_WAIT_SECONDS}]
+    # a persist with a wait: the uploads under way are reported, nothing is committed
+    for script, _ in two:
+        script.answer("/persist", TransferRunning("persist", 0, 8, 1, None, 0.1).to_json(),
+                      status=202)
+        script.answer("/commit", CommitAnswer("marker", 8, ()).to_json())
+    with pytest.raises(sidecars.TransfersRunning) as running:
+        sidecars.persist_and_commit(_targets(two), TOKEN, 8, 5.0, wait=0.5)
+    assert running.value.bytes_done() == (2, None)
+    assert [s.bodies("/commit") for s, _ in two] == [[], []]
+
+
+def test_a_transfer_answer_that_is_not_progress_is_refused(
+    two: list[tuple[Scripted, int]],
+) -> None:
+    (first, _), _ = two
+    first.answer("/fetch", {"state": "running", "kind": "upload", "done_bytes": 1,
+                            "seconds": 1.0}, status=202)
+    with pytest.raises(SidecarError, match="kind"):
+        sidecars.fetch({0: _targets(two)[0]}, TOKEN, {0: FetchRequest(0, 7, (1,), "shm")})
 
 
 def test_persist_goes_to_every_rank_before_the_lowest_commits(

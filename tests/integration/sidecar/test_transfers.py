@@ -1,0 +1,178 @@
+"""Transfers run in the background (gemini.control, rule 7): a request waits at most its
+wait_seconds and is answered 202 with the progress, a repeat joins the transfer under way
+instead of starting another, and a holder that stops answering is left after seconds of
+silence, not after a fixed timeout. Real sidecars and their HTTP API on loopback; the holder's
+link goes through a relay that paces it or goes dark (the holder's kernel still acknowledges,
+as for a stopped process, so only the sidecar's own watch can notice)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gemini.control import (
+    ControlClient,
+    FetchAnswer,
+    FetchRequest,
+    PersistAnswer,
+    PersistRequest,
+    TransferRunning,
+)
+from gemini_sidecar.app import Sidecar
+from gemini_sidecar.fetcher import REPLY_SILENCE_S
+from tests.fixtures.s3 import sidecar_settings
+from tests.integration.sidecar.conftest import (
+    TOKEN,
+    free_port,
+    make_config,
+    payload,
+    started,
+    write_local,
+)
+
+pytestmark = pytest.mark.integration
+SIZE = 48 << 20
+RATE = 16 << 20  # bytes per second through the paced relay: a fetch takes about 3 s
+
+
+class Relay:
+    """A TCP relay to `port` that paces what the holder sends to RATE and, once `dark`, drops
+    it (the connection stays open). Counts the connections it carried."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.dark, self.connections = port, False, 0
+        self.forwarded = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
+        await asyncio.gather(self._copy(reader, up_writer, pace=False),
+                             self._copy(up_reader, writer, pace=True))
+
+    async def _copy(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
+                    pace: bool) -> None:
+        try:
+            while data := await src.read(1 << 16):
+                if self.dark:
+                    continue
+                if pace:
+                    self.forwarded += len(data)
+                    await asyncio.sleep(len(data) / RATE)
+                dst.write(data)
+                await dst.drain()
+        except ConnectionError:
+            pass
+        finally:
+            dst.close()
+
+
+def api(car: Sidecar) -> ControlClient:
+    return ControlClient("127.0.0.1", car.api_port, TOKEN.decode(), timeout=30)
+
+
+def parts_sent(car: Sidecar) -> float:
+    return sum(sample.value for metric in car.metrics.registry.collect()
+               for sample in metric.samples if sample.name == "gemini_s3_parts_sent_total")
+
+
+async def off_loop(call: Callable[[], Any]) -> Any:
+    return await asyncio.to_thread(call)
+
+
+async def until_done(ask: Callable[[], Awaitable[Any]], limit: float = 60) -> tuple[Any, list[Any]]:
+    """Ask until the answer is not progress: (the answer, the progress answers before it)."""
+    seen: list[Any] = []
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        got = await ask()
+        if not isinstance(got, TransferRunning):
+            return got, seen
+        seen.append(got)
+    raise AssertionError(f"still running after {limit} s: {seen[-1:]}")
+
+
+async def test_repeated_fetches_join_the_one_under_way_and_see_its_progress(tmp_path: Path) -> None:
+    ports = {0: free_port(), 1: free_port()}
+    configs = (make_config(0, 2, tmp_path, ports), make_config(1, 2, tmp_path, ports, hold=(0,)))
+    async with started(*configs) as (owner, holder):
+        data = payload(3, SIZE)
+        write_local(owner.cfg, 3, data)
+        relay = Relay(owner.peer_port)
+        via = f"127.0.0.1:{await relay.start()}"
+        try:
+            client = api(holder)
+            request = FetchRequest(0, 3, (via,), "store", wait_seconds=0.2)
+            first = await off_loop(lambda: client.fetch(FetchRequest(0, 3, (via,), "store", 0)))
+            assert isinstance(first, TransferRunning), first
+            answer, progress = await until_done(lambda: off_loop(lambda: client.fetch(request)))
+        finally:
+            await relay.stop()
+        assert isinstance(answer, FetchAnswer) and answer.length == SIZE
+        assert relay.connections == 1, "a repeated request started a second fetch"
+        assert len(progress) >= 3, progress
+        assert all(p.total_bytes == SIZE and p.kind == "fetch" and p.version == 3
+                   for p in progress if p.total_bytes is not None)
+        done = [p.done_bytes for p in progress]
+        assert done == sorted(done) and done[-1] > 0, done
+        assert not holder.transfers.active(), "a finished transfer was kept"
+        assert bytes(holder.store.get(0, 3)[1]) == data
+
+
+async def test_a_holder_that_goes_silent_is_left_within_seconds_for_the_next(
+        tmp_path: Path) -> None:
+    ports = {0: free_port(), 1: free_port()}
+    configs = (make_config(0, 2, tmp_path, ports), make_config(1, 2, tmp_path, ports, hold=(0,)))
+    async with started(*configs) as (owner, holder):
+        data = payload(4, SIZE)
+        write_local(owner.cfg, 4, data)
+        relay = Relay(owner.peer_port)
+        silent = f"127.0.0.1:{await relay.start()}"
+        direct = f"127.0.0.1:{owner.peer_port}"
+        try:
+            client = api(holder)
+            request = FetchRequest(0, 4, (silent, direct), "store", wait_seconds=0.5)
+            started_at = time.monotonic()
+            assert isinstance(await off_loop(lambda: client.fetch(request)), TransferRunning)
+            while relay.forwarded < SIZE // 8:  # part of it came through, then the dark
+                await asyncio.sleep(0.05)
+            relay.dark = True
+            answer, _ = await until_done(lambda: off_loop(lambda: client.fetch(request)))
+            took = time.monotonic() - started_at
+        finally:
+            await relay.stop()
+        assert isinstance(answer, FetchAnswer), answer
+        assert answer.holders_used == (silent, direct), answer
+        assert took < REPLY_SILENCE_S + 10, f"the silent holder was left after {took:.1f} s"
+        assert bytes(holder.store.get(0, 4)[1]) == data
+
+
+@pytest.mark.s3
+async def test_a_persist_is_joined_while_it_uploads_and_answered_again_after(
+        tmp_path: Path, s3_server: Any, s3_prefix: str) -> None:
+    settings = sidecar_settings(s3_server, s3_prefix, part_bytes=5 << 20, concurrency=1)
+    async with started(make_config(0, 1, tmp_path, {0: free_port()}, s3=settings)) as (car,):
+        write_local(car.cfg, 7, payload(7, SIZE))
+        client = api(car)
+        request = PersistRequest(7, wait_seconds=0.1)
+        answer, progress = await until_done(lambda: off_loop(lambda: client.persist(request)))
+        assert isinstance(answer, PersistAnswer) and answer.bytes == SIZE
+        sent = parts_sent(car)
+        assert sent == -(-SIZE // (5 << 20)), "a repeated request uploaded parts again"
+        assert progress and all(p.kind == "persist" and p.total_bytes == SIZE for p in progress)
+        # the answer was lost, say: asked again, the finished upload is answered, not redone
+        assert await off_loop(lambda: client.persist(PersistRequest(7))) == answer
+        assert parts_sent(car) == sent
