@@ -237,7 +237,8 @@ async def fetch(request: web.Request) -> web.Response:
     holders = sidecar.holders_for(req.rank, list(req.holders))
     transfer = sidecar.transfers.start_or_join(
         ("fetch", req.rank, req.version, into), "fetch", req.rank, req.version,
-        lambda progress: sidecar.fetch(req.rank, req.version, holders, into, progress))
+        lambda progress: sidecar.fetch(req.rank, req.version, holders, into, progress),
+        sidecar.still_fetched(into))
     got = await outcome(transfer, req.wait_seconds)
     if isinstance(got, TransferRunning):
         return _answer(got, status=202)
@@ -254,7 +255,8 @@ async def fetch_replicas(request: web.Request) -> web.Response:
     given = {r: list(hs) for r, hs in req.holders.items()}
     transfer = sidecar.transfers.start_or_join(
         ("fetch-replicas", req.version), "fetch-replicas", None, req.version,
-        lambda progress: sidecar.refill(given, req.version, progress))
+        lambda progress: sidecar.refill(given, req.version, progress),
+        sidecar.still_refilled)
     got = await outcome(transfer, req.wait_seconds)
     if isinstance(got, TransferRunning):
         return _answer(got, status=202)
@@ -287,7 +289,8 @@ async def restore(request: web.Request) -> web.Response:
     _check_version(req.version)
     transfer = sidecar.transfers.start_or_join(
         ("restore", req.version), "restore", sidecar.cfg.rank, req.version,
-        lambda progress: sidecar.restore_from_s3(req.version, progress))
+        lambda progress: sidecar.restore_from_s3(req.version, progress),
+        lambda got: sidecar.has_local(got.version))
     return _transfer_answer(await outcome(transfer, req.wait_seconds))
 
 

@@ -342,6 +342,25 @@ class Sidecar:
             results.append(ReplicaFetch(rank, got.version, got.length, got.holders_used))
         return tuple(results)
 
+    # -- whether a finished transfer still holds (gemini_sidecar.transfers) -----------------
+    def has_local(self, version: int, checksum: int | None = None) -> bool:
+        """Whether a slot holds `version` complete (with that CRC-32, when given)."""
+        return any(i.version == version and i.complete and checksum in (None, i.checksum)
+                   for i in self.local.slot_info())
+
+    def has_replica(self, rank: int, version: int | None, checksum: int | None = None) -> bool:
+        """Whether the store holds `version` of `rank` complete (with that CRC-32)."""
+        return any(c.rank == rank and c.version == version and c.complete
+                   and checksum in (None, c.checksum) for c in self.store.inventory())
+
+    def still_fetched(self, into: str) -> Callable[[Fetched], bool]:
+        if into == "shm":
+            return lambda got: self.has_local(got.version, got.checksum)
+        return lambda got: self.has_replica(got.rank, got.version, got.checksum)
+
+    def still_refilled(self, results: Sequence[ReplicaFetch]) -> bool:
+        return all(r.ok and self.has_replica(r.rank, r.version) for r in results)
+
     def _complete_replica(self, rank: int, version: int | None) -> int | None:
         """The size of `version` of `rank` if the store holds it complete, else None."""
         if version is None:

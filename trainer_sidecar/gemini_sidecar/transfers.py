@@ -3,10 +3,12 @@
 A fetch, refill, persist or restore runs as a task of its own, keyed by what it moves (kind,
 rank, version, target): a request for a key already running joins it instead of starting a
 second copy, and waits for it at most the time it asked for. Its progress (bytes done of the
-total) is counted by the transfer as the bytes land, from any thread. A finished transfer is
-forgotten: its error reaches the requests waiting at that moment, and the next request starts
-again (a restart of a finished fetch or restore is correct, only slower; a finished persist
-is answered from the sidecar's note of it).
+total) is counted by the transfer as the bytes land, from any thread. A failed transfer is
+forgotten at once: its error reaches the requests waiting at that moment, and the next
+request starts again. A finished one is kept for KEEP_SECONDS and answers a request for its
+key while its result still holds (the caller says how to check: the slot or replica it
+wrote is still there), so a caller that polls does not start the transfer over when it ended
+between two polls.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Generic, TypeVar
 from gemini.control import TransferRunning
 
 T = TypeVar("T")
+KEEP_SECONDS = 60.0
 
 
 @dataclass
@@ -48,7 +51,18 @@ class Transfer(Generic[T]):
     version: int | None
     task: asyncio.Task[T]
     progress: Progress
+    holds: Callable[[T], bool]  # whether a finished transfer's result is still true
     started: float = field(default_factory=time.monotonic)
+    ended: float | None = None
+
+    def answers(self, now: float) -> bool:
+        """Whether this transfer answers a new request for its key: running, or finished
+        well within KEEP_SECONDS with a result that still holds."""
+        if not self.task.done():
+            return True
+        if self.ended is None or now - self.ended > KEEP_SECONDS or self.task.cancelled():
+            return False
+        return self.task.exception() is None and self.holds(self.task.result())
 
     def running(self) -> TransferRunning:
         total, done = self.progress.total_bytes, self.progress.done_bytes
@@ -61,33 +75,39 @@ class Transfer(Generic[T]):
 class Transfers:
     """The transfers of one sidecar, by key."""
 
-    def __init__(self) -> None:
-        self._running: dict[Hashable, Transfer[Any]] = {}
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._by_key: dict[Hashable, Transfer[Any]] = {}
+        self._clock = clock
 
     def start_or_join(self, key: Hashable, kind: str, rank: int | None, version: int | None,
-                      run: Callable[[Progress], Awaitable[T]]) -> Transfer[T]:
-        """The transfer running for `key`, or a new one running `run(progress)`."""
-        found = self._running.get(key)
+                      run: Callable[[Progress], Awaitable[T]],
+                      holds: Callable[[T], bool] = lambda _: True) -> Transfer[T]:
+        """The transfer for `key` (running, or finished and still true by `holds`), or a new
+        one running `run(progress)`."""
+        now = self._clock()
+        self._by_key = {k: t for k, t in self._by_key.items() if t.answers(now)}
+        found = self._by_key.get(key)
         if found is not None:
             return found
         progress = Progress()
         task: asyncio.Task[T] = asyncio.ensure_future(run(progress))
-        transfer = Transfer(kind, rank, version, task, progress)
-        self._running[key] = transfer
-        task.add_done_callback(lambda _: self._forget(key, transfer))
+        transfer = Transfer(kind, rank, version, task, progress, holds)
+        self._by_key[key] = transfer
+        task.add_done_callback(lambda _: self._ended(key, transfer))
         return transfer
 
-    def _forget(self, key: Hashable, transfer: Transfer[Any]) -> None:
-        if self._running.get(key) is transfer:
-            del self._running[key]
-        if not transfer.task.cancelled():
-            transfer.task.exception()  # seen here: its waiters (if any) are answered with it
+    def _ended(self, key: Hashable, transfer: Transfer[Any]) -> None:
+        transfer.ended = self._clock()
+        failed = transfer.task.cancelled() or transfer.task.exception() is not None
+        if failed and self._by_key.get(key) is transfer:
+            del self._by_key[key]  # the next request starts again
 
     def active(self) -> list[TransferRunning]:
-        return [t.running() for t in self._running.values()]
+        """The transfers running now."""
+        return [t.running() for t in self._by_key.values() if not t.task.done()]
 
     async def stop(self) -> None:
-        tasks = [t.task for t in self._running.values()]
+        tasks = [t.task for t in self._by_key.values()]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -119,10 +119,17 @@ async def test_repeated_fetches_join_the_one_under_way_and_see_its_progress(tmp_
             first = await off_loop(lambda: client.fetch(FetchRequest(0, 3, (via,), "store", 0)))
             assert isinstance(first, TransferRunning), first
             answer, progress = await until_done(lambda: off_loop(lambda: client.fetch(request)))
+            # asked again after the end (an answer lost): the finished fetch answers
+            assert await off_loop(lambda: client.fetch(request)) == answer
+            assert relay.connections == 1, "a repeated request started a second fetch"
+            holder.store.drop(0)  # what it fetched is gone: the next request fetches again
+            assert isinstance(await off_loop(lambda: client.fetch(request)), TransferRunning)
+            assert relay.connections == 2
+            again, _ = await until_done(lambda: off_loop(lambda: client.fetch(request)))
         finally:
             await relay.stop()
         assert isinstance(answer, FetchAnswer) and answer.length == SIZE
-        assert relay.connections == 1, "a repeated request started a second fetch"
+        assert again == answer
         assert len(progress) >= 3, progress
         assert all(p.total_bytes == SIZE and p.kind == "fetch" and p.version == 3
                    for p in progress if p.total_bytes is not None)
