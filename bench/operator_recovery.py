@@ -46,7 +46,7 @@ from gemini_local.watcher import Watcher
 
 CRD = REPO_ROOT / "crds" / "geminijob.yaml"
 EXAMPLE = REPO_ROOT / "examples" / "train_gpt_zero3.py"
-GROUP, VERSION, PLURAL = "gemini.io", "v1alpha1", "geminijobs"
+GROUP, VERSION, PLURAL = "gemini.io", "v1beta1", "geminijobs"
 STEP_LINE = re.compile(r"^step (\d+) loss (\S+)$")
 DETECT_TARGET_S, NODE_LOSS_TARGET_S = 1.0, 30.0
 ENV = [{"name": "OMP_NUM_THREADS", "value": "1"}, {"name": "PYTHONUNBUFFERED", "value": "1"}]

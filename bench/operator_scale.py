@@ -52,7 +52,7 @@ CRD = REPO_ROOT / "crds" / "geminijob.yaml"
 # `python -m gemini_cli` rather than the `gemini` script: the pid file then names the
 # interpreter that really runs (processes.running_pid compares it).
 GEMINI = [sys.executable, "-m", "gemini_cli"]
-GROUP, VERSION, PLURAL = "gemini.io", "v1alpha1", "geminijobs"
+GROUP, VERSION, PLURAL = "gemini.io", "v1beta1", "geminijobs"
 LABEL_JOB, LABEL_RANK = "gemini.io/job-name", "gemini.io/rank"
 NAMESPACE = "scale"
 ZONES, RACKS = 3, 100

@@ -35,6 +35,8 @@ COMMANDS: dict[str, Command] = {
                       "run and supervise the training process (restart it in place)"),
     "local": Command("gemini_cli.local",
                      "a local Kubernetes cluster whose pods run as processes", True),
+    "migrate": Command("gemini_cli.migrate",
+                       "rewrite GeminiJob manifests from v1alpha1 to v1beta1 (a pod template)"),
     "operator": Command("gemini_cli.operator", "the GeminiJob operator"),
     "plan": Command("gemini_cli.plan",
                     "show the replica placement and the recovery probability"),

@@ -90,6 +90,8 @@ class Observed:
     progress: Progress | None = None
     checkpoint: CheckpointStatus | None = None  # from the sidecars (poller.py)
     spares: Mapping[int, SpareView] = field(default_factory=dict)  # by spare index
+    # The API server refused a worker pod rendered from this spec (422): its message.
+    pod_refused: str | None = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,9 @@ def decide(observed: Observed, config: ReconcileConfig) -> Decision:
     try:
         validate_job_name(observed.job.name)
         spec = parse_spec(observed.job.spec, config.default_sidecar_image)
+        if observed.pod_refused is not None:
+            raise SpecError("spec.template.spec", "the API server refused the worker pod "
+                            f"rendered from it: {observed.pod_refused}")
     except SpecError as err:
         _refuse(draft, err)
         _hold_spares(observed, None, config, draft)

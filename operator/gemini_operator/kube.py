@@ -30,6 +30,10 @@ class KubeError(RuntimeError):
     """An API call failed in a way the caller should retry later; the message says which."""
 
 
+class Invalid(KubeError):
+    """The API server refused an object as invalid (422): retrying the same one cannot help."""
+
+
 @dataclass(frozen=True)
 class Connection:
     """How to reach the API server (handed to kopf so both use the same credentials)."""
@@ -229,7 +233,8 @@ class KubeClient:
         except ApiException as err:
             if err.status == status:
                 return None
-            raise KubeError(f"could not {what}: {_why(err)}") from err
+            kind = Invalid if err.status == 422 else KubeError
+            raise kind(f"could not {what}: {_why(err)}") from err
 
 
 def _why(err: ApiException) -> str:

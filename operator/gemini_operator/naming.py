@@ -8,7 +8,7 @@ Children have deterministic names so that a restarted operator finds them again:
 from __future__ import annotations
 
 GROUP = "gemini.io"
-VERSION = "v1alpha1"
+VERSION = "v1beta1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "GeminiJob"
 PLURAL = "geminijobs"

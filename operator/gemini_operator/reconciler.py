@@ -61,7 +61,7 @@ from gemini_operator.decide import (
     decide,
 )
 from gemini_operator.events import Event
-from gemini_operator.kube import KubeClient
+from gemini_operator.kube import Invalid, KubeClient
 from gemini_operator.metrics import OperatorMetrics
 from gemini_operator.observed import detection_lags
 from gemini_operator.outcome import Outcome
@@ -108,6 +108,8 @@ class Reconciler:
         self.metrics = metrics or OperatorMetrics()
         self._clock = clock
         self._expected: dict[JobKey, dict[int, float]] = {}  # rank -> monotonic deadline
+        # A worker pod the API server refused as invalid, by job: (uid, generation, message).
+        self._refused: dict[JobKey, tuple[str, int, str]] = {}
         self._children: set[tuple[str, str]] = set()  # (job uid, kind) known to exist
         self._delivery: dict[JobKey, tuple[int, float]] = {}  # failures, monotonic next try
         self._listed: dict[JobKey, float] = {}  # monotonic time of the last re-list of pods
@@ -140,6 +142,7 @@ class Reconciler:
         snap = self.cache.snapshot(key)
         if snap is None or (snap.job.get("metadata") or {}).get("deletionTimestamp"):
             self._expected.pop(key, None)
+            self._refused.pop(key, None)
             self._delivery.pop(key, None)
             self.sidecar_calls.forget(key)
             self._listed.pop(key, None)
@@ -264,7 +267,15 @@ class Reconciler:
                 job, "NetworkPolicy", naming.network_policy_name(job.name)),
             now=self._clock(), pending_creates=self._pending(key, snap),
             spares={i: s for i, s in snap.spares.items() if s.owner_uid == job.uid},
+            pod_refused=self._pod_refusal(key, job),
         )
+
+    def _pod_refusal(self, key: JobKey, job: JobView) -> str | None:
+        """The API server's refusal of this job's worker pods, for this very spec."""
+        refused = self._refused.get(key)
+        if refused is None or refused[:2] != (job.uid, job.generation):
+            return None
+        return refused[2]
 
     def _refresh(self, key: JobKey, snap: Snapshot, ranks: set[int] | None = None) -> Snapshot:
         """The pods (of `ranks` only, when given) and the not-Ready nodes read again."""
@@ -329,7 +340,13 @@ class Reconciler:
         ranks = [int(m["metadata"]["labels"][naming.LABEL_RANK]) for m in action.manifests]
         for rank in ranks:
             expected[rank] = deadline
-        created = _parallel(self.kube.create, action.manifests)
+        try:
+            created = _parallel(self.kube.create, action.manifests)
+        except Invalid as err:  # the spec's pod cannot exist: say so in the job, do not retry
+            log.warning("%s/%s: %s", job.namespace, job.name, err)
+            self._refused[(job.namespace, job.name)] = (job.uid, job.generation, str(err))
+            context.outcomes.append(Outcome(requeue_after=0.0))
+            return
         for rank, fresh in zip(ranks, created, strict=True):
             if not fresh:  # the name is taken: wait for that pod, do not expect ours
                 expected.pop(rank, None)

@@ -22,6 +22,7 @@ from typing import Any
 
 from gemini.control import HEALTHZ_PATH
 from gemini_operator import naming
+from gemini_operator.pod_template import merged
 from gemini_operator.spec import JobSpec, Persistence, RunAs, TrainerTemplate
 
 Manifest = dict[str, Any]
@@ -92,9 +93,9 @@ def worker_pod(
     job: JobRef, spec: JobSpec, rank: int, attempt: int, config: RenderConfig,
     assignment: PeerAssignment | None = None,
 ) -> Manifest:
-    """The pod of `rank` for restart attempt `attempt`."""
+    """The pod of `rank` for restart attempt `attempt`, with what a pod template adds."""
     name = naming.worker_pod_name(job.name, rank)
-    return {
+    return merged({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -120,7 +121,7 @@ def worker_pod(
             "containers": [_trainer(job, spec, rank, config)],
             "volumes": [_shm_volume(spec)],
         },
-    }
+    }, spec.template.parts)
 
 
 def headless_service(job: JobRef, config: RenderConfig) -> Manifest:

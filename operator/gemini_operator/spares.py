@@ -21,6 +21,7 @@ from typing import Any
 from gemini_operator import naming
 from gemini_operator.events import Event, EventReason
 from gemini_operator.observed import NodeView, condition_true, controller_uid
+from gemini_operator.pod_template import merged
 from gemini_operator.render import (
     JobRef,
     RenderConfig,
@@ -156,7 +157,8 @@ def spare_pod(job: JobRef, spec: JobSpec, index: int, config: RenderConfig) -> M
     }
     if config.spare_priority_class:
         pod_spec["priorityClassName"] = config.spare_priority_class
-    return {
+    # Where a worker may run (selectors, tolerations, affinity, priority) goes for it too.
+    return merged({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -166,7 +168,7 @@ def spare_pod(job: JobRef, spec: JobSpec, index: int, config: RenderConfig) -> M
             "ownerReferences": [owner_reference(job)],
         },
         "spec": pod_spec,
-    }
+    }, template.parts, scheduling_only=True)
 
 
 def decide_spares(

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from gemini_operator import pod_template
+from gemini_operator.pod_template import PodParts, TemplateError
 from gemini_operator.quantity import QuantityError, parse_bytes, parse_quantity
 
 MAX_JOB_NAME_LENGTH = 48  # "<name>-worker-<rank>" must fit a 63-character DNS label
@@ -105,6 +107,7 @@ class TrainerTemplate:
     run_as: RunAs = field(default_factory=RunAs)
     # The pods get no service-account token unless the template asks (they need no API access).
     automount_service_account_token: bool = False
+    parts: PodParts = field(default_factory=PodParts)  # a pod template's pass-through fields
 
 
 @dataclass(frozen=True)
@@ -217,6 +220,11 @@ def parse_spec(spec: Mapping[str, Any], default_sidecar_image: str | None) -> Jo
 
 
 def _template(raw: Mapping[str, Any]) -> TrainerTemplate:
+    if pod_template.is_pod_template(raw):
+        try:
+            return _from_pod_template(raw)
+        except TemplateError as err:
+            raise SpecError(err.field_path, err.message) from err
     image = raw.get("image")
     if not isinstance(image, str) or not image:
         raise SpecError("spec.template.image", "is required: the trainer's container image")
@@ -237,8 +245,34 @@ def _template(raw: Mapping[str, Any]) -> TrainerTemplate:
     )
 
 
-def _run_as(raw: Mapping[str, Any]) -> RunAs:
-    path = "spec.template.securityContext"
+def _from_pod_template(raw: Mapping[str, Any]) -> TrainerTemplate:
+    """v1beta1: the trainer container's fields as the v1alpha1 ones, the rest as parts."""
+    parts = pod_template.parts_of(raw)
+    pod = raw["spec"]
+    index, trainer = pod_template.trainer_container(pod)
+    path = f"spec.template.spec.containers[{index}]"
+    image = trainer.get("image")
+    if not isinstance(image, str) or not image:
+        raise SpecError(f"{path}.image", "is required: the trainer's container image")
+    command = _strings(trainer.get("command"), f"{path}.command")
+    if not command:
+        raise SpecError(f"{path}.command", "is required: the training command to launch (the "
+                        "operator runs it under its launcher, so the image's entrypoint is not "
+                        "used)")
+    return TrainerTemplate(
+        image=image, command=command, args=_strings(trainer.get("args"), f"{path}.args"),
+        image_pull_policy=str(trainer.get("imagePullPolicy", "IfNotPresent")),
+        working_dir=trainer.get("workingDir"),
+        env=tuple(_env(item, i, f"{path}.env") for i, item in enumerate(trainer.get("env") or ())),
+        resources=_resources(trainer.get("resources"), f"{path}.resources"),
+        run_as=_run_as(pod.get("securityContext") or {}, "spec.template.spec.securityContext"),
+        automount_service_account_token=_flag(
+            pod, "automountServiceAccountToken", "spec.template.spec.automountServiceAccountToken"),
+        parts=parts,
+    )
+
+
+def _run_as(raw: Mapping[str, Any], path: str = "spec.template.securityContext") -> RunAs:
     ids = {key: _optional_id(raw, key, f"{path}.{key}") for key in ("runAsUser", "runAsGroup")}
     return RunAs(user=ids["runAsUser"], group=ids["runAsGroup"])
 
@@ -249,9 +283,9 @@ def _optional_id(raw: Mapping[str, Any], key: str, path: str) -> int | None:
     return _int(raw, key, path, None, minimum=0, maximum=MAX_ID)
 
 
-def _env(raw: Mapping[str, Any], index: int) -> EnvVar:
+def _env(raw: Mapping[str, Any], index: int, path: str = "spec.template.env") -> EnvVar:
     if "value" in raw and "valueFrom" in raw:
-        raise SpecError(f"spec.template.env[{index}]", "sets value or valueFrom, not both")
+        raise SpecError(f"{path}[{index}]", "sets value or valueFrom, not both")
     return EnvVar(name=str(raw["name"]), value=raw.get("value"), value_from=raw.get("valueFrom"))
 
 

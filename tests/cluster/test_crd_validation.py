@@ -47,8 +47,16 @@ INVALID_ON_CREATE: list[Any] = [
                  "should be greater than or equal to 1", id="checkpoint at least every iteration"),
     pytest.param(lambda j: j.set("checkpoint.memoryBudgetPerNode", "lots"),
                  "spec.checkpoint.memoryBudgetPerNode", id="the memory budget is a quantity"),
-    pytest.param(lambda j: j.drop("template.image"), "spec.template.image: Required value",
+    pytest.param(lambda j: j.drop("template.image"), "give spec.template as a pod template",
                  id="the trainer needs an image"),
+    pytest.param(lambda j: j.set("template.spec", {"containers": [{"name": "trainer"}]}),
+                 "or the deprecated v1alpha1 fields image and command, not both",
+                 id="a template is a pod template or the v1alpha1 fields, not both"),
+    pytest.param(lambda j: j.set("template", {"spec": {"containers": [{"name": "main",
+                                                                        "image": "x"}]}}),
+                 "needs a container named trainer", id="a pod template names its trainer"),
+    pytest.param(lambda j: j.set("template", {"spec": {"containers": []}}),
+                 "should have at least 1 items", id="a pod template has containers"),
     pytest.param(lambda j: j.set("template.command", []), "should have at least 1 items",
                  id="the trainer needs a command"),
     pytest.param(lambda j: j.set("template.image", "x" * 600), "Too long",
@@ -188,7 +196,7 @@ def test_valid_minimal_manifest_gets_the_defaults(
     }
     assert spec["failurePolicy"] == {"maxRestarts": 10, "hangTimeoutSeconds": 600, "spareNodes": 0,
                                      "warmStandby": False}
-    assert spec["template"]["imagePullPolicy"] == "IfNotPresent"
+    assert "imagePullPolicy" not in spec["template"]  # the operator's default, in any shape
     assert "persistence" not in spec
 
 
@@ -239,3 +247,42 @@ def test_every_example_is_accepted(
 ) -> None:
     for body in yaml.safe_load_all(path.read_text()):
         _create(kube_api, job_namespace, body)
+
+
+POD_TEMPLATE = {
+    "metadata": {"labels": {"team": "llm"}},
+    "spec": {
+        "nodeSelector": {"gpu": "h200"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "volumes": [{"name": "data", "hostPath": {"path": "/data"}}],
+        "serviceAccountName": "trainer",
+        "priorityClassName": "research",
+        "containers": [{"name": "trainer", "image": "python:3.11", "command": ["python", "t.py"],
+                        "resources": {"limits": {"nvidia.com/gpu": 8}},
+                        "volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+    },
+}
+
+
+def test_a_pod_template_is_accepted_and_kept_whole(
+    kube_api: client.ApiClient, gemini_crd: dict[str, Any], job_namespace: str
+) -> None:
+    created = _create(kube_api, job_namespace, make_job("pods").set("template", POD_TEMPLATE).obj())
+    assert created["apiVersion"] == "gemini.io/v1beta1"
+    assert created["spec"]["template"] == POD_TEMPLATE  # nothing pruned, nothing defaulted
+
+
+def test_a_v1alpha1_job_is_read_whole_through_v1beta1_and_back(
+    kube_api: client.ApiClient, gemini_crd: dict[str, Any], job_namespace: str
+) -> None:
+    old = make_job("legacy").set("template.workingDir", "/w").obj()
+    old["apiVersion"], old["metadata"]["namespace"] = "gemini.io/v1alpha1", job_namespace
+    _custom(kube_api).create_namespaced_custom_object(
+        naming.GROUP, "v1alpha1", job_namespace, naming.PLURAL, old)
+    got: Any = _custom(kube_api).get_namespaced_custom_object(
+        naming.GROUP, "v1beta1", job_namespace, naming.PLURAL, "legacy")
+    assert got["spec"]["template"] == old["spec"]["template"]
+    _create(kube_api, job_namespace, make_job("new").set("template", POD_TEMPLATE).obj())
+    back: Any = _custom(kube_api).get_namespaced_custom_object(
+        naming.GROUP, "v1alpha1", job_namespace, naming.PLURAL, "new")
+    assert back["spec"]["template"] == POD_TEMPLATE

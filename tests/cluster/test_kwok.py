@@ -174,7 +174,7 @@ def _taints(node: dict[str, Any]) -> set[tuple[str, str]]:
 
 
 JOB_RANKS, JOB_LOST = 40, 3
-GROUP, VERSION, PLURAL = "gemini.io", "v1alpha1", "geminijobs"
+GROUP, VERSION, PLURAL = "gemini.io", "v1beta1", "geminijobs"
 
 
 def _job(name: str, ranks: int) -> dict[str, Any]:

@@ -36,7 +36,7 @@ class Jobs:
 
     def create(self, body: dict[str, Any]) -> None:
         body["metadata"]["namespace"] = self.ns
-        if body["spec"]["template"]["command"] == make_job().spec()["template"]["command"]:
+        if body["spec"]["template"].get("command") == make_job().spec()["template"]["command"]:
             # When other tests of the session started nodes, the pods really run: keep busy.
             body["spec"]["template"]["command"] = ["python", "-c", "import time; time.sleep(600)"]
         self.custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, self.ns,

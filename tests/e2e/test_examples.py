@@ -55,7 +55,7 @@ def localize(manifest: dict[str, Any], namespace: str, s3: S3Server, prefix: str
     job = copy.deepcopy(manifest)
     spec = job["spec"]
     job["metadata"]["namespace"] = namespace
-    template = spec["template"]
+    template = trainer_of(job)
     # Pods run as local processes from this checkout (images are not pulled): the image's
     # /app is the repository here.
     template["command"] = [str(REPO / c[len("/app/"):]) if c.startswith("/app/") else c
@@ -80,11 +80,19 @@ def create_credentials(core: client.CoreV1Api, namespace: str, job: dict[str, An
                               job["spec"]["persistence"]["credentialsSecretRef"]["name"])
 
 
+def trainer_of(job: dict[str, Any]) -> dict[str, Any]:
+    """The pod template's container named trainer."""
+    (trainer,) = [c for c in job["spec"]["template"]["spec"]["containers"]
+                  if c["name"] == "trainer"]
+    return trainer  # the job's own dict: edits to it edit the job
+
+
 def script_and_args(job: dict[str, Any]) -> tuple[Path, list[str]]:
     """The training script and its arguments as the localized job runs them."""
-    command = job["spec"]["template"]["command"]
+    trainer = trainer_of(job)
+    command = trainer["command"]
     assert command[0] == "python" and len(command) == 2, command
-    return Path(command[1]), list(job["spec"]["template"]["args"])
+    return Path(command[1]), list(trainer["args"])
 
 
 @pytest.fixture

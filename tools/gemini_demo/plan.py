@@ -121,22 +121,25 @@ def trainer_args(config: DemoConfig, with_sleep: bool = True) -> list[str]:
 
 def job_manifest(config: DemoConfig, script: str, s3_url: str, bucket: str,
                  prefix: str) -> dict[str, Any]:
-    """The GeminiJob: procs_per_node trainers per node, a checkpoint every iteration, S3
-    persistence."""
+    """The GeminiJob (v1beta1, a pod template): procs_per_node trainers per node, a checkpoint
+    every iteration, S3 persistence."""
+    trainer = {
+        "name": "trainer",
+        "image": "gemini:local",  # local nodes run the host's Python; nothing is pulled
+        "command": ["python", script],
+        "args": trainer_args(config),
+        "env": [{"name": "OMP_NUM_THREADS", "value": "1"},
+                {"name": "PYTHONUNBUFFERED", "value": "1"}],
+    }
     return {
-        "apiVersion": "gemini.io/v1alpha1",
+        "apiVersion": "gemini.io/v1beta1",
         "kind": "GeminiJob",
         "metadata": {"name": JOB_NAME, "namespace": NAMESPACE},
         "spec": {
             "numNodes": config.workers,
             "numProcPerNode": config.procs_per_node,
-            "template": {
-                "image": "gemini:local",  # local nodes run the host's Python; nothing is pulled
-                "command": ["python", script],
-                "args": trainer_args(config),
-                "env": [{"name": "OMP_NUM_THREADS", "value": "1"},
-                        {"name": "PYTHONUNBUFFERED", "value": "1"}],
-            },
+            "template": {"metadata": {"labels": {"app.kubernetes.io/part-of": "gemini-demo"}},
+                         "spec": {"containers": [trainer]}},
             "checkpoint": {"replicas": config.replicas, "intervalIterations": 1},
             "persistence": {
                 "bucketURI": f"s3://{bucket}/{prefix}",

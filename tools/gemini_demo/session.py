@@ -101,7 +101,7 @@ class RecoveringWatch:
         from kubernetes import watch
 
         for event in watch.Watch().stream(
-                self.custom.list_namespaced_custom_object, "gemini.io", "v1alpha1",
+                self.custom.list_namespaced_custom_object, "gemini.io", "v1beta1",
                 plan.NAMESPACE, "geminijobs", field_selector=f"metadata.name={plan.JOB_NAME}",
                 timeout_seconds=30):
             status = event["object"].get("status") or {}
@@ -319,7 +319,7 @@ class Demo:
                                  f"demo-{int(time.time())}")
         self.prefix = body["spec"]["persistence"]["bucketURI"].split("/", 3)[3]
         self.custom.create_namespaced_custom_object(
-            "gemini.io", "v1alpha1", plan.NAMESPACE, "geminijobs", body)
+            "gemini.io", "v1beta1", plan.NAMESPACE, "geminijobs", body)
         self.say(f"GeminiJob {plan.NAMESPACE}/{plan.JOB_NAME} submitted "
                  f"({self.config.workers} workers, m={self.config.replicas})")
 
@@ -327,7 +327,7 @@ class Demo:
 
     def job(self) -> dict[str, Any]:
         found: Any = self.custom.get_namespaced_custom_object(
-            "gemini.io", "v1alpha1", plan.NAMESPACE, "geminijobs", plan.JOB_NAME)
+            "gemini.io", "v1beta1", plan.NAMESPACE, "geminijobs", plan.JOB_NAME)
         return dict(found)
 
     def train_and_inject(self) -> list[Injected]:

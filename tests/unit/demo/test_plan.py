@@ -74,8 +74,10 @@ def test_the_job_checkpoints_every_iteration_and_persists_to_the_local_s3() -> N
     assert spec["persistence"]["bucketURI"] == "s3://gemini/demo-1"
     assert spec["persistence"]["endpoint"] == "http://127.0.0.1:7480"
     assert spec["persistence"]["credentialsSecretRef"] == {"name": plan.S3_SECRET}
-    assert spec["template"]["command"] == ["python", "/repo/examples/train_gpt_zero3.py"]
-    assert spec["template"]["args"] == plan.trainer_args(config)
+    (trainer,) = spec["template"]["spec"]["containers"]
+    assert trainer["name"] == "trainer"
+    assert trainer["command"] == ["python", "/repo/examples/train_gpt_zero3.py"]
+    assert trainer["args"] == plan.trainer_args(config)
     assert spec["failurePolicy"]["spareNodes"] == 3
 
 

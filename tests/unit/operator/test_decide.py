@@ -383,3 +383,18 @@ def test_pods_left_by_an_earlier_job_of_the_same_name_are_waited_for():
                                                                  "train-worker-3"]
     assert d.status.to_dict()["state"] == "Created"
     assert all(c.type != "Created" for c in d.status.conditions)
+
+
+def test_a_worker_pod_the_api_server_refused_fails_the_job_naming_the_field():
+    h = Harness()
+    h.run_pods()
+    refusal = ('could not create Pod default/train-worker-0: Pod "train-worker-0" is invalid: '
+               'spec.tolerations[0].effect: Unsupported value: "Sometimes"')
+    observed = Observed(job=JobView.from_object(h.job), pods=dict(h.pods), nodes=h.nodes,
+                        has_service=True, has_secret=True, now=NOW, pod_refused=refusal)
+    d = decide(observed, CONFIG)
+    failed = next(c for c in d.status.conditions if c.type == "Failed")
+    assert failed.status == "True" and failed.reason == "InvalidSpec"
+    assert "spec.template.spec: the API server refused the worker pod" in failed.message
+    assert "spec.tolerations[0].effect" in failed.message
+    assert _of(d, DeletePods), "the pods created before the refusal are deleted"

@@ -33,7 +33,7 @@ def test_worker_pod_is_named_and_labelled_by_rank_and_attempt():
 
 def test_worker_pod_is_owned_by_the_job():
     (owner,) = _pod()["metadata"]["ownerReferences"]
-    assert owner == {"apiVersion": "gemini.io/v1alpha1", "kind": "GeminiJob", "name": "train",
+    assert owner == {"apiVersion": "gemini.io/v1beta1", "kind": "GeminiJob", "name": "train",
                      "uid": "uid-1", "controller": True, "blockOwnerDeletion": True}
 
 

@@ -48,21 +48,20 @@ async def test_a_finished_result_answers_while_it_holds_and_not_after_keep_secon
         runs.append(1)
         return len(runs)
 
-    def again() -> int:
-        t = transfers.start_or_join("k", "restore", 0, 3, run, lambda _: holds["yes"])
-        return id(t)
+    def again() -> object:  # the object, not its id: a freed one's id is reused
+        return transfers.start_or_join("k", "restore", 0, 3, run, lambda _: holds["yes"])
 
     first = again()
     await asyncio.sleep(0)
     await asyncio.sleep(0)
-    assert again() == first and len(runs) == 1
+    assert again() is first and len(runs) == 1
     holds["yes"] = False  # the slot it wrote was reused: start over
-    assert again() != first
+    assert again() is not first
     await asyncio.sleep(0.01)
     holds["yes"] = True
     second = again()
     clock.now += KEEP_SECONDS + 1
-    assert again() != second
+    assert again() is not second
 
 
 async def test_a_failure_reaches_its_waiters_and_the_next_request_starts_again() -> None:
