@@ -1,9 +1,8 @@
 """Persisting a node checkpoint to S3 while training runs, against the same upload alone.
 
-A sidecar process holds a version in its slot file (256 MiB by default: the local RGW, an OSD
-in memory, choked on repeated 1 GiB uploads on the 2-core build machine, closing connections
-mid-part) and uploads it to the local S3 server (Ceph RGW, started here) through POST /persist:
-the version is pinned for the upload and sent in parts (gemini_sidecar.uploads). The same
+A sidecar process holds a version in its slot file (1 GiB, a node checkpoint) and uploads it
+to the local S3 server (Ceph RGW, started here) through POST /persist: the version is pinned
+for the upload and sent in parts (gemini_sidecar.uploads). Each upload is of a new version. The same
 upload runs alone (the trainer stopped) and while a training process (a torch MLP,
 OMP_NUM_THREADS=1) trains, alternating, BENCH_RUNS times. The figure: upload throughput while
 training / alone (target >= 0.8); the training's step rate during the uploads over its rate
@@ -33,7 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support.cleanup import Cleanup, cleaning_up
 from support.sidecar_procs import SidecarProc, commit_version, free_port, local_s3_env, pattern
 
-SIZE = int(os.environ.get("BENCH_BYTES", str(256 << 20)))  # see the docstring
+from gemini_trainer.shm import ShardSlots
+
+SIZE = int(os.environ.get("BENCH_BYTES", str(1 << 30)))
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 TRAINER = """
 import sys, time, torch
@@ -67,10 +68,20 @@ class Training:
         self.proc.wait()
 
 
-def persist_seconds(owner: SidecarProc) -> float:
-    start = time.perf_counter()
-    owner.api("POST", "/persist", {"version": 1})
-    return time.perf_counter() - start
+class Versions:
+    """A new version committed before each upload (the same one again would be answered from
+    the sidecar's note of the finished upload, not sent)."""
+
+    def __init__(self, slots: ShardSlots) -> None:
+        self.slots, self.version = slots, 0
+        self.data = pattern(SIZE, 3)
+
+    def persist_seconds(self, owner: SidecarProc) -> float:
+        self.version += 1
+        commit_version(self.slots, self.version, self.data)
+        start = time.perf_counter()
+        owner.api("POST", "/persist", {"version": self.version})
+        return time.perf_counter() - start
 
 
 def main() -> None:
@@ -88,9 +99,10 @@ def measure(cleanup: Cleanup) -> None:
     env = local_s3_env(s3_state, cleanup, "bench-persist")
     owner = SidecarProc(0, 1, root / "owner", {0: free_port()}, extra=env)
     cleanup.at_exit(owner.stop)
-    with owner.slots(SIZE) as slots:
-        commit_version(slots, 1, pattern(SIZE, 3))
-    persist_seconds(owner)  # warm-up: connections, the bucket's first objects
+    slots = owner.slots(SIZE)
+    cleanup.at_exit(slots.close)
+    versions = Versions(slots)
+    versions.persist_seconds(owner)  # warm-up: connections, the bucket's first objects
     alone: list[float] = []
     loaded: list[float] = []
     rates: list[tuple[float, float]] = []  # training steps/s during the upload, between
@@ -100,11 +112,11 @@ def measure(cleanup: Cleanup) -> None:
     try:
         for run in range(RUNS):
             training.proc.send_signal(signal.SIGSTOP)  # the upload alone
-            alone.append(persist_seconds(owner))
+            alone.append(versions.persist_seconds(owner))
             training.proc.send_signal(signal.SIGCONT)
             time.sleep(1.0)
             begin = time.monotonic()
-            loaded.append(persist_seconds(owner))
+            loaded.append(versions.persist_seconds(owner))
             end = time.monotonic()
             time.sleep(loaded[-1])
             during = training.steps_between(begin, end) / (end - begin)
