@@ -71,24 +71,40 @@ class SidecarError(RuntimeError):
 class TransfersRunning(Exception):
     """Some ranks' transfers are still under way (asked again, the calls join them)."""
 
-    def __init__(self, running: Mapping[int, TransferRunning]) -> None:
+    def __init__(self, running: Mapping[int, TransferRunning],
+                 finished_bytes: int = 0) -> None:
         self.running = dict(running)
+        self.finished_bytes = finished_bytes  # what the ranks already done moved
         super().__init__("; ".join(f"rank {r}: {t.kind} {t.words()}"
                                    for r, t in sorted(self.running.items())))
 
     def bytes_done(self) -> tuple[int, int | None]:
-        """Bytes done and the total over every rank (None while some total is unknown)."""
-        done = sum(t.done_bytes for t in self.running.values())
+        """Bytes done and the total over every rank asked (None while some total is
+        unknown); the ranks already done count whole."""
+        done = self.finished_bytes + sum(t.done_bytes for t in self.running.values())
         totals = [t.total_bytes for t in self.running.values()]
-        return done, None if None in totals else sum(t or 0 for t in totals)
+        return done, None if None in totals else self.finished_bytes + sum(
+            t or 0 for t in totals)
+
+
+def _moved(answer: object) -> int:
+    """The bytes a finished transfer moved (0 when its answer does not say)."""
+    if isinstance(answer, FetchAnswer):
+        return answer.length
+    if isinstance(answer, (PersistAnswer, RestoreAnswer)):
+        return answer.bytes
+    if isinstance(answer, FetchReplicasAnswer):
+        return sum(r.bytes or 0 for r in answer.replicas)
+    return 0
 
 
 def finished(answers: Mapping[int, T | TransferRunning]) -> dict[int, T]:
     """Every rank's answer, or TransfersRunning naming those still under way."""
+    done = {r: a for r, a in answers.items() if not isinstance(a, TransferRunning)}
     running = {r: a for r, a in answers.items() if isinstance(a, TransferRunning)}
     if running:
-        raise TransfersRunning(running)
-    return {r: a for r, a in answers.items() if not isinstance(a, TransferRunning)}
+        raise TransfersRunning(running, sum(_moved(a) for a in done.values()))
+    return done
 
 
 def _call_timeout(wait: float | None, timeout: float) -> float:

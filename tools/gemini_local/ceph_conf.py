@@ -26,7 +26,10 @@ class CephLayout:
     fsid: str
     mon_port: int
     rgw_port: int
-    capacity_bytes: int = 1 << 30
+    # What memstore reports as the OSD's size. The OSD stops writing at 97% of it (its own
+    # failsafe, no manager needed): 1 GiB was full after one 4 x 256 MiB checkpoint, and the
+    # next upload's requests hung until the client closed them.
+    capacity_bytes: int = 8 << 30
 
     @property
     def conf(self) -> Path:
@@ -140,8 +143,9 @@ def _osd_options(layout: CephLayout) -> dict[str, str]:
     return {
         "osd data": str(layout.osd_data),
         "osd objectstore": "memstore",
-        # Only the size memstore reports (without a manager nothing enforces it); objects take
-        # memory as they are written, about 1.8 bytes per byte stored.
+        # The size memstore reports; past 97% of it the OSD's failsafe drops every write
+        # ("full status failsafe engaged" in osd.0.log) and S3 requests hang. Objects take
+        # memory only as they are written, about 1.8 bytes per byte stored.
         "memstore device bytes": str(layout.capacity_bytes),
         "osd memory target": str(1 << 30),
         "osd op num shards": "2",

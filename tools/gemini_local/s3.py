@@ -108,8 +108,9 @@ def start_s3(
 
     With `stop_with_pid`, a detached watchdog stops the server once that process is gone, so
     a test session killed outright leaves nothing behind. Memory: ~130 MB when empty, plus
-    about 1.8 bytes per byte stored (measured); nothing caps it, so delete what you write
-    (deleted data is reclaimed within ~20 s).
+    about 1.8 bytes per byte stored (measured), so delete what you write (deleted data is
+    reclaimed within ~20 s). Past 97% of `CephLayout.capacity_bytes` (8 GiB) stored, the OSD
+    drops writes and uploads hang.
     """
     state_dir = state_dir.resolve()
     if not _BUCKET_NAME.fullmatch(bucket):
