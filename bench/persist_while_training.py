@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import boto3
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from support.cleanup import Cleanup, cleaning_up
@@ -70,18 +72,26 @@ class Training:
 
 class Versions:
     """A new version committed before each upload (the same one again would be answered from
-    the sidecar's note of the finished upload, not sent)."""
+    the sidecar's note of the finished upload, not sent); each uploaded object is deleted
+    after it is timed (the local S3 keeps objects in memory, 8 GiB at most)."""
 
-    def __init__(self, slots: ShardSlots) -> None:
+    def __init__(self, slots: ShardSlots, env: dict[str, str]) -> None:
         self.slots, self.version = slots, 0
         self.data = pattern(SIZE, 3)
+        self.s3 = boto3.client(
+            "s3", endpoint_url=env["GEMINI_S3_ENDPOINT"], region_name=env["GEMINI_S3_REGION"],
+            aws_access_key_id=env["GEMINI_S3_ACCESS_KEY"],
+            aws_secret_access_key=env["GEMINI_S3_SECRET_KEY"])
+        self.bucket = env["GEMINI_S3_BUCKET"]
 
     def persist_seconds(self, owner: SidecarProc) -> float:
         self.version += 1
         commit_version(self.slots, self.version, self.data)
         start = time.perf_counter()
-        owner.api("POST", "/persist", {"version": self.version})
-        return time.perf_counter() - start
+        answer = owner.api("POST", "/persist", {"version": self.version})
+        took = time.perf_counter() - start
+        self.s3.delete_object(Bucket=self.bucket, Key=answer["key"])
+        return took
 
 
 def main() -> None:
@@ -101,7 +111,7 @@ def measure(cleanup: Cleanup) -> None:
     cleanup.at_exit(owner.stop)
     slots = owner.slots(SIZE)
     cleanup.at_exit(slots.close)
-    versions = Versions(slots)
+    versions = Versions(slots, env)
     versions.persist_seconds(owner)  # warm-up: connections, the bucket's first objects
     alone: list[float] = []
     loaded: list[float] = []
