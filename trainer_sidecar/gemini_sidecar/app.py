@@ -230,6 +230,10 @@ class Sidecar:
         )
 
     def set_placement(self, placement: Placement) -> None:
+        """A new placement; the same one again changes nothing (a recovery that polls posts
+        it on every poll: restarting sends each time would abandon them over and over)."""
+        if placement == self.placement:
+            return
         for rank in self.store.held_ranks():
             if rank not in placement.hold_ranks:
                 self.store.drop(rank)

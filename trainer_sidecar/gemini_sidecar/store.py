@@ -5,7 +5,9 @@ new version never goes into the slot of the newest complete version older than i
 failed transfer falls back to), nor into the last complete slot while the other one is free:
 a failure mid-transfer, or a begin that no data follows, never costs the last good copy. A
 copy at or past the new version (an earlier try of it, or of a run its owner abandoned by
-restarting from an older step) is the one overwritten when both slots are complete.
+restarting from an older step) is the one overwritten when both slots are complete. Of two
+incomplete slots, a new try of a version takes the slot of its earlier try, so two versions
+received at once (a recovery's refill and a survivor's resend) do not wipe each other.
 Buffers are allocated once and reused (the receive path writes straight into them); the
 memory budget bounds the total allocated, and a version that would exceed it is refused while
 the complete one is kept. The budget also covers the record kept per received chunk beyond
@@ -120,8 +122,14 @@ class ReplicaStore:
         if fallback is not None:
             return pair[1] if fallback is pair[0] else pair[0]
         free = [s for s in pair if not s.complete]
+        # An earlier try of this very version goes on in its slot; else a cleared slot, else
+        # the oldest begun: never the other version being received while a free one is left
+        # (a resend of an abandoned version must not wipe a refill under way).
+        same = [s for s in free if s.version == version]
+        if same:
+            return same[0]
         if free:
-            return min(free, key=lambda s: s.seq)
+            return min(free, key=lambda s: (s.version >= 0, s.seq))
         return min(pair, key=lambda s: (s.version, s.seq))  # both at or past it: the oldest
 
     @staticmethod

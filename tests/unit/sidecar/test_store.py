@@ -111,3 +111,22 @@ def test_a_version_from_a_restarted_owner_replaces_the_abandoned_copy_not_the_re
     _receive(other, 0, 50, new50)
     assert bytes(other.get(0, 50)[1]) == new50
     assert sorted(r.version for r in other.inventory()) == [50, 51]
+
+
+def test_a_resend_of_an_abandoned_version_does_not_wipe_a_refill_under_way():
+    # A replacement holder refills the restored version 17 while a survivor, whose send of
+    # its abandoned newest version 19 was restarted, begins version 19 again.
+    store = ReplicaStore(1 << 20)
+    v17, v19 = os.urandom(10_000), os.urandom(10_000)
+    store.begin(0, 17, len(v17), 17000)
+    store.chunk_view(0, 17, 0, 4096)[:] = v17[:4096]
+    store.chunk_done(0, 17, 0, 4096, crc32(v17[:4096]))
+    store.begin(0, 19, len(v19), 19000)  # the cleared slot
+    store.begin(0, 19, len(v19), 19000)  # again: its own slot, never the refill's
+    for off in range(4096, len(v17), 4096):
+        piece = v17[off : off + 4096]
+        store.chunk_view(0, 17, off, len(piece))[:] = piece
+        store.chunk_done(0, 17, off, len(piece), crc32(piece))
+    store.finish(0, 17, crc32(v17))
+    info, view = store.get(0, 17)
+    assert bytes(view) == v17
