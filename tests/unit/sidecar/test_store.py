@@ -128,5 +128,5 @@ def test_a_resend_of_an_abandoned_version_does_not_wipe_a_refill_under_way():
         store.chunk_view(0, 17, off, len(piece))[:] = piece
         store.chunk_done(0, 17, off, len(piece), crc32(piece))
     store.finish(0, 17, crc32(v17))
-    info, view = store.get(0, 17)
+    _, view = store.get(0, 17)
     assert bytes(view) == v17
