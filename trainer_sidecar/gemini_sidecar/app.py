@@ -354,8 +354,7 @@ class Sidecar:
 
     def has_replica(self, rank: int, version: int | None, checksum: int | None = None) -> bool:
         """Whether the store holds `version` of `rank` complete (with that CRC-32)."""
-        return any(c.rank == rank and c.version == version and c.complete
-                   and checksum in (None, c.checksum) for c in self.store.inventory())
+        return self._complete_replica(rank, version, checksum) is not None
 
     def still_fetched(self, into: str) -> Callable[[Fetched], bool]:
         if into == "shm":
@@ -365,12 +364,15 @@ class Sidecar:
     def still_refilled(self, results: Sequence[ReplicaFetch]) -> bool:
         return all(r.ok and self.has_replica(r.rank, r.version) for r in results)
 
-    def _complete_replica(self, rank: int, version: int | None) -> int | None:
-        """The size of `version` of `rank` if the store holds it complete, else None."""
+    def _complete_replica(self, rank: int, version: int | None,
+                          checksum: int | None = None) -> int | None:
+        """The size of `version` of `rank` if the store holds it complete (with that CRC-32,
+        when given), else None."""
         if version is None:
             return None
         return next((c.bytes for c in self.store.inventory()
-                     if c.rank == rank and c.version == version and c.complete), None)
+                     if c.rank == rank and c.version == version and c.complete
+                     and checksum in (None, c.checksum)), None)
 
     # -- S3 ----------------------------------------------------------------------------------
     def _need_s3(self) -> s3mod.S3Store:

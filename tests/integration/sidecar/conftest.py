@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -132,12 +132,16 @@ def replica_complete(sidecar: Sidecar, rank: int, version: int) -> bool:
 
 
 async def relay(src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                forward: Callable[[], bool] = lambda: True) -> None:
+                forward: Callable[[], bool] = lambda: True,
+                before: Callable[[int], Awaitable[None]] | None = None) -> None:
     """Copy `src` to `dst` until either end closes (bytes read while `forward()` is false are
-    swallowed: a path that went dark), then close `dst`."""
+    swallowed: a path that went dark; `before(n)` is awaited before n bytes are passed on: a
+    paced link), then close `dst`."""
     try:
         while data := await src.read(1 << 16):
             if forward():
+                if before is not None:
+                    await before(len(data))
                 dst.write(data)
                 await dst.drain()
     except ConnectionError:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from tests.integration.sidecar.conftest import (
     started,
     write_local,
 )
+from tests.integration.sidecar.conftest import relay as pipe
 
 pytestmark = pytest.mark.integration
 SIZE = 48 << 20
@@ -47,11 +49,14 @@ class Relay:
     def __init__(self, port: int) -> None:
         self.port, self.dark, self.connections = port, False, 0
         self.forwarded = 0
+        self.address = ""
         self._server: asyncio.Server | None = None
 
-    async def start(self) -> int:
+    async def start(self) -> str:
+        """Start; the relay's address as a holder ("host:port")."""
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        return int(self._server.sockets[0].getsockname()[1])
+        self.address = f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+        return self.address
 
     async def stop(self) -> None:
         if self._server is not None:
@@ -60,24 +65,31 @@ class Relay:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.port)
-        await asyncio.gather(self._copy(reader, up_writer, pace=False),
-                             self._copy(up_reader, writer, pace=True))
+        lit = lambda: not self.dark  # noqa: E731
+        await asyncio.gather(pipe(reader, up_writer, lit),
+                             pipe(up_reader, writer, lit, self._pace))
 
-    async def _copy(self, src: asyncio.StreamReader, dst: asyncio.StreamWriter,
-                    pace: bool) -> None:
+    async def _pace(self, count: int) -> None:
+        self.forwarded += count
+        await asyncio.sleep(count / RATE)
+
+
+@asynccontextmanager
+async def owner_and_holder(tmp_path: Path, version: int
+                           ) -> AsyncIterator[tuple[Sidecar, Relay, bytes]]:
+    """Rank 0 holding `version` in its slot file, rank 1 holding rank 0's replicas, and a
+    relay to rank 0's peer port; yields (rank 1, the relay, the version's bytes)."""
+    ports = {0: free_port(), 1: free_port()}
+    configs = (make_config(0, 2, tmp_path, ports), make_config(1, 2, tmp_path, ports, hold=(0,)))
+    async with started(*configs) as (owner, holder):
+        data = payload(version, SIZE)
+        write_local(owner.cfg, version, data)
+        relay_ = Relay(owner.peer_port)
+        await relay_.start()
         try:
-            while data := await src.read(1 << 16):
-                if self.dark:
-                    continue
-                if pace:
-                    self.forwarded += len(data)
-                    await asyncio.sleep(len(data) / RATE)
-                dst.write(data)
-                await dst.drain()
-        except ConnectionError:
-            pass
+            yield holder, relay_, data
         finally:
-            dst.close()
+            await relay_.stop()
 
 
 def api(car: Sidecar) -> ControlClient:
@@ -106,28 +118,20 @@ async def until_done(ask: Callable[[], Awaitable[Any]], limit: float = 60) -> tu
 
 
 async def test_repeated_fetches_join_the_one_under_way_and_see_its_progress(tmp_path: Path) -> None:
-    ports = {0: free_port(), 1: free_port()}
-    configs = (make_config(0, 2, tmp_path, ports), make_config(1, 2, tmp_path, ports, hold=(0,)))
-    async with started(*configs) as (owner, holder):
-        data = payload(3, SIZE)
-        write_local(owner.cfg, 3, data)
-        relay = Relay(owner.peer_port)
-        via = f"127.0.0.1:{await relay.start()}"
-        try:
-            client = api(holder)
-            request = FetchRequest(0, 3, (via,), "store", wait_seconds=0.2)
-            first = await off_loop(lambda: client.fetch(FetchRequest(0, 3, (via,), "store", 0)))
-            assert isinstance(first, TransferRunning), first
-            answer, progress = await until_done(lambda: off_loop(lambda: client.fetch(request)))
-            # asked again after the end (an answer lost): the finished fetch answers
-            assert await off_loop(lambda: client.fetch(request)) == answer
-            assert relay.connections == 1, "a repeated request started a second fetch"
-            holder.store.drop(0)  # what it fetched is gone: the next request fetches again
-            assert isinstance(await off_loop(lambda: client.fetch(request)), TransferRunning)
-            assert relay.connections == 2
-            again, _ = await until_done(lambda: off_loop(lambda: client.fetch(request)))
-        finally:
-            await relay.stop()
+    async with owner_and_holder(tmp_path, 3) as (holder, relay, data):
+        client = api(holder)
+        request = FetchRequest(0, 3, (relay.address,), "store", wait_seconds=0.2)
+        at_once = FetchRequest(0, 3, (relay.address,), "store", 0)
+        first = await off_loop(lambda: client.fetch(at_once))
+        assert isinstance(first, TransferRunning), first
+        answer, progress = await until_done(lambda: off_loop(lambda: client.fetch(request)))
+        # asked again after the end (an answer lost): the finished fetch answers
+        assert await off_loop(lambda: client.fetch(request)) == answer
+        assert relay.connections == 1, "a repeated request started a second fetch"
+        holder.store.drop(0)  # what it fetched is gone: the next request fetches again
+        assert isinstance(await off_loop(lambda: client.fetch(request)), TransferRunning)
+        assert relay.connections == 2
+        again, _ = await until_done(lambda: off_loop(lambda: client.fetch(request)))
         assert isinstance(answer, FetchAnswer) and answer.length == SIZE
         assert again == answer
         assert len(progress) >= 3, progress
@@ -141,26 +145,17 @@ async def test_repeated_fetches_join_the_one_under_way_and_see_its_progress(tmp_
 
 async def test_a_holder_that_goes_silent_is_left_within_seconds_for_the_next(
         tmp_path: Path) -> None:
-    ports = {0: free_port(), 1: free_port()}
-    configs = (make_config(0, 2, tmp_path, ports), make_config(1, 2, tmp_path, ports, hold=(0,)))
-    async with started(*configs) as (owner, holder):
-        data = payload(4, SIZE)
-        write_local(owner.cfg, 4, data)
-        relay = Relay(owner.peer_port)
-        silent = f"127.0.0.1:{await relay.start()}"
-        direct = f"127.0.0.1:{owner.peer_port}"
-        try:
-            client = api(holder)
-            request = FetchRequest(0, 4, (silent, direct), "store", wait_seconds=0.5)
-            started_at = time.monotonic()
-            assert isinstance(await off_loop(lambda: client.fetch(request)), TransferRunning)
-            while relay.forwarded < SIZE // 8:  # part of it came through, then the dark
-                await asyncio.sleep(0.05)
-            relay.dark = True
-            answer, _ = await until_done(lambda: off_loop(lambda: client.fetch(request)))
-            took = time.monotonic() - started_at
-        finally:
-            await relay.stop()
+    async with owner_and_holder(tmp_path, 4) as (holder, relay, data):
+        silent, direct = relay.address, f"127.0.0.1:{relay.port}"
+        client = api(holder)
+        request = FetchRequest(0, 4, (silent, direct), "store", wait_seconds=0.5)
+        started_at = time.monotonic()
+        assert isinstance(await off_loop(lambda: client.fetch(request)), TransferRunning)
+        while relay.forwarded < SIZE // 8:  # part of it came through, then the dark
+            await asyncio.sleep(0.05)
+        relay.dark = True
+        answer, _ = await until_done(lambda: off_loop(lambda: client.fetch(request)))
+        took = time.monotonic() - started_at
         assert isinstance(answer, FetchAnswer), answer
         assert answer.holders_used == (silent, direct), answer
         assert took < REPLY_SILENCE_S + 10, f"the silent holder was left after {took:.1f} s"
