@@ -7,16 +7,16 @@ Baseline: a receiver process recv_into()s into a prefaulted 1 GiB buffer, a send
 sendall()s the same shard straight from the trainer's shared-memory slot, acknowledged with
 one byte. Sidecar: the bench commits a new version into rank 0's slot file (as the trainer
 does), POSTs /notify, and reads rank 0's own measurement of that send (first byte out to the
-peer's final acknowledgement, checksums included) from /inventory. Two warm-up versions
-allocate the receiver's two replica slots first, as in steady state. Raw and sidecar runs
-alternate, RUNS each. The figure is the median of the per-pair ratios (each sidecar run over
-the raw run just before it), which cancels most of the drift of a machine shared with other
-work; the medians of each side are printed too, with the CPU seconds each transfer used.
+peer's final acknowledgement, the CRC-32 and the Poly1305 MAC of every chunk included) from
+/inventory. Two warm-up versions allocate the receiver's two replica slots first, as in steady
+state. Raw and sidecar runs alternate, RUNS each. The figure is the median of the per-pair
+ratios (each sidecar run over the raw run just before it), which cancels most of the drift of
+a machine shared with other work; the medians of each side are printed too, with the CPU
+seconds each transfer used.
 
 A third transfer per round, "raw + CRC-32", is the raw one with the receiver taking the
-CRC-32 of each piece as it lands on a second thread (as the sidecar does): the cheapest
-transfer that checks every byte with CRC-32, i.e. the ceiling for the sidecar. It is reported
-beside the target ratio (`vs_raw_crc32`), not in it.
+CRC-32 of each piece as it lands on a second thread: a transfer that checks every byte with
+CRC-32 and no MAC. It is reported beside the target ratio (`vs_raw_crc32`), not in it.
 BENCH_BYTES and BENCH_RUNS override the size and the number of pairs.
 Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
 """

@@ -94,7 +94,7 @@ async def _pull(
             done[off] = await chan.recv_into(reply, dest[off : off + size])
             progress.add(size)
         except ChecksumMismatch as err:
-            log.warning("%s; will refetch it from another holder", err)
+            log.warning("%s (from %s); will refetch it from another holder", err, chan.peer)
 
 
 async def fetch(req: FetchRequest, allocate: Allocate, metrics: SidecarMetrics,

@@ -57,7 +57,8 @@ async def connect(addr: PeerAddress, job: str, token: bytes, max_payload: int,
     sock.setblocking(False)
     try:
         await asyncio.wait_for(loop.sock_connect(sock, (addr.host, addr.port)), CONNECT_TIMEOUT_S)
-        chan = Channel(sock, token, max_payload, server=False, bulk_timeout=bulk_timeout)
+        chan = Channel(sock, token, max_payload, server=False, bulk_timeout=bulk_timeout,
+                       peer=str(addr))
         await asyncio.wait_for(chan.client_handshake(job), CONNECT_TIMEOUT_S)
     except (ConnectionError, ProtocolError) as err:
         sock.close()
@@ -159,7 +160,10 @@ async def _send_chunks(
                 reply = await _reply(chan)
                 if reply.type != FrameType.ACK or reply.offset != chunk.offset:
                     raise ProtocolError(f"unexpected reply {reply.type.name} at {reply.offset}")
-                received[chunk.offset] = reply.checksum
+                if reply.flags & FLAG_CORRUPT:  # failed its MAC there: resent after PUT_END
+                    received.pop(chunk.offset, None)
+                else:
+                    received[chunk.offset] = reply.checksum
                 slots.release()
         finally:
             for _ in range(window + 1):  # wake a sender blocked on the window if we failed

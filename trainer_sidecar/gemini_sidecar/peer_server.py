@@ -34,6 +34,7 @@ from gemini_sidecar.protocol import (
     ChannelPools,
     Frame,
     FrameType,
+    PayloadTampered,
     ProtocolError,
 )
 from gemini_sidecar.store import (
@@ -298,7 +299,8 @@ class PeerServer:
     async def _serve(self, conn: socket.socket, peer: str) -> None:
         try:
             chan = Channel(conn, self.ctx.token, self.ctx.max_payload, server=True,
-                           pools=self._pools, read_timeout=self.ctx.limits.read_timeout_s)
+                           pools=self._pools, read_timeout=self.ctx.limits.read_timeout_s,
+                           peer=peer)
         except OSError as err:  # no file descriptor left for its duplicate
             conn.close()
             self._release(peer)
@@ -362,7 +364,14 @@ class PeerServer:
             await chan.discard(frame.length)
             await chan.send_error(str(err))
             return
-        crc = await chan.recv_crc_into(frame, view)
+        try:
+            crc = await chan.recv_crc_into(frame, view)
+        except PayloadTampered as err:  # the sender resends it after PUT_END
+            self._refusals.refuse(chan.peer, str(err))
+            self.ctx.store.chunk_rejected(frame.rank, frame.version, frame.offset)
+            await chan.send(Frame(FrameType.ACK, frame.rank, frame.version, frame.offset, 0, 0,
+                                  frame.length, FLAG_CORRUPT))
+            return
         self.ctx.store.chunk_done(frame.rank, frame.version, frame.offset, frame.length, crc)
         # the CRC of what landed goes back authenticated: the sender finds bad chunks with it
         ack = Frame(FrameType.ACK, frame.rank, frame.version, frame.offset, 0, crc, frame.length)

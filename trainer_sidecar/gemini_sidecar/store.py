@@ -52,6 +52,7 @@ class _Slot:
     complete: bool = False
     seq: int = 0  # order of begin() calls: the newest complete slot has the highest seq
     received: dict[int, tuple[int, int]] = field(default_factory=dict)  # offset -> (len, crc)
+    rejected: set[int] = field(default_factory=set)  # offsets whose chunk failed its MAC
 
     def view(self) -> memoryview:
         return memoryview(self.buffer)[: self.length]
@@ -63,6 +64,7 @@ class _Slot:
 
     def clear(self) -> None:
         self.version, self.length, self.complete, self.received = -1, 0, False, {}
+        self.rejected = set()
 
 
 @dataclass(frozen=True)
@@ -114,7 +116,7 @@ class ReplicaStore:
             slot.buffer = bytearray(length)  # fresh zeroed pages; old buffer freed
         self._seq += 1
         slot.version, slot.length, slot.source_checksum = version, length, source_checksum
-        slot.complete, slot.seq, slot.received = False, self._seq, {}
+        slot.complete, slot.seq, slot.received, slot.rejected = False, self._seq, {}, set()
 
     def _target(self, pair: tuple[_Slot, _Slot], version: int) -> _Slot:
         """The slot `version` goes into (see the module docstring for what is kept)."""
@@ -166,12 +168,26 @@ class ReplicaStore:
     def chunk_done(self, rank: int, version: int, offset: int, length: int, crc: int) -> None:
         """Record a received chunk with the CRC-32 of the bytes that landed (a chunk received
         again at the same offset replaces the earlier one)."""
-        self._writing(rank, version).received[offset] = (length, crc)
+        slot = self._writing(rank, version)
+        slot.received[offset] = (length, crc)
+        slot.rejected.discard(offset)
+
+    def chunk_rejected(self, rank: int, version: int, offset: int) -> None:
+        """Forget the chunk at `offset` (its bytes failed their MAC): the version cannot
+        finish until it is received again."""
+        slot = self._writing(rank, version)
+        slot.received.pop(offset, None)
+        slot.rejected.add(offset)
 
     def finish(self, rank: int, version: int, whole_crc: int) -> ReplicaInfo:
         """Mark complete if every byte arrived and the chunk CRCs combine into `whole_crc`
         (WholeChecksumMismatch if they do not: the version stays open for resent chunks)."""
         slot = self._writing(rank, version)
+        if slot.rejected:
+            raise WholeChecksumMismatch(
+                f"rank {rank} version {version}: {len(slot.rejected)} chunks failed their keyed"
+                f" MAC (first at offset {min(slot.rejected)})"
+            )
         pos = 0
         pieces = []
         for offset in sorted(slot.received):

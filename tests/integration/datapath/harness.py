@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from gemini.domain.placement import mixed_placement
-from gemini_sidecar.protocol import CHALLENGE_BYTES, HEADER_BYTES, FrameType
+from gemini_sidecar.protocol import CHALLENGE_BYTES, HEADER_BYTES, FrameType, wire_payload_bytes
 from gemini_trainer.shm import ShardSlots, SlotInfo, shard_path
 from tests.fixtures.trainers import TrainingRun, free_port
 
@@ -256,7 +256,7 @@ class CorruptingProxy:
                 head = self._read(src, HEADER_BYTES)
                 ftype = head[4]
                 length = struct.unpack_from(">Q", head, 4 + 1 + 1 + 2 + 4 + 8 + 8)[0]
-                payload = bytearray(self._read(src, length)) if length else bytearray()
+                payload = bytearray(self._read(src, wire_payload_bytes(length)))
                 if ftype == FrameType.DATA and length and not self.flipped:
                     payload[length // 2] ^= 0x10
                     self.flipped += 1

@@ -97,16 +97,22 @@ async def test_corruption_at_rest_in_one_holder_is_caught_and_fetched_from_anoth
             await car.stop()
 
 
-async def _corrupting_proxy(target: int, flip_at: int) -> tuple[asyncio.Server, int]:
-    """Forward to 127.0.0.1:target, flipping one byte of the reply stream at `flip_at`."""
+# XORed in anywhere, this keeps a payload's CRC-32 (a multiple of the CRC-32 generator)
+CRC_NEUTRAL = (0x1DB710641).to_bytes(5, "little")
+
+
+async def _corrupting_proxy(target: int, flip_at: int,
+                            pattern: bytes = b"\x01") -> tuple[asyncio.Server, int]:
+    """Forward to 127.0.0.1:target, XORing `pattern` into the reply stream at `flip_at`."""
 
     async def pipe(reader, writer, flip: int | None) -> None:
         seen = 0
         try:
             while chunk := await reader.read(1 << 16):
-                if flip is not None and seen <= flip < seen + len(chunk):
+                if flip is not None and seen <= flip and flip + len(pattern) <= seen + len(chunk):
                     buf = bytearray(chunk)
-                    buf[flip - seen] ^= 0x01
+                    for i, bits in enumerate(pattern):
+                        buf[flip - seen + i] ^= bits
                     chunk = bytes(buf)
                 seen += len(chunk)
                 writer.write(chunk)
@@ -124,10 +130,12 @@ async def _corrupting_proxy(target: int, flip_at: int) -> tuple[asyncio.Server, 
     return server, server.sockets[0].getsockname()[1]
 
 
-async def test_a_chunk_corrupted_in_transit_is_refetched_from_another_holder(tmp_path):
+@pytest.mark.parametrize("pattern", [b"\x01", CRC_NEUTRAL], ids=["bit-flip", "crc32-kept"])
+async def test_a_chunk_corrupted_in_transit_is_refetched_from_another_holder(tmp_path, pattern):
     cars, data = await _three_with_rank0_replicated(tmp_path)
     # challenge (20) + WELCOME + INFO + DATA headers (92 each), then the first chunk's payload
-    proxy, proxy_port = await _corrupting_proxy(cars[1].peer_port, 20 + 3 * 92 + 1000)
+    proxy, proxy_port = await _corrupting_proxy(cars[1].peer_port, 20 + 3 * 92 + 1000,
+                                                pattern)
     try:
         fresh = await _replace_rank0(cars, tmp_path)
         bad_holder = f"127.0.0.1:{proxy_port}"

@@ -1,5 +1,6 @@
-"""Replicated chunks are checked by CRC-32 end to end: corruption on the path is resent,
-corruption at rest in the sender's shared memory is never replicated as a good version."""
+"""Replicated chunks are checked end to end: a chunk changed on the path (even with its
+CRC-32 kept) fails its keyed MAC and is resent, corruption at rest in the sender's shared
+memory is never replicated as a good version."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from functools import partial
 import pytest
 
 from gemini_sidecar.app import Sidecar
-from gemini_sidecar.protocol import HEADER_BYTES, NONCE_BYTES, FrameType
+from gemini_sidecar.protocol import HEADER_BYTES, NONCE_BYTES, FrameType, wire_payload_bytes
 from gemini_trainer.shm import ShardSlots, shard_path
 from tests.integration.sidecar.conftest import (
     JOB,
@@ -27,24 +28,31 @@ pytestmark = pytest.mark.integration
 _LENGTH_AT = 4 + 1 + 1 + 2 + 4 + 8 + 8  # ">4sBBHIQQ..." : magic, type, flags, pad, rank, ...
 
 
-class _FlipFirstChunk:
-    """Forwards client -> holder, flipping one bit of the first PUT_CHUNK payload it sees
-    (the holder's ACKs and errors go back untouched)."""
+# XORed in anywhere, this keeps a payload's CRC-32 (a multiple of the CRC-32 generator)
+CRC_NEUTRAL = (0x1DB710641).to_bytes(5, "little")
 
-    def __init__(self, target: int, at: int) -> None:
-        self.target, self.at, self.flipped = target, at, 0
+
+class _FlipFirstChunk:
+    """Forwards client -> holder, changing the first PUT_CHUNK payload it sees at `at`: one
+    bit flipped, or a CRC-32-neutral pattern XORed in (the holder's replies go back
+    untouched)."""
+
+    def __init__(self, target: int, at: int, pattern: bytes = b"\x08") -> None:
+        self.target, self.at, self.pattern, self.flipped = target, at, pattern, 0
 
     async def _client_to_server(self, reader: asyncio.StreamReader,
                                 writer: asyncio.StreamWriter) -> None:
         try:
-            hello = await reader.readexactly(HEADER_BYTES + NONCE_BYTES + len(JOB))
+            hello_bytes = HEADER_BYTES + wire_payload_bytes(NONCE_BYTES + len(JOB))
+            hello = await reader.readexactly(hello_bytes)
             writer.write(hello)
             while True:
                 head = await reader.readexactly(HEADER_BYTES)
                 length = struct.unpack_from(">Q", head, _LENGTH_AT)[0]
-                body = bytearray(await reader.readexactly(length)) if length else bytearray()
-                if head[4] == FrameType.PUT_CHUNK and length > self.at and not self.flipped:
-                    body[self.at] ^= 0x08
+                body = bytearray(await reader.readexactly(wire_payload_bytes(length)))
+                if head[4] == FrameType.PUT_CHUNK and length > self.at + 8 and not self.flipped:
+                    for i, bits in enumerate(self.pattern):
+                        body[self.at + i] ^= bits
                     self.flipped += 1
                 writer.write(head + body)
                 await writer.drain()
@@ -60,11 +68,13 @@ class _FlipFirstChunk:
                              relay(server_r, client_w))
 
 
-async def test_a_chunk_corrupted_on_the_way_is_caught_by_crc32_and_resent(tmp_path, caplog):
+@pytest.mark.parametrize("pattern", [b"\x08", CRC_NEUTRAL], ids=["bit-flip", "crc32-kept"])
+async def test_a_chunk_changed_on_the_way_is_caught_by_its_mac_and_resent(tmp_path, caplog,
+                                                                          pattern):
     a_port, b_port = free_port(), free_port()
     b = Sidecar(make_config(1, 2, tmp_path, {0: a_port, 1: b_port}, hold=(0,)))
     await b.start()
-    flipper = _FlipFirstChunk(b.peer_port, 123_457)
+    flipper = _FlipFirstChunk(b.peer_port, 123_457, pattern)
     proxy = await asyncio.start_server(flipper.handle, "127.0.0.1", 0)
     proxy_port = proxy.sockets[0].getsockname()[1]
     a = Sidecar(make_config(0, 2, tmp_path, {0: a_port, 1: proxy_port}, send_to=(1,)))
@@ -77,7 +87,8 @@ async def test_a_chunk_corrupted_on_the_way_is_caught_by_crc32_and_resent(tmp_pa
         assert flipper.flipped == 1, "the proxy corrupted nothing"
         assert bytes(b.store.get(0, 4)[1]) == data
         assert b.store.get(0, 4)[0].checksum == info.checksum
-        assert "resending" in caplog.text and "CRC-32" in caplog.text
+        assert "resending" in caplog.text and "failed its keyed MAC" in caplog.text
+        assert "127.0.0.1:" in caplog.text  # the refusal names the peer
         assert a.replicator.status.peers[1].acked_version == 4
     finally:
         await a.stop()

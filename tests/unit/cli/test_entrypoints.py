@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-DEV_ONLY = ("gemini_local", "gemini_demo", "matplotlib", "cryptography")
+DEV_ONLY = ("gemini_local", "gemini_demo", "matplotlib")
+# Only the sidecar's peer protocol uses cryptography (Poly1305); the others load none of it.
+SIDECAR_ONLY = ("cryptography",)
 
 # What each command imports to run: its parser, then the modules its `func` imports.
 ENTRYPOINTS = {
@@ -29,8 +31,9 @@ print(json.dumps(sorted(m for m in sys.modules if m.split(".")[0] in {dev})))
 """
 
 
-def loaded_dev_modules(argv: list[str], modules: list[str]) -> list[str]:
-    code = PROBE.format(dev=set(DEV_ONLY))
+def loaded_dev_modules(argv: list[str], modules: list[str],
+                       packages: tuple[str, ...] = DEV_ONLY) -> list[str]:
+    code = PROBE.format(dev=set(packages))
     out = subprocess.run([sys.executable, "-c", code, json.dumps([argv, modules])],
                          capture_output=True, text=True, check=True, timeout=120)
     return list(json.loads(out.stdout.splitlines()[-1]))
@@ -40,6 +43,13 @@ def loaded_dev_modules(argv: list[str], modules: list[str]) -> list[str]:
 def test_a_production_entrypoint_imports_no_dev_tool(name):
     argv, modules = ENTRYPOINTS[name]
     assert loaded_dev_modules(argv, modules) == []
+
+
+@pytest.mark.parametrize("name", ["operator run", "launch"])
+def test_only_the_sidecar_loads_cryptography(name):
+    argv, modules = ENTRYPOINTS[name]
+    assert loaded_dev_modules(argv, modules, SIDECAR_ONLY) == []
+    assert loaded_dev_modules(*ENTRYPOINTS["sidecar"], SIDECAR_ONLY) != []
 
 
 def test_the_probe_sees_a_dev_tool_when_one_is_imported():

@@ -6,6 +6,7 @@ import asyncio
 import itertools
 import os
 import socket
+import threading
 import zlib
 
 import numpy as np
@@ -20,7 +21,9 @@ from gemini_sidecar.protocol import (
     ChecksumMismatch,
     Frame,
     FrameType,
+    PayloadTampered,
     ProtocolError,
+    wire_payload_bytes,
 )
 
 TOKEN = b"unit-test-token-0123456789"
@@ -140,7 +143,8 @@ async def test_a_wrong_token_or_another_job_fails_the_handshake():
 
 async def test_oversized_and_replayed_frames_are_refused():
     server, client, _ = await _pair()
-    await client.send(Frame(FrameType.PUT_CHUNK, 0, 1, 0, 2 << 20, 0))
+    head = client.seal(Frame(FrameType.PUT_CHUNK, 0, 1, 0, 2 << 20, 0))
+    await asyncio.get_running_loop().sock_sendall(client.sock, head)
     with pytest.raises(ProtocolError, match="oversized frame"):
         await server.recv()
     server.close()
@@ -169,5 +173,71 @@ async def test_a_checksum_changed_in_an_authenticated_header_is_refused():
         await server.recv()
     for s in (a, b):
         s.close()
+    server.close()
+    client.close()
+
+
+# XORed into a payload at any offset, this leaves its CRC-32 as it was: the 33 bits of the
+# CRC-32 generator in the bit order zlib uses (a multiple of the generator adds nothing).
+CRC_NEUTRAL = (0x1DB710641).to_bytes(5, "little")
+
+
+def test_the_crc_neutral_rewrite_really_keeps_the_crc32():
+    data = bytearray(os.urandom(5000))
+    before = zlib.crc32(data)
+    for i, b in enumerate(CRC_NEUTRAL):
+        data[1234 + i] ^= b
+    assert zlib.crc32(data) == before
+
+
+def _relay(src: socket.socket, dst: socket.socket, rewrite_at: int | None) -> None:
+    """Copy src to dst until src closes, XORing CRC_NEUTRAL into the stream at `rewrite_at`."""
+    seen = 0
+    while data := src.recv(1 << 16):
+        if rewrite_at is not None and seen <= rewrite_at and rewrite_at + 5 <= seen + len(data):
+            buf = bytearray(data)
+            for i, b in enumerate(CRC_NEUTRAL):
+                buf[rewrite_at - seen + i] ^= b
+            data = bytes(buf)
+        seen += len(data)
+        dst.sendall(data)
+    dst.close()
+
+
+async def _pair_through_rewriter(rewrite_at: int):
+    """A handshaken pair whose client-to-server bytes pass a rewriter on the path."""
+    server_sock, server_end = socket.socketpair()
+    client_sock, client_end = socket.socketpair()
+    for args in ((client_end, server_end, rewrite_at), (server_end, client_end, None)):
+        threading.Thread(target=_relay, args=args, daemon=True).start()
+    server = Channel(server_sock, TOKEN, 4 << 20, server=True)
+    client = Channel(client_sock, TOKEN, 4 << 20, server=False)
+    await asyncio.gather(server.server_handshake("j"), client.client_handshake("j"))
+    return server, client
+
+
+@pytest.mark.parametrize("size", [1000, 700_000])  # in line, and on the bulk threads
+async def test_a_payload_rewritten_on_the_path_with_its_crc32_kept_is_refused(size):
+    from gemini_sidecar.protocol import HEADER_BYTES, NONCE_BYTES
+
+    hello = HEADER_BYTES + wire_payload_bytes(NONCE_BYTES + 1)
+    server, client = await _pair_through_rewriter(hello + HEADER_BYTES + size // 2)
+    data = os.urandom(size)
+    frame = Frame(FrameType.PUT_CHUNK, 0, 1, 0, len(data), crc32(data))
+    send = asyncio.create_task(client.send(frame, data))
+    got = await server.recv()
+    buf = bytearray(got.length)
+    with pytest.raises(PayloadTampered, match="keyed MAC") as refused:
+        await server.recv_crc_into(got, memoryview(buf))
+    await send
+    assert zlib.crc32(buf) == crc32(data) and bytes(buf) != data  # the CRC could not tell
+    assert isinstance(refused.value, ChecksumMismatch)  # fetchers refetch it elsewhere
+    # the stream is still in step: the next frame arrives intact
+    send = asyncio.create_task(
+        client.send(Frame(FrameType.PUT_CHUNK, 0, 1, 0, len(data), crc32(data)), data))
+    got = await server.recv()
+    assert await server.recv_crc_into(got, memoryview(buf)) == crc32(data)
+    await send
+    assert bytes(buf) == data
     server.close()
     client.close()

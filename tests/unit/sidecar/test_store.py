@@ -66,6 +66,22 @@ def test_a_chunk_that_landed_corrupt_is_caught_at_finish_and_healed_by_a_resend(
     assert bytes(store.get(0, 1)[1]) == data
 
 
+def test_a_chunk_that_failed_its_mac_keeps_the_version_open_until_it_comes_again():
+    store = ReplicaStore(1 << 20)
+    data = os.urandom(8192)
+    store.begin(0, 1, len(data), crc32(data))
+    for off in (0, 4096):  # the second one's CRC-32 is right, but it failed its MAC
+        store.chunk_view(0, 1, off, 4096)[:] = data[off : off + 4096]
+        store.chunk_done(0, 1, off, 4096, crc32(data[off : off + 4096]))
+    store.chunk_rejected(0, 1, 4096)
+    with pytest.raises(WholeChecksumMismatch, match="1 chunks failed their keyed MAC"):
+        store.finish(0, 1, crc32(data))
+    assert not store.inventory()[0].complete
+    store.chunk_view(0, 1, 4096, 4096)[:] = data[4096:]
+    store.chunk_done(0, 1, 4096, 4096, crc32(data[4096:]))
+    assert store.finish(0, 1, crc32(data)).complete
+
+
 def test_chunks_outside_the_version_or_unaligned_are_refused():
     store = ReplicaStore(1 << 20)
     store.begin(0, 1, 100, 0)
