@@ -164,7 +164,9 @@ class Sidecar:
                 job=cfg.job, token=cfg.auth_token, rank=cfg.rank,
                 max_payload=cfg.max_frame_bytes, store=self.store, local=self.local,
                 metrics=self.metrics, hold_ranks=lambda: self.placement.hold_ranks,
+                peer_of=lambda rank: self.placement.peers.get(rank),
                 on_change=self._refresh_gauges, limits=cfg.limits,
+                check_senders=cfg.check_senders,
             )
         )
         self.s3 = s3mod.open_store(cfg.s3) if cfg.s3 else None

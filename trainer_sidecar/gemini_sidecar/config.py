@@ -92,11 +92,20 @@ class SidecarConfig:
     # many peers as the placement names.
     replicas: int = 0
     limits: ServerLimits = field(default_factory=ServerLimits)  # GEMINI_*_TIMEOUT_S, _MAX_*
+    # GEMINI_PEER_SENDER_CHECK (address | off): a rank's replica only from that rank's address
+    check_senders: bool = True
     # GEMINI_NAMESPACE and GEMINI_JOB_UID (the GeminiJob's metadata.uid): with the job name,
     # whose S3 checkpoints these are. The operator always sets both; a sidecar started by
     # hand without them keeps its checkpoints under namespace "default" and uid "no-uid".
     namespace: str = "default"
     job_uid: str = ""
+
+
+def _sender_check(env: Mapping[str, str]) -> bool:
+    mode = env.get("GEMINI_PEER_SENDER_CHECK", "address").strip()
+    if mode not in ("address", "off"):
+        raise ConfigError(f"GEMINI_PEER_SENDER_CHECK must be address or off, got {mode!r}")
+    return mode == "address"
 
 
 def parse_peers(text: str) -> dict[int, PeerAddress]:
@@ -256,6 +265,7 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
         s3=_s3_from_env(env),
         replicas=_int("GEMINI_REPLICAS", env.get("GEMINI_REPLICAS", "0"), 0, world),
         limits=_limits_from_env(env),
+        check_senders=_sender_check(env),
         namespace=env.get("GEMINI_NAMESPACE", "").strip() or "default",
         job_uid=env.get("GEMINI_JOB_UID", "").strip(),
     )

@@ -8,6 +8,8 @@ socket buffer, the next ones are already on the wire. Integrity: see send_versio
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import logging
 import socket
 from collections.abc import Callable, Sequence
@@ -48,14 +50,17 @@ class PlannedChunk:
 
 
 async def connect(addr: PeerAddress, job: str, token: bytes, max_payload: int,
-                  bulk_timeout: float = BULK_TIMEOUT_S) -> Channel:
+                  bulk_timeout: float = BULK_TIMEOUT_S, source: str | None = None) -> Channel:
     """Open an authenticated channel to a peer sidecar; PeerRefused if it turns us away.
-    A bulk payload received on it fails after `bulk_timeout` seconds without a byte."""
+    A bulk payload received on it fails after `bulk_timeout` seconds without a byte.
+    `source`: this sidecar's own address, to connect from (holders accept a rank's replica
+    only from that rank's address); a wildcard or another family is left to the kernel."""
     loop = asyncio.get_running_loop()
     family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setblocking(False)
     try:
+        _bind_source(sock, source, addr.host)
         await asyncio.wait_for(loop.sock_connect(sock, (addr.host, addr.port)), CONNECT_TIMEOUT_S)
         chan = Channel(sock, token, max_payload, server=False, bulk_timeout=bulk_timeout,
                        peer=str(addr))
@@ -67,6 +72,24 @@ async def connect(addr: PeerAddress, job: str, token: bytes, max_payload: int,
         sock.close()
         raise
     return chan
+
+
+def _bind_source(sock: socket.socket, source: str | None, dest: str) -> None:
+    """Connect from `source` where it can be: not a wildcard, the destination's family, and
+    not loopback towards an address that is not (a sidecar without GEMINI_POD_IP)."""
+    if not source or source in ("0.0.0.0", "::") or (":" in source) != (":" in dest):
+        return
+    if _is_loopback(source) and not _is_loopback(dest):
+        return
+    with contextlib.suppress(OSError):  # the holder then judges the kernel's choice
+        sock.bind((source, 0))
+
+
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def even_plan(length: int, chunk_bytes: int) -> list[PlannedChunk]:

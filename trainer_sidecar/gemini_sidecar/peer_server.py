@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gemini_sidecar.checksum import crc32
-from gemini_sidecar.config import ServerLimits
+from gemini_sidecar.config import PeerAddress, ServerLimits
 from gemini_sidecar.local import LocalShard, LocalShardError
 from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.protocol import (
@@ -37,6 +37,7 @@ from gemini_sidecar.protocol import (
     PayloadTampered,
     ProtocolError,
 )
+from gemini_sidecar.senders import SenderCheck
 from gemini_sidecar.store import (
     BudgetExceeded,
     ReplicaStore,
@@ -172,8 +173,10 @@ class ServerContext:
     local: LocalShard
     metrics: SidecarMetrics
     hold_ranks: Callable[[], tuple[int, ...]]  # current placement (it can change)
+    peer_of: Callable[[int], PeerAddress | None]  # a rank's address in the current placement
     on_change: Callable[[], None]  # the replica store changed (refresh gauges)
     limits: ServerLimits = field(default_factory=ServerLimits)
+    check_senders: bool = True  # a rank's replica only from that rank's address (senders.py)
 
 
 class PeerServer:
@@ -184,6 +187,7 @@ class PeerServer:
         self._accept: asyncio.Task[None] | None = None
         self._gate = ConnectionGate(ctx.limits)
         self._refusals = RefusalLog("peer server", ctx.metrics.refused_frames)
+        self._senders = SenderCheck(ctx.peer_of)
         # a connection holds at most one thread of each pool: none can starve another
         self._pools = ChannelPools.sized(ctx.limits.max_connections, "peer")
         self._failing_since: float | None = None  # accept has failed since then
@@ -347,6 +351,12 @@ class PeerServer:
         if frame.rank not in self.ctx.hold_ranks():
             await chan.send_error(f"this sidecar does not hold rank {frame.rank}")
             return
+        if self.ctx.check_senders:
+            problem = await self._senders.problem(frame.rank, host_of(chan.peer))
+            if problem is not None:
+                self._refusals.refuse(chan.peer, problem)
+                await chan.send_error(problem)
+                return
         try:
             self.ctx.store.begin(frame.rank, frame.version, frame.total, frame.checksum)
         except BudgetExceeded as err:

@@ -229,7 +229,8 @@ class Replicator:
             if rank not in peers:
                 raise PeerRefused(f"no address for rank {rank} in the placement")
             addr = peers[rank]
-            chan = await connect(addr, self.cfg.job, self.cfg.auth_token, self.cfg.max_frame_bytes)
+            chan = await connect(addr, self.cfg.job, self.cfg.auth_token, self.cfg.max_frame_bytes,
+                                 source=self.cfg.bind_host)
             self._channels[rank] = chan
         return chan
 

@@ -1,0 +1,75 @@
+"""Which connection may write a rank's replica: the one coming from that rank's address.
+
+Every pod of a job holds the job token, so the token alone lets any of them write any rank's
+replica. A holder therefore also checks where a `PUT_BEGIN` comes from: rank R's shard is
+accepted only from rank R's own address, as this sidecar's placement names it (the pod IP
+the operator delivered, or a name resolved to it). Senders connect from their own address
+(`peer_client.connect(source=...)`), which a pod cannot choose for another pod: in a pod
+network the source IP is the pod's. Owners are the only writers: a replacement pulls the
+replicas it holds for others (GET), it is never pushed them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+import time
+from collections.abc import Callable
+
+from gemini_sidecar.config import PeerAddress
+
+RESOLVED_FOR_S = 30.0  # a name's addresses are looked up again after this (pods come and go)
+
+
+def plain_ip(text: str) -> str:
+    """`text` as an IP without brackets or an IPv4-mapped IPv6 prefix ("::ffff:10.0.0.1")."""
+    text = text.strip("[]")
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return text
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
+class SenderCheck:
+    """Whether a connection from `source` may write rank R's replica (see the module)."""
+
+    def __init__(self, peer_of: Callable[[int], PeerAddress | None]) -> None:
+        self._peer_of = peer_of
+        self._resolved: dict[str, tuple[float, frozenset[str]]] = {}
+
+    async def problem(self, rank: int, source: str) -> str | None:
+        """None if `source` is rank `rank`'s address, else why the write is refused."""
+        addr = self._peer_of(rank)
+        if addr is None:
+            return f"no address is known here for rank {rank}, so no sender of it is accepted"
+        source = plain_ip(source)
+        ips = await self._addresses(addr.host, fresh=False)
+        if source not in ips:  # the name may point at a new pod since it was looked up
+            ips = await self._addresses(addr.host, fresh=True)
+        if source in ips:
+            return None
+        return (f"rank {rank}'s shard may only come from rank {rank} at {addr.host} "
+                f"({', '.join(sorted(ips)) or 'unresolved'}), not from {source}")
+
+    async def _addresses(self, host: str, fresh: bool) -> frozenset[str]:
+        host = plain_ip(host)
+        try:
+            return frozenset({str(ipaddress.ip_address(host))})
+        except ValueError:
+            pass  # a name
+        cached = self._resolved.get(host)
+        now = time.monotonic()
+        if cached is not None and not fresh and now - cached[0] < RESOLVED_FOR_S:
+            return cached[1]
+        try:
+            infos = await asyncio.get_running_loop().getaddrinfo(host, None,
+                                                                 type=socket.SOCK_STREAM)
+        except OSError:
+            infos = []
+        ips = frozenset(plain_ip(str(info[4][0])) for info in infos)
+        self._resolved[host] = (now, ips)
+        return ips
