@@ -61,6 +61,8 @@ Ordering rules (what the servers require of their callers, and why):
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import http.client
 import io
 import json
@@ -89,6 +91,8 @@ COMMIT_PATH = "/commit"  # POST CommitRequest -> CommitAnswer
 RESTORE_PATH = "/restore"  # POST RestoreRequest -> RestoreAnswer
 COMMITTED_STEPS_PATH = "/committed-steps"  # GET -> CommittedStepsAnswer
 SIDECAR_OPEN_PATHS = frozenset({HEALTHZ_PATH, METRICS_PATH})
+# What the trainer of the pod calls with the job token (reads go with it too; see may_call).
+SIDECAR_TRAINER_PATHS = frozenset({NOTIFY_PATH, COMMITTED_PATH, PROFILE_PATH})
 
 # -- paths of the launcher's API -------------------------------------------------------------
 STATUS_PATH = "/status"  # GET -> LauncherStatus
@@ -1188,18 +1192,68 @@ class _RefusalLog:
 _REFUSALS = _RefusalLog()
 
 
+def control_digest(token: str) -> str:
+    """What a pod is given to check the operator's control token by: its SHA-256, in hex."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+CONTROL_DIGEST_ENV = "GEMINI_CONTROL_TOKEN_SHA256"
+
+
+def control_digest_setting(env: Mapping[str, str]) -> str:
+    """GEMINI_CONTROL_TOKEN_SHA256 (the sidecar's and the launcher's): empty, or 64 hex
+    digits; ValueError saying so otherwise."""
+    digest = env.get(CONTROL_DIGEST_ENV, "").strip().lower()
+    if digest and (len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest)):
+        raise ValueError(f"{CONTROL_DIGEST_ENV} must be 64 hex digits (the SHA-256 of the "
+                         "operator's control token) or empty")
+    return digest
+
+
+def may_call(header: bytes, job_token: bytes, control_sha256: str, job_token_allowed: bool,
+             ) -> bool:
+    """Whether an `Authorization` header (raw bytes) may make a call.
+
+    The operator's control token (its SHA-256 is `control_sha256`) may make any call. The job
+    token, which every pod of the job holds, only those for which `job_token_allowed` (reads,
+    and the trainer's own calls to its sidecar): so one pod cannot drive another's sidecar or
+    launcher. Pods made before control tokens (`control_sha256` empty) take the job token
+    for every call."""
+    if control_sha256:
+        token = header[len(b"Bearer "):] if header.startswith(b"Bearer ") else b""
+        digest = hashlib.sha256(token).hexdigest().encode()
+        if token and hmac.compare_digest(digest, control_sha256.encode()):
+            return True
+        if not job_token_allowed:
+            return False
+    return hmac.compare_digest(header, b"Bearer " + job_token)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """The operator's bearer tokens for one job: its control token, and the job token to try
+    when a pod made before control tokens refuses it (401)."""
+
+    token: str
+    fallback: str = ""
+
+
+Bearer = str | Credentials  # what a ControlClient is given to authenticate with
+
+
 class ControlClient:
     """One sidecar's or launcher's control API at ip:port (the caller picks the port). Every
     call returns the typed answer or raises ControlError within `timeout` seconds in all
     (connecting, sending and every byte of the answer), refusing an answer over
     `max_answer_bytes` before reading it all. Its errors never carry the token."""
 
-    def __init__(self, ip: str, port: int, token: str = "",
+    def __init__(self, ip: str, port: int, token: Bearer = "",
                  timeout: float = DEFAULT_TIMEOUT_SECONDS,
                  max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
         self.address = f"{ip}:{port}"
         self._scheme, self._host, self._port, self._prefix = "http", ip, port, ""
-        self.token, self.timeout = token, timeout
+        creds = token if isinstance(token, Credentials) else Credentials(token)
+        self.token, self._fallback, self.timeout = creds.token, creds.fallback, timeout
         self.max_answer_bytes = max_answer_bytes
 
     @classmethod
@@ -1302,7 +1356,16 @@ class ControlClient:
                                     f"answered an unexpected body: {err}") from err
 
     def _exchange(self, path: str, body: Mapping[str, Any] | None) -> tuple[int, bytearray]:
-        """Send the request and read the whole answer by the deadline: (status, body)."""
+        """Send the request and read the whole answer by the deadline: (status, body); a
+        401 is asked again once with the fallback token (a pod older than control tokens)."""
+        status, raw = self._exchange_once(path, body)
+        if status == 401 and self._fallback:
+            self.token, self._fallback = self._fallback, ""
+            status, raw = self._exchange_once(path, body)
+        return status, raw
+
+    def _exchange_once(self, path: str, body: Mapping[str, Any] | None
+                       ) -> tuple[int, bytearray]:
         deadline = time.monotonic() + self.timeout
         connection = http.client.HTTPSConnection if self._scheme == "https" else (
             http.client.HTTPConnection)

@@ -27,6 +27,8 @@ TRAINER_CONTAINER = "trainer"
 SIDECAR_CONTAINER = "gemini-sidecar"
 SHM_VOLUME = "gemini-shm"
 SECRET_TOKEN_KEY = "token"
+# The job Secret's SHA-256 of the operator's control token (the pods check it by that)
+SECRET_CONTROL_DIGEST_KEY = "control-sha256"
 
 # Keys a persistence credentials Secret carries (the AWS SDK's names).
 S3_ACCESS_KEY_KEY = "AWS_ACCESS_KEY_ID"
@@ -49,6 +51,11 @@ def service_name(job: str) -> str:
 
 def secret_name(job: str) -> str:
     return f"{job}-peer-auth"
+
+
+def control_secret_name(job: str) -> str:
+    """The Secret that keeps a random control token for the operator (no pod mounts it)."""
+    return f"{job}-control"
 
 
 def network_policy_name(job: str) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from gemini.control import Peers
+from gemini.control import Bearer, Peers
 from gemini_operator.observed import PodView
 from gemini_operator.render import RenderConfig
 from gemini_operator.sidecars import (
@@ -32,7 +32,7 @@ def sidecar_addresses(pods: Mapping[int, PodView], ports: RenderConfig
 
 
 def deliver(
-    placement: Placement, pods: Mapping[int, PodView], ports: RenderConfig, token: str,
+    placement: Placement, pods: Mapping[int, PodView], ports: RenderConfig, token: Bearer,
     ranks: Collection[int] | None = None, timeout: float = DELIVERY_TIMEOUT_SECONDS,
 ) -> int:
     """POST each rank's part of `placement` to its sidecar (those of `ranks`, default every

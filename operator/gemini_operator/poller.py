@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
+from gemini.control import Bearer
 from gemini_operator import placement_delivery, sidecars
 from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.cache import ClusterCache, JobKey
@@ -184,7 +185,7 @@ class CheckpointPoller:
         return found != before
 
     def _observe(self, key: JobKey, job: JobView, status: JobStatus, pods: Mapping[int, PodView],
-                 token: str, before: Findings | None) -> Findings:
+                 token: Bearer, before: Findings | None) -> Findings:
         old = before.checkpoint if before is not None else status.checkpoint
         ports = self.config.render
         # Typed: an answer of the wrong shape counts as silent instead of failing the poll.
@@ -244,7 +245,7 @@ class CheckpointPoller:
         return frozenset(lost)
 
     def _redeliver(self, job: JobView, status: JobStatus, pods: Mapping[int, PodView],
-                   inventories: Mapping[int, Mapping[str, Any]], token: str) -> None:
+                   inventories: Mapping[int, Mapping[str, Any]], token: Bearer) -> None:
         """Give restarted sidecars their part of the current placement again."""
         placement = status.placement
         if not placement or placement.get("nodes") != {
@@ -263,7 +264,7 @@ class CheckpointPoller:
                         err)
 
     def _persist(self, key: JobKey, obj: Mapping[str, Any], spec: JobSpec,
-                 pods: Mapping[int, PodView], token: str, found: Findings,
+                 pods: Mapping[int, PodView], token: Bearer, found: Findings,
                  epoch: int | None) -> Findings:
         """Start an upload when one is due, or join the one under way (each poll asks again,
         so no poll waits for a whole upload); commit once every rank's is in S3."""

@@ -320,7 +320,10 @@ class Reconciler:
     def _create_secret(self, context: _Call, job: JobView, snap: Snapshot,
                        action: CreateSecret) -> None:
         # Created once; a Secret that exists (another operator's, a restart) is kept as is.
-        self.kube.create(render.peer_secret(job.ref, self.tokens.new(job.ref)))
+        token, control = self.tokens.new(job.ref)
+        if not self.tokens.derived:  # first, so the pods never hold a digest of nothing
+            control = self.tokens.keep_control(job.ref, control)
+        self.kube.create(render.peer_secret(job.ref, token, control))
         self._children.add((job.uid, "Secret"))
 
     def _create_service(self, context: _Call, job: JobView, snap: Snapshot,

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from gemini.control import (
     COMMITTED_STEPS_PATH,
+    Bearer,
     CommitAnswer,
     CommitRequest,
     ControlClient,
@@ -139,7 +140,7 @@ def _in_words(rank: int, err: ControlError) -> str:
     return f"rank {rank}: {err}"  # "rank 3: 10.0.0.3:7071/inventory unreachable (...)"
 
 
-def each(targets: Mapping[int, Target], token: str, ask: Callable[[int, ControlClient], T],
+def each(targets: Mapping[int, Target], token: Bearer, ask: Callable[[int, ControlClient], T],
          timeout: float = TIMEOUT_SECONDS,
          words: Callable[[int, ControlError], str] = _in_words,
          ) -> tuple[dict[int, T], list[str]]:
@@ -161,7 +162,7 @@ def each(targets: Mapping[int, Target], token: str, ask: Callable[[int, ControlC
     return results, [errors[r] for r in sorted(errors)]
 
 
-def every(targets: Mapping[int, Target], token: str, ask: Callable[[int, ControlClient], T],
+def every(targets: Mapping[int, Target], token: Bearer, ask: Callable[[int, ControlClient], T],
           timeout: float = TIMEOUT_SECONDS) -> dict[int, T]:
     """`each`, raising one SidecarError naming the failures when any rank failed."""
     results, errors = each(targets, token, ask, timeout)
@@ -206,13 +207,13 @@ def _accepts(ip: str, port: int, timeout: float) -> bool:
 
 # -- typed calls -------------------------------------------------------------------------------
 
-def inventories(targets: Mapping[int, Target], token: str,
+def inventories(targets: Mapping[int, Target], token: Bearer,
                 timeout: float = INVENTORY_TIMEOUT_SECONDS) -> dict[int, Inventory]:
     """Every sidecar's GET /inventory; SidecarError when any did not answer."""
     return every(targets, token, lambda _, c: c.inventory(), timeout)
 
 
-def inventories_each(targets: Mapping[int, Target], token: str,
+def inventories_each(targets: Mapping[int, Target], token: Bearer,
                      timeout: float = INVENTORY_TIMEOUT_SECONDS,
                      ) -> tuple[dict[int, Inventory], list[str]]:
     """The inventories that came, and the silent sidecars in words (not an error: a plan
@@ -220,13 +221,13 @@ def inventories_each(targets: Mapping[int, Target], token: str,
     return each(targets, token, lambda _, c: c.inventory(), timeout)
 
 
-def launcher_statuses(targets: Mapping[int, Target], token: str,
+def launcher_statuses(targets: Mapping[int, Target], token: Bearer,
                       timeout: float = TIMEOUT_SECONDS) -> dict[int, LauncherStatus]:
     """Every launcher's GET /status (`targets`: launcher ports)."""
     return every(targets, token, lambda _, c: c.status(), timeout)
 
 
-def restart(targets: Mapping[int, Target], token: str,
+def restart(targets: Mapping[int, Target], token: Bearer,
             request: RestartRequest | Mapping[int, RestartRequest],
             timeout: float = TIMEOUT_SECONDS) -> dict[int, RestartAnswer]:
     """POST /restart to every launcher (one request for all, or one per rank)."""
@@ -234,7 +235,7 @@ def restart(targets: Mapping[int, Target], token: str,
     return every(targets, token, lambda r, c: c.restart(body(r)), timeout)
 
 
-def fetch(targets: Mapping[int, Target], token: str, requests: Mapping[int, FetchRequest],
+def fetch(targets: Mapping[int, Target], token: Bearer, requests: Mapping[int, FetchRequest],
           timeout: float = TRANSFER_TIMEOUT_SECONDS,
           wait: float | None = TRANSFER_WAIT_SECONDS) -> dict[int, FetchAnswer]:
     """POST /fetch to each rank's sidecar with its own request. With `wait` (seconds), a
@@ -244,7 +245,7 @@ def fetch(targets: Mapping[int, Target], token: str, requests: Mapping[int, Fetc
                           _call_timeout(wait, timeout)))
 
 
-def fetch_replicas(targets: Mapping[int, Target], token: str,
+def fetch_replicas(targets: Mapping[int, Target], token: Bearer,
                    request: FetchReplicasRequest | Mapping[int, FetchReplicasRequest],
                    timeout: float = TRANSFER_TIMEOUT_SECONDS,
                    wait: float | None = TRANSFER_WAIT_SECONDS) -> dict[int, FetchReplicasAnswer]:
@@ -256,7 +257,7 @@ def fetch_replicas(targets: Mapping[int, Target], token: str,
                           _call_timeout(wait, timeout)))
 
 
-def restore(targets: Mapping[int, Target], token: str, request: RestoreRequest,
+def restore(targets: Mapping[int, Target], token: Bearer, request: RestoreRequest,
             timeout: float = TRANSFER_TIMEOUT_SECONDS,
             wait: float | None = TRANSFER_WAIT_SECONDS) -> dict[int, RestoreAnswer]:
     """POST /restore (from S3) to every sidecar; `wait` as for `fetch`."""
@@ -265,7 +266,7 @@ def restore(targets: Mapping[int, Target], token: str, request: RestoreRequest,
                           _call_timeout(wait, timeout)))
 
 
-def committed_steps(targets: Sequence[Target], token: str,
+def committed_steps(targets: Sequence[Target], token: Bearer,
                     timeout: float = LISTING_TIMEOUT_SECONDS) -> tuple[int, ...]:
     """GET /committed-steps of the given sidecars of one job side by side: the first answer
     (one is enough, and a silent one must not hold up the rest). Raises ControlError: a
@@ -293,12 +294,12 @@ def lists_no_steps(err: ControlError) -> bool:
     return err.status in (None, 404)
 
 
-def _steps_of(target: Target, token: str, timeout: float) -> tuple[int, ...]:
+def _steps_of(target: Target, token: Bearer, timeout: float) -> tuple[int, ...]:
     ip, port = target
     return ControlClient(ip, port, token, timeout).committed_steps().steps
 
 
-def persist(targets: Mapping[int, Target], token: str, request: PersistRequest,
+def persist(targets: Mapping[int, Target], token: Bearer, request: PersistRequest,
             timeout: float = TIMEOUT_SECONDS) -> dict[int, PersistAnswer]:
     """POST /persist (to S3) to every sidecar; with the request's wait_seconds, an upload
     not done by then raises TransfersRunning (asked again, the calls join the uploads)."""
@@ -306,7 +307,7 @@ def persist(targets: Mapping[int, Target], token: str, request: PersistRequest,
                           _call_timeout(request.wait_seconds, timeout)))
 
 
-def commit(target: Target, token: str, request: CommitRequest,
+def commit(target: Target, token: Bearer, request: CommitRequest,
            timeout: float = TIMEOUT_SECONDS) -> CommitAnswer:
     """POST /commit to one sidecar (after every rank persisted the version)."""
     ip, port = target
@@ -316,7 +317,7 @@ def commit(target: Target, token: str, request: CommitRequest,
         raise SidecarError(str(err)) from err
 
 
-def persist_and_commit(targets: Mapping[int, Target], token: str, version: int,
+def persist_and_commit(targets: Mapping[int, Target], token: Bearer, version: int,
                        timeout: float, wait: float | None = None) -> CommitAnswer:
     """Every rank's sidecar uploads `version` of its shard, then the lowest rank's commits
     it (the commit marker makes the step visible only once every shard is in S3). With
@@ -345,7 +346,7 @@ def peers_bodies(placement: Mapping[str, Any], addresses: Mapping[int, SidecarAd
 
 
 def deliver_peers(addresses: Mapping[int, SidecarAddress], bodies: Mapping[int, Peers],
-                  token: str, timeout: float = DELIVERY_TIMEOUT_SECONDS) -> list[str]:
+                  token: Bearer, timeout: float = DELIVERY_TIMEOUT_SECONDS) -> list[str]:
     """POST each rank's placement to its sidecar, in parallel: the refusals in words
     ("rank 3: /peers unreachable (...)"), after trying every rank."""
     targets = {r: (addresses[r].ip, addresses[r].api_port) for r in bodies}
@@ -355,7 +356,7 @@ def deliver_peers(addresses: Mapping[int, SidecarAddress], bodies: Mapping[int, 
 
 
 def deliver_placement(
-    placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress], token: str,
+    placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress], token: Bearer,
     timeout: float = TIMEOUT_SECONDS,
 ) -> None:
     """POST every rank's part of `placement` to its sidecar, in parallel; raise DeliveryError
@@ -376,7 +377,7 @@ def placement_bodies(
 # -- untyped calls (JSON dicts), kept while call sites move to the typed ones -----------------
 
 def call(
-    ip: str, port: int, path: str, token: str, body: Mapping[str, Any] | None = None,
+    ip: str, port: int, path: str, token: Bearer, body: Mapping[str, Any] | None = None,
     timeout: float = TIMEOUT_SECONDS,
 ) -> dict[str, Any]:
     """One JSON request to a sidecar or launcher (GET without a body, POST with one); the
@@ -388,7 +389,7 @@ def call(
 
 
 def call_all(
-    targets: Mapping[int, tuple[str, int]], path: str, token: str,
+    targets: Mapping[int, tuple[str, int]], path: str, token: Bearer,
     bodies: Mapping[int, Mapping[str, Any] | None], timeout: float = TIMEOUT_SECONDS,
 ) -> dict[int, dict[str, Any]]:
     """`call` for every rank in parallel; raise one SidecarError naming every failure."""
@@ -396,7 +397,7 @@ def call_all(
 
 
 def call_each(
-    targets: Mapping[int, tuple[str, int]], path: str, token: str,
+    targets: Mapping[int, tuple[str, int]], path: str, token: Bearer,
     bodies: Mapping[int, Mapping[str, Any] | None], timeout: float = TIMEOUT_SECONDS,
 ) -> tuple[dict[int, dict[str, Any]], list[str]]:
     """`call` for every rank in parallel: the answers, and the failures in words."""

@@ -1,4 +1,6 @@
-"""Each job's peer-auth token (the bearer token of its sidecars and launchers).
+"""Each job's tokens: the job token (peer auth; every pod holds it) and the operator's
+control token (the only bearer that may drive a pod's sidecar and launcher beyond reads and
+the trainer's own calls; the pods hold only its SHA-256, gemini.control.may_call).
 
 With a token key (GEMINI_OPERATOR_TOKEN_KEY; the Helm chart makes one and hands it to the
 operator from a Secret of its own namespace), a job's token is HMAC-SHA256(key, namespace/name/
@@ -6,8 +8,10 @@ uid) in URL-safe base64: the operator writes it into the job's Secret once, for 
 computes it whenever it calls them, so it never reads a Secret and its ClusterRole needs only
 `create` on Secrets. A job re-created under the same name has another uid, so another token.
 
-Without a key (an operator started by hand, the tests' in-process operator) the token is
-random and read back from the job's Secret, which needs `get` on Secrets. Jobs created under
+The control token is derived the same way under another label. Without a key (an operator
+started by hand, the tests' in-process operator) both are random: the job token is read back
+from the job's Secret, the control token from a Secret of its own that no pod mounts; that
+needs `get` on Secrets. Jobs created under
 one scheme keep working only under it: switching a running operator to a key strands the older
 jobs' tokens (docs/install.md).
 """
@@ -22,11 +26,13 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from gemini_operator import naming
+from gemini.control import Credentials
+from gemini_operator import naming, render
 from gemini_operator.kube import KubeClient
 from gemini_operator.render import JobRef
 
 KEY_ENV = "GEMINI_OPERATOR_TOKEN_KEY"
+CONTROL_LABEL = "control\n"  # before namespace/name/uid: no job token is ever a control token
 MIN_KEY_BYTES = 32
 
 
@@ -56,19 +62,41 @@ class JobTokens:
     def derived(self) -> bool:
         return self._key is not None
 
-    def new(self, job: JobRef) -> str:
-        """The token to write into a new job's Secret."""
-        return self._derive(job) if self._key is not None else secrets.token_urlsafe(32)
+    def new(self, job: JobRef) -> tuple[str, str]:
+        """The (job token, control token) to write into a new job's Secrets."""
+        if self._key is not None:
+            return self._derive(job), self._derive(job, CONTROL_LABEL)
+        return secrets.token_urlsafe(32), secrets.token_urlsafe(32)
 
-    def of(self, job: JobRef) -> str | None:
-        """The job's token; None when it is read back and the Secret is missing."""
+    def keep_control(self, job: JobRef, control: str) -> str:
+        """Random tokens: keep `control` in the job's control Secret, or return the one kept
+        there already (an operator that stopped between the two Secrets)."""
+        if self.kube.create(render.control_secret(job, control)):
+            return control
+        kept = self.kube.secret_value(job.namespace, naming.control_secret_name(job.name),
+                                      naming.SECRET_TOKEN_KEY)
+        return kept or control
+
+    def of(self, job: JobRef) -> Credentials | None:
+        """What the operator calls the job's pods with: the control token, and the job token
+        for pods made before control tokens. None when a Secret it must read is missing."""
+        token = self._job_token(job)
+        if token is None:
+            return None
+        if self._key is not None:
+            return Credentials(self._derive(job, CONTROL_LABEL), fallback=token)
+        control = self.kube.secret_value(job.namespace, naming.control_secret_name(job.name),
+                                         naming.SECRET_TOKEN_KEY)
+        return Credentials(control or token, fallback=token if control else "")
+
+    def _job_token(self, job: JobRef) -> str | None:
         if self._key is not None:
             return self._derive(job)
         return self.kube.secret_value(job.namespace, naming.secret_name(job.name),
                                       naming.SECRET_TOKEN_KEY)
 
-    def _derive(self, job: JobRef) -> str:
+    def _derive(self, job: JobRef, label: str = "") -> str:
         assert self._key is not None
-        digest = hmac.new(self._key, f"{job.namespace}/{job.name}/{job.uid}".encode(),
+        digest = hmac.new(self._key, f"{label}{job.namespace}/{job.name}/{job.uid}".encode(),
                           hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).decode().rstrip("=")

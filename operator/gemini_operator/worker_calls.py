@@ -10,7 +10,7 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gemini.control import ControlError, RestartRequest
+from gemini.control import Bearer, ControlError, RestartRequest
 from gemini.domain.recovery import ShardCopy
 from gemini_operator import render, sidecars
 from gemini_operator.cache import Snapshot
@@ -81,7 +81,7 @@ class WorkerCalls:
         self.tokens = JobTokens(kube, token_key)
         self.committed_steps: CommittedSteps = committed_steps or self._committed_steps
 
-    def token(self, job: JobView) -> str:
+    def token(self, job: JobView) -> Bearer:
         token = self.tokens.of(job.ref)
         if token is None:
             raise RuntimeError(f"the peer-auth Secret of {job.namespace}/{job.name} is missing")
@@ -119,7 +119,7 @@ class WorkerCalls:
     def sidecars(self, pods: Mapping[int, PodView]) -> Targets:
         return {r: (p.ip, self.ports.sidecar_api_port) for r, p in pods.items()}
 
-    def restart_launchers(self, job: JobView, pods: Mapping[int, PodView], token: str,
+    def restart_launchers(self, job: JobView, pods: Mapping[int, PodView], token: Bearer,
                           epoch: int, version: int | None, source: str) -> None:
         """Every launcher starts `epoch` from `version` with the epoch's rendezvous (raises
         SidecarError when one does not take it)."""
@@ -127,18 +127,18 @@ class WorkerCalls:
         sidecars.restart(self.launchers(pods), token,
                          RestartRequest(epoch, version, source, env))
 
-    def launcher_epochs(self, pods: Mapping[int, PodView], token: str) -> dict[int, int]:
+    def launcher_epochs(self, pods: Mapping[int, PodView], token: Bearer) -> dict[int, int]:
         """The epoch each launcher runs (raises SidecarError when one does not answer)."""
         states = sidecars.launcher_statuses(self.launchers(pods), token)
         return {r: s.epoch for r, s in states.items()}
 
-    def inventories(self, pods: Mapping[int, PodView], token: str
+    def inventories(self, pods: Mapping[int, PodView], token: Bearer
                     ) -> tuple[dict[int, dict[str, Any]], list[str]]:
         """The inventories that answer within INVENTORY_TIMEOUT_SECONDS, and who did not."""
         return call_each(self.sidecars(pods), "/inventory", token, {},
                          INVENTORY_TIMEOUT_SECONDS)
 
-    def all_inventories(self, pods: Mapping[int, PodView], token: str
+    def all_inventories(self, pods: Mapping[int, PodView], token: Bearer
                         ) -> dict[int, dict[str, Any]]:
         """Every sidecar's inventory (raises SidecarError when one does not answer)."""
         return call_all(self.sidecars(pods), "/inventory", token, {}, INVENTORY_TIMEOUT_SECONDS)

@@ -13,7 +13,6 @@ control.MAX_JSON_DEPTH deep, and name versions the slot files can hold (< 2^63):
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -49,7 +48,13 @@ from gemini.control import (
 )
 from gemini.domain.traffic import IterationTimeline
 from gemini_sidecar.app import Sidecar
-from gemini_sidecar.config import ConfigError, Placement, make_placement, parse_address
+from gemini_sidecar.config import (
+    ConfigError,
+    Placement,
+    SidecarConfig,
+    make_placement,
+    parse_address,
+)
 from gemini_sidecar.local import LocalShardError
 from gemini_sidecar.pacing import Profile
 from gemini_sidecar.peer_client import FetchFailed
@@ -80,10 +85,11 @@ def _answer(answer: Any, status: int = 200) -> web.Response:
 @web.middleware
 async def _auth_and_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     sidecar = request.app[SIDECAR_KEY]
-    if request.path not in OPEN_PATHS and not _has_token(request, sidecar.cfg.auth_token):
+    if request.path not in OPEN_PATHS and not _authorized(request, sidecar.cfg):
         sidecar.refuse_call(_peer_of(request), f"{request.method} {request.path[:100]} "
-                            "without the job token")
-        return _error(401, "send the job token as 'Authorization: Bearer <token>'")
+                            "without a token that may make it")
+        return _error(401, "send the job token (reads, the trainer's calls) or the operator's "
+                      "control token (the rest) as 'Authorization: Bearer <token>'")
     try:
         return await handler(request)
     except web.HTTPException:
@@ -112,10 +118,11 @@ def _peer_of(request: web.Request) -> str:
     return address_of(transport.get_extra_info("peername") if transport else request.remote)
 
 
-def _has_token(request: web.Request, token: bytes) -> bool:
+def _authorized(request: web.Request, cfg: SidecarConfig) -> bool:
     # a header that is not UTF-8 reaches us with surrogate escapes: compare its raw bytes
     given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(given, b"Bearer " + token)
+    job_token_allowed = request.method == "GET" or request.path in control.SIDECAR_TRAINER_PATHS
+    return control.may_call(given, cfg.auth_token, cfg.control_sha256, job_token_allowed)
 
 
 class _SlowBody(Exception):

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from gemini.control import control_digest_setting
+
 TrafficMode = Literal["interleaved", "immediate"]
 
 
@@ -94,11 +96,21 @@ class SidecarConfig:
     limits: ServerLimits = field(default_factory=ServerLimits)  # GEMINI_*_TIMEOUT_S, _MAX_*
     # GEMINI_PEER_SENDER_CHECK (address | off): a rank's replica only from that rank's address
     check_senders: bool = True
+    # GEMINI_CONTROL_TOKEN_SHA256: the operator's control token's digest; with it, the job
+    # token only reads and makes the trainer's calls (gemini.control.may_call)
+    control_sha256: str = ""
     # GEMINI_NAMESPACE and GEMINI_JOB_UID (the GeminiJob's metadata.uid): with the job name,
     # whose S3 checkpoints these are. The operator always sets both; a sidecar started by
     # hand without them keeps its checkpoints under namespace "default" and uid "no-uid".
     namespace: str = "default"
     job_uid: str = ""
+
+
+def _control_digest(env: Mapping[str, str]) -> str:
+    try:
+        return control_digest_setting(env)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
 
 
 def _sender_check(env: Mapping[str, str]) -> bool:
@@ -266,6 +278,7 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
         replicas=_int("GEMINI_REPLICAS", env.get("GEMINI_REPLICAS", "0"), 0, world),
         limits=_limits_from_env(env),
         check_senders=_sender_check(env),
+        control_sha256=_control_digest(env),
         namespace=env.get("GEMINI_NAMESPACE", "").strip() or "default",
         job_uid=env.get("GEMINI_JOB_UID", "").strip(),
     )

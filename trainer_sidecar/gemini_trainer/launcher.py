@@ -23,7 +23,9 @@ ErrorAnswer), where the ordering rules of restarts are stated too:
                     code, warm start, start-up seconds, heartbeat step and age); no token.
 
 Every other request needs ``Authorization: Bearer <GEMINI_AUTH_TOKEN>`` (compared in constant
-time); others get 401. The launcher refuses to start without a token of at least 16 characters,
+time); others get 401. With GEMINI_CONTROL_TOKEN_SHA256 (the operator renders it) the job
+token, which every pod of the job holds, may only read (GET); restart and stop need the
+operator's control token, whose SHA-256 that is. The launcher refuses to start without a token of at least 16 characters,
 unless GEMINI_LAUNCHER_INSECURE_LOCAL=1 (``--insecure-local``) asks for an open API on a
 loopback address, for local runs without an operator. A request must arrive whole (headers
 and body) within 10 s, or its connection is closed. It listens on GEMINI_LAUNCHER_HOST (default
@@ -60,7 +62,6 @@ interpreter per rank in memory. It falls back to a normal spawn when no standby 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import io
 import ipaddress
 import json
@@ -142,6 +143,8 @@ class LauncherConfig:
     host: str = "127.0.0.1"
     port: int = 7071
     token: str = field(default="", repr=False)
+    # the operator's control token's SHA-256: with it, the job token may only read (/status)
+    control_sha256: str = field(default="", repr=False)
     status_file: Path | None = None
     heartbeat_file: Path | None = None  # default: a file in a private temp dir
     grace_s: float = 10.0
@@ -163,6 +166,7 @@ class LauncherConfig:
             "host": env.get("GEMINI_LAUNCHER_HOST") or env.get("GEMINI_POD_IP") or "127.0.0.1",
             "port": int(env.get("GEMINI_LAUNCHER_PORT", "7071")),
             "token": env.get("GEMINI_AUTH_TOKEN", ""),
+            "control_sha256": _control_digest(env),
             "status_file": Path(status) if status else None,
             "heartbeat_file": Path(heartbeat) if heartbeat else None,
             "grace_s": float(env.get("GEMINI_LAUNCHER_GRACE_S", "10")),
@@ -450,11 +454,21 @@ class Launcher:
         tmp.write_text(json.dumps(self.status(), sort_keys=True) + "\n")
         os.replace(tmp, path)
 
-    def authorized(self, header: str | None) -> bool:
+    def authorized(self, header: str | None, method: str = "GET") -> bool:
+        """The job token may read (GET); restarts and stops need the operator's control
+        token once the pod has its digest (gemini.control.may_call)."""
         if not self.config.token:  # only with insecure_local on loopback (check_token)
             return True
-        expected = f"Bearer {self.config.token}".encode()
-        return hmac.compare_digest((header or "").encode(), expected)
+        given = (header or "").encode("utf-8", "surrogateescape")
+        return control.may_call(given, self.config.token.encode(), self.config.control_sha256,
+                                job_token_allowed=method == "GET")
+
+
+def _control_digest(env: Mapping[str, str]) -> str:
+    try:
+        return control.control_digest_setting(env)
+    except ValueError as err:
+        raise LauncherConfigError(str(err)) from err
 
 
 def check_token(config: LauncherConfig) -> None:
@@ -581,7 +595,7 @@ def _handler_for(launcher: Launcher) -> type[BaseHTTPRequestHandler]:
             self._reply(status, control.ErrorAnswer(message).to_json())
 
         def _guard(self) -> bool:
-            if launcher.authorized(self.headers.get("Authorization")):
+            if launcher.authorized(self.headers.get("Authorization"), self.command):
                 return True
             log.warning("refused an unauthenticated %s %s", self.command, self.path)
             self._refuse(HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token")

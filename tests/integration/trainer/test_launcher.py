@@ -17,11 +17,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gemini import control
 from gemini_trainer.launcher import Launcher, LauncherConfig
 
 pytestmark = pytest.mark.integration
 
 TOKEN = "job-secret-0123456789"
+CONTROL = "control-secret-0123456789"
 
 # The child appends "<epoch> <version> <source> <pid>" to a file, then sleeps or exits.
 CHILD = (
@@ -80,13 +82,15 @@ class Running:
 def start(tmp_path: Path) -> Iterator[Any]:
     started: list[Running] = []
 
-    def _start(*child_args: str, status_file: Path | None = None, **env: str) -> Running:
+    def _start(*child_args: str, status_file: Path | None = None, control_sha256: str = "",
+               **env: str) -> Running:
         config = LauncherConfig(
             command=(sys.executable, "-c", CHILD, str(tmp_path / "starts"), *child_args),
             port=0,
             token=TOKEN,
             status_file=status_file,
             grace_s=2.0,
+            control_sha256=control_sha256,
         )
         running = Running(Launcher(config, env={**os.environ, **env}))
         started.append(running)
@@ -165,6 +169,18 @@ def test_requests_without_the_job_token_or_with_bad_bodies_are_refused(start: An
     assert running.call("POST", "/restart", {"epoch": 2, "version": "x"})[0] == 400
     assert running.call("POST", "/restart", {"epoch": 2, "source": "tape"})[0] == 400
     assert running.status()["restarts"] == 0
+
+
+def test_with_the_control_digest_the_job_token_only_reads(start: Any) -> None:
+    """Another pod of the job holds the job token: it must not restart or stop this one."""
+    running = start("-1", control_sha256=control.control_digest(CONTROL))
+    running.until(lambda s: s["state"] == "running")
+    assert running.call("GET", "/status")[0] == 200  # the job token reads
+    assert running.call("POST", "/restart", {"epoch": 2})[0] == 401
+    assert running.call("POST", "/stop")[0] == 401
+    assert running.status()["restarts"] == 0 and running.status()["state"] == "running"
+    assert running.call("POST", "/restart", {"epoch": 2}, token=CONTROL)[0] == 200
+    running.until(lambda s: s["restarts"] == 1)
 
 
 def test_stop_ends_the_process_and_the_launcher(start: Any) -> None:

@@ -171,3 +171,37 @@ def test_an_ipv6_address_is_bracketed_in_the_url() -> None:
     with pytest.raises(ControlError) as err:
         client.healthz()
     assert err.value.address == "::1:1" and "unreachable" in str(err.value)
+
+
+def test_a_refused_control_token_is_asked_again_once_with_the_job_token(
+    scripted: tuple[Scripted, int],
+) -> None:
+    """Pods made before control tokens know only the job token (401 to the control one)."""
+    script, port = scripted
+    script.answer("/restart", {"error": "unauthorized"}, status=401)
+    creds = control.Credentials("control-token", fallback=TOKEN)
+    with pytest.raises(ControlError) as err:
+        ControlClient("127.0.0.1", port, creds).restart(RestartRequest(1))
+    assert err.value.status == 401
+    assert [s.headers["Authorization"] for s in script.seen] == [
+        "Bearer control-token", f"Bearer {TOKEN}"]
+    script.seen.clear()
+    script.answer("/status", STATUS.to_json())
+    ControlClient("127.0.0.1", port, creds).status()
+    assert [s.headers["Authorization"] for s in script.seen] == ["Bearer control-token"]
+
+
+def test_only_the_control_token_may_drive_a_pod_once_the_pod_has_its_digest() -> None:
+    digest = control.control_digest("control-token")
+    job, ctl, other = b"Bearer job-token", b"Bearer control-token", b"Bearer other"
+
+    def may(header: bytes, allowed: bool, digest_: str = digest) -> bool:
+        return control.may_call(header, b"job-token", digest_, allowed)
+
+    assert may(ctl, False) and may(ctl, True)
+    assert may(job, True) and not may(job, False)  # reads and the trainer's calls only
+    assert not may(other, True) and not may(b"", True) and not may(b"Bearer ", False)
+    assert may(job, False, "") and not may(ctl, False, "")  # a pod without the digest
+    with pytest.raises(ValueError, match="64 hex digits"):
+        control.control_digest_setting({control.CONTROL_DIGEST_ENV: "abc"})
+    assert control.control_digest_setting({control.CONTROL_DIGEST_ENV: digest.upper()}) == digest

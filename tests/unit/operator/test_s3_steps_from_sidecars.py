@@ -20,6 +20,7 @@ from gemini_operator.spec import Persistence
 from gemini_operator.worker_calls import WorkerCalls
 
 TOKEN = "peer-token-0123456789abcdef"
+CONTROL = "control-token-0123456789abcdef"
 JOB = JobView("train", "team-a", "uid-1", 1, {})
 PERSISTENCE = Persistence(bucket="ckpt", prefix="gemini", endpoint="http://s3.example:80",
                           credentials_secret="s3-credentials")
@@ -70,6 +71,8 @@ class FakeKube:
 
     def secret_value(self, namespace: str, name: str, key: str) -> str | None:
         self.secret_reads.append((namespace, name, key))
+        if name == naming.control_secret_name(JOB.name):
+            return CONTROL
         return TOKEN if name == naming.secret_name(JOB.name) else "a-credential"
 
 
@@ -90,8 +93,9 @@ def _calls(kube: FakeKube, port: int) -> WorkerCalls:
 def test_the_steps_come_from_the_jobs_own_sidecar_and_no_credentials_are_read(sidecar):
     kube = FakeKube([_pod(0), _pod(1, owner="another-job")])
     assert _calls(kube, sidecar).committed_steps(JOB, PERSISTENCE) == [2, 4]
-    assert FakeSidecar.seen == [(control.COMMITTED_STEPS_PATH, f"Bearer {TOKEN}")]
-    assert kube.secret_reads == [("team-a", naming.secret_name("train"), "token")]
+    assert FakeSidecar.seen == [(control.COMMITTED_STEPS_PATH, f"Bearer {CONTROL}")]
+    assert kube.secret_reads == [("team-a", naming.secret_name("train"), "token"),
+                                 ("team-a", naming.control_secret_name("train"), "token")]
 
 
 def test_a_sidecar_that_s3_refuses_makes_the_steps_unreadable(sidecar):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 import pytest
 
+from gemini.control import Credentials
 from gemini_operator.render import JobRef
 from gemini_operator.tokens import JobTokens, TokenKeyError, load_key
 
@@ -19,26 +21,46 @@ class NoSecretReads:
         raise AssertionError(f"a Secret was read: {args}")
 
 
-class OneSecret:
+class Secrets:
+    """Secrets by (namespace, name, key); creating one that exists keeps the old one."""
+
+    def __init__(self, values: dict[tuple[str, str, str], str]) -> None:
+        self.values = values
+
     def secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        return "random-token" if (namespace, name, key) == ("ns", "j-peer-auth", "token") else None
+        return self.values.get((namespace, name, key))
+
+    def create(self, manifest: dict[str, Any]) -> bool:
+        meta = manifest["metadata"]
+        where = (meta["namespace"], meta["name"], "token")
+        if where in self.values:
+            return False
+        self.values[where] = base64.b64decode(manifest["data"]["token"]).decode()
+        return True
 
 
 def test_a_derived_token_is_stable_per_job_and_differs_for_a_recreated_job() -> None:
     tokens = JobTokens(NoSecretReads(), KEY)  # type: ignore[arg-type]
     job = JobRef("j", "ns", "uid-1")
-    assert tokens.derived and tokens.new(job) == tokens.of(job)
-    assert len(tokens.of(job) or "") == 43
+    token, control = tokens.new(job)
+    assert tokens.derived and tokens.of(job) == Credentials(control, fallback=token)
+    assert len(token) == len(control) == 43 and token != control
     others = [JobRef("j", "ns", "uid-2"), JobRef("j", "other", "uid-1"), JobRef("k", "ns", "uid-1")]
     assert len({tokens.of(job), *(tokens.of(o) for o in others)}) == 4
     assert JobTokens(NoSecretReads(), b"x" * 40).of(job) != tokens.of(job)  # type: ignore[arg-type]
 
 
 def test_without_a_key_tokens_are_random_and_read_back() -> None:
-    tokens = JobTokens(OneSecret(), None)  # type: ignore[arg-type]
+    kube = Secrets({("ns", "j-peer-auth", "token"): "random-token"})
+    tokens = JobTokens(kube, None)  # type: ignore[arg-type]
+    job = JobRef("j", "ns", "u")
     assert not tokens.derived
-    assert tokens.new(JobRef("j", "ns", "u")) != tokens.new(JobRef("j", "ns", "u"))
-    assert tokens.of(JobRef("j", "ns", "u")) == "random-token"
+    assert tokens.new(job) != tokens.new(job)
+    # a job whose pods predate control tokens: the job token alone
+    assert tokens.of(job) == Credentials("random-token")
+    assert tokens.keep_control(job, "control-1") == "control-1"
+    assert tokens.keep_control(job, "control-2") == "control-1"  # the one kept wins
+    assert tokens.of(job) == Credentials("control-1", fallback="random-token")
 
 
 def test_a_short_key_is_refused_and_an_absent_one_means_random_tokens(tmp_path: Any) -> None:
