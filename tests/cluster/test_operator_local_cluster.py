@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -81,6 +82,10 @@ def test_a_running_job_gets_a_domain_aware_placement_delivered_to_its_sidecars(
         holders = placement["holders"][rank]
         assert inventory["placement"]["send_to"] == holders[1:]
         assert set(inventory["placement"]["peers"]) >= {str(r) for r in holders[1:]}
+        # the job token every pod holds cannot re-place a sidecar: only the operator's
+        # control token can (it just delivered the placement above)
+        body = {"peers": {}, "hold_ranks": [], "send_to": []}
+        assert _post_status(f"http://{pod.status.pod_ip}:7071/peers", token, body) == 401
     # Every shard's m = 2 copies (its own and its peer's) complete: the poller counts them.
     coverage = wait_for(lambda: _full((jobs.get("placed") or {})["status"]), 120,
                         "every shard fully replicated in status.checkpoint.replicaCoverage")
@@ -91,6 +96,16 @@ def test_a_running_job_gets_a_domain_aware_placement_delivered_to_its_sidecars(
 def _full(status: dict[str, Any]) -> dict[str, Any] | None:
     coverage = (status.get("checkpoint") or {}).get("replicaCoverage") or {}
     return coverage if coverage.get("total") and coverage["complete"] == coverage["total"] else None
+
+
+def _post_status(url: str, token: str, body: Any) -> int:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                     headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
 
 
 def _get(url: str, token: str) -> Any:
