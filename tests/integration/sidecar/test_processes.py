@@ -65,7 +65,7 @@ async def test_two_sidecar_processes_replicate_and_a_replacement_fetches_back(tm
             assert (replica["rank"], replica["bytes"]) == (0, SIZE)
             assert replica["checksum"] == inventories[0]["local"][0]["checksum"]
 
-            # the API refuses callers without the job token; probes and metrics are open
+            # the API refuses callers without a token; probes and metrics are open
             status, body = await _json(http, "GET", procs[0].url + "/inventory", headers={})
             assert status == 401 and "Bearer" in body["error"]
             status, _ = await _json(http, "GET", procs[0].url + "/healthz", headers={})
