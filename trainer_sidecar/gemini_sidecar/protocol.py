@@ -169,14 +169,6 @@ class ChannelPools:
 CLIENT_POOLS = ChannelPools.sized(CLIENT_POOL_THREADS, "client")
 
 
-def _tag(key: bytes, payload: memoryview | bytes) -> bytes:
-    """Poly1305 tag of `payload` in pieces: Poly1305 holds the GIL, a piece only ~0.1 ms."""
-    mac, view = Poly1305(key), memoryview(payload)
-    for start in range(0, len(view), CRC_PIECE_BYTES):
-        mac.update(view[start : start + CRC_PIECE_BYTES])
-    return mac.finalize()
-
-
 def watch_for_silence(sock: socket.socket) -> None:
     """Have the kernel end the connection when the peer stops answering (see PEER_SILENCE_S)."""
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(PEER_SILENCE_S * 1000))
@@ -225,7 +217,6 @@ class Channel:
         self._nonces = b""
         self._send_seq = 0
         self._recv_seq = 0
-        self._payload_seq = 0  # the sequence number of the last header received
         self._loop = asyncio.get_running_loop()
 
     async def _recv_exact(self, view: memoryview) -> None:
@@ -273,8 +264,9 @@ class Channel:
         head = self.seal(frame)
         if payload is None or not size:
             await self._loop.sock_sendall(self.sock, head)
-        elif size < BULK_BYTES:
-            await self._loop.sock_sendall(self.sock, head + bytes(payload) + _tag(key, payload))
+        elif size < BULK_BYTES:  # small: one tag call holds the GIL for microseconds
+            tag = Poly1305.generate_tag(key, payload)
+            await self._loop.sock_sendall(self.sock, head + bytes(payload) + tag)
         else:
             await self._loop.run_in_executor(self._pools.send, self._send_bulk, head, payload,
                                              key)
@@ -299,23 +291,23 @@ class Channel:
         crc, mac = 0, Poly1305(key)
         got = checked = 0
         while got < len(view):
-            n = self._bulk.recv_into(view[got:])
-            if n == 0:
-                raise ConnectionError("peer closed the connection mid-frame")
-            got += n
+            got = self._recv_bulk_into(view, got)
             if got - checked >= CRC_PIECE_BYTES or got == len(view):
                 piece = view[checked:got]
                 crc = crc32(piece, crc)
                 mac.update(piece)
                 checked = got
-        received = bytearray(TAG_BYTES)
-        got = 0
+        received, got = memoryview(bytearray(TAG_BYTES)), 0
         while got < TAG_BYTES:
-            n = self._bulk.recv_into(memoryview(received)[got:])
-            if n == 0:
-                raise ConnectionError("peer closed the connection mid-frame")
-            got += n
-        return crc, mac.finalize(), bytes(received)
+            got = self._recv_bulk_into(received, got)
+        return crc, mac.finalize(), received.tobytes()
+
+    def _recv_bulk_into(self, view: memoryview, got: int) -> int:
+        """One receive on the bulk socket into `view[got:]`; the new count of bytes in it."""
+        n = self._bulk.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("peer closed the connection mid-frame")
+        return got + n
 
     async def recv(self) -> Frame:
         """Read and authenticate the next header; the caller then reads `frame.length` bytes."""
@@ -335,7 +327,6 @@ class Channel:
         if seq != self._recv_seq:
             raise AuthError(f"frame sequence {seq}, expected {self._recv_seq} (replayed?)")
         self._recv_seq += 1
-        self._payload_seq = seq
         if frame.length > self._max_payload:
             raise ProtocolError(
                 f"oversized frame: {frame.length} payload bytes > limit {self._max_payload}"
@@ -350,10 +341,10 @@ class Channel:
             raise ProtocolError(f"payload view of {len(view)} bytes for {frame.length}")
         if not frame.length:
             return crc32(view)
-        key = self._payload_key(self._recv_dir, self._payload_seq)
+        key = self._payload_key(self._recv_dir, self._recv_seq - 1)  # the header just read
         if len(view) < BULK_BYTES:
             await self._recv_within(view)
-            crc, tag = crc32(view), _tag(key, view)
+            crc, tag = crc32(view), Poly1305.generate_tag(key, view)
             received = await self.recv_bytes(TAG_BYTES)
         else:
             crc, tag, received = await self._loop.run_in_executor(
@@ -409,8 +400,8 @@ class Channel:
             raise AuthError(f"peer of job {peer_job!r} refused (this sidecar serves {job!r})")
         expected = _mac(self._token, self._nonces, self._recv_dir, raw[: _FIELDS.size])
         if (not hmac.compare_digest(expected, raw[_FIELDS.size :])
-                or not hmac.compare_digest(_tag(self._payload_key(self._recv_dir, 0), payload),
-                                           tag)
+                or not hmac.compare_digest(
+                    Poly1305.generate_tag(self._payload_key(self._recv_dir, 0), payload), tag)
                 or crc32(payload) != frame.checksum):
             raise AuthError(f"peer claiming job {job!r} failed authentication (wrong token)")
         self._recv_seq = 1

@@ -10,6 +10,7 @@ import pytest
 
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import PeerAddress, make_placement
+from tests.fixtures.tamper import CRC_NEUTRAL, xor_pattern
 from tests.integration.sidecar.conftest import (
     free_port,
     make_config,
@@ -97,10 +98,6 @@ async def test_corruption_at_rest_in_one_holder_is_caught_and_fetched_from_anoth
             await car.stop()
 
 
-# XORed in anywhere, this keeps a payload's CRC-32 (a multiple of the CRC-32 generator)
-CRC_NEUTRAL = (0x1DB710641).to_bytes(5, "little")
-
-
 async def _corrupting_proxy(target: int, flip_at: int,
                             pattern: bytes = b"\x01") -> tuple[asyncio.Server, int]:
     """Forward to 127.0.0.1:target, XORing `pattern` into the reply stream at `flip_at`."""
@@ -109,11 +106,7 @@ async def _corrupting_proxy(target: int, flip_at: int,
         seen = 0
         try:
             while chunk := await reader.read(1 << 16):
-                if flip is not None and seen <= flip and flip + len(pattern) <= seen + len(chunk):
-                    buf = bytearray(chunk)
-                    for i, bits in enumerate(pattern):
-                        buf[flip - seen + i] ^= bits
-                    chunk = bytes(buf)
+                chunk = xor_pattern(chunk, seen, flip, pattern)
                 seen += len(chunk)
                 writer.write(chunk)
                 await writer.drain()

@@ -13,6 +13,7 @@ import pytest
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.protocol import HEADER_BYTES, NONCE_BYTES, FrameType, wire_payload_bytes
 from gemini_trainer.shm import ShardSlots, shard_path
+from tests.fixtures.tamper import CRC_NEUTRAL, xor_in_place
 from tests.integration.sidecar.conftest import (
     JOB,
     free_port,
@@ -26,10 +27,6 @@ from tests.integration.sidecar.conftest import (
 
 pytestmark = pytest.mark.integration
 _LENGTH_AT = 4 + 1 + 1 + 2 + 4 + 8 + 8  # ">4sBBHIQQ..." : magic, type, flags, pad, rank, ...
-
-
-# XORed in anywhere, this keeps a payload's CRC-32 (a multiple of the CRC-32 generator)
-CRC_NEUTRAL = (0x1DB710641).to_bytes(5, "little")
 
 
 class _FlipFirstChunk:
@@ -51,8 +48,7 @@ class _FlipFirstChunk:
                 length = struct.unpack_from(">Q", head, _LENGTH_AT)[0]
                 body = bytearray(await reader.readexactly(wire_payload_bytes(length)))
                 if head[4] == FrameType.PUT_CHUNK and length > self.at + 8 and not self.flipped:
-                    for i, bits in enumerate(self.pattern):
-                        body[self.at + i] ^= bits
+                    xor_in_place(body, self.at, self.pattern)
                     self.flipped += 1
                 writer.write(head + body)
                 await writer.drain()

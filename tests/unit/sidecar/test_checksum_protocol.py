@@ -25,6 +25,7 @@ from gemini_sidecar.protocol import (
     ProtocolError,
     wire_payload_bytes,
 )
+from tests.fixtures.tamper import CRC_NEUTRAL, xor_in_place, xor_pattern
 
 TOKEN = b"unit-test-token-0123456789"
 
@@ -177,16 +178,10 @@ async def test_a_checksum_changed_in_an_authenticated_header_is_refused():
     client.close()
 
 
-# XORed into a payload at any offset, this leaves its CRC-32 as it was: the 33 bits of the
-# CRC-32 generator in the bit order zlib uses (a multiple of the generator adds nothing).
-CRC_NEUTRAL = (0x1DB710641).to_bytes(5, "little")
-
-
 def test_the_crc_neutral_rewrite_really_keeps_the_crc32():
     data = bytearray(os.urandom(5000))
     before = zlib.crc32(data)
-    for i, b in enumerate(CRC_NEUTRAL):
-        data[1234 + i] ^= b
+    xor_in_place(data, 1234, CRC_NEUTRAL)
     assert zlib.crc32(data) == before
 
 
@@ -194,11 +189,7 @@ def _relay(src: socket.socket, dst: socket.socket, rewrite_at: int | None) -> No
     """Copy src to dst until src closes, XORing CRC_NEUTRAL into the stream at `rewrite_at`."""
     seen = 0
     while data := src.recv(1 << 16):
-        if rewrite_at is not None and seen <= rewrite_at and rewrite_at + 5 <= seen + len(data):
-            buf = bytearray(data)
-            for i, b in enumerate(CRC_NEUTRAL):
-                buf[rewrite_at - seen + i] ^= b
-            data = bytes(buf)
+        data = xor_pattern(data, seen, rewrite_at, CRC_NEUTRAL)
         seen += len(data)
         dst.sendall(data)
     dst.close()
