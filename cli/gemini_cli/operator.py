@@ -65,6 +65,10 @@ def register(subparsers: Any) -> None:
                         "bytes) instead of reading it back from the job's Secret, so the "
                         "operator needs no `get` on Secrets (default: $GEMINI_OPERATOR_TOKEN_KEY;"
                         " neither: random tokens, read back)")
+    run_parser.add_argument("--status-inline-bytes", type=_non_negative, default=64 * 1024,
+                            help="per-rank status detail (placement, launch, recovery plan "
+                            "maps) larger than this, serialized, goes to the ConfigMap "
+                            "<job>-rank-detail; 0: always (default: 65536)")
     run_parser.add_argument("--log-level", default="INFO",
                             choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     run_parser.set_defaults(func=run)
@@ -100,12 +104,23 @@ def run(args: argparse.Namespace) -> int:
                             metrics_from=args.worker_metrics_from),
         create_priority_classes=args.create_priority_classes,
         token_key=token_key,
+        status_inline_bytes=args.status_inline_bytes,
     )
     try:
         run_operator(options)
     except OSError as err:
         raise CliError(f"the operator could not start: {err}") from err
     return 0
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from err
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
+    return value
 
 
 def _labels(text: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -41,6 +41,13 @@ class ClusterCache:
         # node -> (until, in monotonic seconds; since): presumed lost by the poller
         self._presumed: dict[str, tuple[float, datetime]] = {}
         self._answered: set[str] = set()  # uids of worker pods whose sidecar answered
+        # The job as reconciles read it: the stored one with its per-rank detail joined in
+        # (status_store.py); it may read the API, so it runs outside the lock.
+        self._full_job: Callable[[Mapping[str, Any]], Mapping[str, Any]] = lambda job: job
+
+    def read_jobs_through(self, full_job: Callable[[Mapping[str, Any]], Mapping[str, Any]]
+                          ) -> None:
+        self._full_job = full_job
 
     def heard_from(self, uids: Iterable[str]) -> None:
         """These pods' sidecars answered: a pod silent later was up before (silence.py)."""
@@ -144,12 +151,19 @@ class ClusterCache:
             pods.update({v.rank: v for v in views})
 
     def snapshot(self, key: JobKey) -> Snapshot | None:
+        """The job (with its full status), its pods and spares, and the nodes."""
         with self._lock:
             job = self._jobs.get(key)
             if job is None:
                 return None
-            return Snapshot(job, dict(self._pods.get(key, {})), self._nodes_seen(),
+            snap = Snapshot(job, dict(self._pods.get(key, {})), self._nodes_seen(),
                             dict(self._spares.get(key, {})))
+        return replace(snap, job=self._full_job(job))
+
+    def stored_job(self, key: JobKey) -> Mapping[str, Any] | None:
+        """The job as the API server stores it (the status may name its detail)."""
+        with self._lock:
+            return self._jobs.get(key)
 
     def forget(self, key: JobKey) -> None:
         with self._lock:

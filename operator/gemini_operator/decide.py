@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from gemini import rank_detail
 from gemini.domain.placement import Machine, Placement, domain_aware_placement, mixed_placement
 from gemini.domain.recovery import FailureKind, worst_failure
 from gemini_operator import conditions as cond
@@ -99,6 +100,8 @@ class ReconcileConfig:
     render: render.RenderConfig = field(default_factory=render.RenderConfig)
     default_sidecar_image: str | None = None
     token_key: bytes | None = field(default=None, repr=False)  # tokens.py
+    # Per-rank status detail larger than this goes to a ConfigMap (gemini.rank_detail).
+    status_inline_bytes: int = rank_detail.DEFAULT_INLINE_BYTES
 
 
 # Actions: what the executor does, in this order.

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -150,6 +150,20 @@ class KubeClient:
         create = creators[kind]
         what = f"create {kind} {namespace}/{manifest['metadata']['name']}"
         return self._ignore(409, what, lambda: create(namespace, dict(manifest))) is not None
+
+    def get_configmap(self, namespace: str, name: str) -> Obj | None:
+        return self._read(lambda: self._core.read_namespaced_config_map(
+            name, namespace, _preload_content=False))
+
+    def put_configmap(self, manifest: Mapping[str, Any]) -> None:
+        """Create the ConfigMap, or replace the one of that name (unconditionally: the
+        operator is its only writer)."""
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        what, body = f"write ConfigMap {namespace}/{name}", cast(Any, dict(manifest))
+        if self._ignore(409, what, lambda: self._core.create_namespaced_config_map(
+                namespace, body)) is None:
+            self._call(what, lambda: self._core.replace_namespaced_config_map(
+                name, namespace, body))
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> bool:
         """Delete a pod; False when it was already gone."""

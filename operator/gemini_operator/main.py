@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import kopf
 from prometheus_client import start_http_server
 
+from gemini import rank_detail
 from gemini_operator import handlers, spares
 from gemini_operator.cache import ClusterCache
 from gemini_operator.decide import ReconcileConfig
@@ -40,6 +41,7 @@ class OperatorOptions:
     # to create PriorityClasses; the Helm chart creates its own and turns this off).
     create_priority_classes: bool = True
     token_key: bytes | None = field(default=None, repr=False)  # tokens.py: None, random ones
+    status_inline_bytes: int = rank_detail.DEFAULT_INLINE_BYTES  # gemini.rank_detail
 
 
 def default_identity() -> str:
@@ -51,7 +53,8 @@ def build_runtime(options: OperatorOptions) -> handlers.Runtime:
     cache = ClusterCache()
     metrics = OperatorMetrics()
     config = ReconcileConfig(render=options.render, default_sidecar_image=options.sidecar_image,
-                             token_key=options.token_key)
+                             token_key=options.token_key,
+                             status_inline_bytes=options.status_inline_bytes)
     reconciler = Reconciler(kube, cache, config, metrics)
     elector = LeaderElector(kube, options.lease_namespace, options.lease_name,
                             options.identity or default_identity())

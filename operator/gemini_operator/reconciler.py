@@ -71,6 +71,7 @@ from gemini_operator.sidecars import DELIVERY_TIMEOUT_SECONDS, DeliveryError
 from gemini_operator.spares import HoldSpares
 from gemini_operator.start import TrainingStarter
 from gemini_operator.status import JobStatus, status_patch
+from gemini_operator.status_store import StatusStore
 from gemini_operator.suspend import SuspendSaver
 from gemini_operator.tokens import JobTokens
 
@@ -136,6 +137,8 @@ class Reconciler:
         self.starter = TrainingStarter(kube, config, self._send_patch, clock)
         self.suspend_saver = SuspendSaver(kube, config, clock)
         self.poller = CheckpointPoller(kube, cache, config, clock)
+        self.status_store = StatusStore(kube, config.status_inline_bytes)
+        cache.read_jobs_through(self.status_store.full_job)
 
     def reconcile(self, key: JobKey) -> float | None:
         """One reconcile of job `key`; returns seconds until a time-based re-check, if any."""
@@ -146,6 +149,7 @@ class Reconciler:
             self._delivery.pop(key, None)
             self.sidecar_calls.forget(key)
             self._listed.pop(key, None)
+            self.status_store.forget(*key)
             self.metrics.job_state(key, None)
             self.metrics.replica_coverage(key, None)
             self.metrics.checkpoint_pace(key, None)
@@ -239,7 +243,14 @@ class Reconciler:
             self._send_patch(job, patch)
 
     def _send_patch(self, job: JobView, patch: Mapping[str, Any]) -> None:
-        updated = self.kube.patch_job_status(job.namespace, job.name, dict(patch))
+        """Apply `patch` (in terms of the full status) as stored (status_store.py)."""
+        stored = self.cache.stored_job((job.namespace, job.name)) or {
+            "metadata": {"name": job.name, "namespace": job.namespace, "uid": job.uid},
+            "status": job.status}
+        to_send = self.status_store.stored_patch(stored, patch)
+        if to_send is None:
+            return
+        updated = self.kube.patch_job_status(job.namespace, job.name, to_send)
         self.cache.update_job(updated, deleted=False)
         self.metrics.status_writes.inc()
 

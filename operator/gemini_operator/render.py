@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gemini import rank_detail
 from gemini.control import CONTROL_DIGEST_ENV, HEALTHZ_PATH, control_digest
 from gemini_operator import naming
 from gemini_operator.pod_template import merged
@@ -122,6 +123,21 @@ def worker_pod(
             "volumes": [_shm_volume(spec)],
         },
     }, spec.template.parts)
+
+
+def rank_detail_configmap(job: JobRef, blobs: Mapping[str, bytes]) -> Manifest:
+    """The ConfigMap with the status's per-rank detail (gemini.rank_detail), by digest."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": rank_detail.configmap_name(job.name),
+            "namespace": job.namespace,
+            "labels": naming.job_labels(job.name),
+            "ownerReferences": [owner_reference(job)],
+        },
+        "binaryData": {d: base64.b64encode(b).decode() for d, b in sorted(blobs.items())},
+    }
 
 
 def headless_service(job: JobRef, config: RenderConfig) -> Manifest:

@@ -202,6 +202,20 @@ def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[
     return patch or None
 
 
+def merge_patched(doc: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
+    """`doc` with the JSON merge patch `patch` applied (RFC 7386), as the API server does."""
+    out = dict(doc)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, Mapping):
+            before = out.get(key)
+            out[key] = merge_patched(before if isinstance(before, Mapping) else {}, value)
+        else:
+            out[key] = value
+    return out
+
+
 def _merge_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
     patch: dict[str, Any] = {}
     for key, value in new.items():

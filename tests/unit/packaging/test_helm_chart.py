@@ -188,6 +188,7 @@ def test_rbac_grants_exactly_what_an_operator_of_gemini_jobs_needs(helm: Helm):
         ("", "pods/status"): {"get"},
         ("", "services"): {"create", "get"},
         ("", "secrets"): {"create"},  # job tokens are derived from a key: no Secret is read
+        ("", "configmaps"): {"create", "get", "update"},  # large status detail (rank_detail)
         ("", "events"): {"create", "patch"},
         ("networking.k8s.io", "networkpolicies"): {"create", "get"},
         ("", "nodes"): {"get", "list", "watch"},
