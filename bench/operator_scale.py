@@ -45,6 +45,7 @@ from typing import Any
 
 from support.cleanup import Cleanup, cleaning_up
 
+from gemini import rank_detail
 from gemini_local import kwok, processes
 from gemini_local.controlplane import REPO_ROOT, ControlPlane
 
@@ -253,10 +254,23 @@ class RunResult:
             return None
 
 
-def job_status(custom: Any, name: str) -> dict[str, Any]:
+def job_status(custom: Any, name: str, sizes: list[int] | None = None) -> dict[str, Any]:
+    """The job's full status (per-rank maps joined in from its rank-detail ConfigMap when
+    the status names one); `sizes` gets the stored status's size in bytes."""
+    from kubernetes import client
+
     resp = custom.get_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name,
                                                _preload_content=False)
-    return dict(json.loads(resp.data).get("status") or {})
+    stored = json.loads(resp.data).get("status") or {}
+    if sizes is not None:
+        sizes.append(len(json.dumps(stored, separators=(",", ":"))))
+    core = client.CoreV1Api(custom.api_client)
+
+    def configmap(cm: str) -> dict[str, Any]:
+        return dict(json.loads(core.read_namespaced_config_map(
+            cm, NAMESPACE, _preload_content=False).data))
+
+    return rank_detail.resolve(stored, configmap)
 
 
 def one_run(plane: ControlPlane, api: Any, watch: PodWatch, log: Path, name: str, ranks: int,
@@ -281,8 +295,10 @@ def one_run(plane: ControlPlane, api: Any, watch: PodWatch, log: Path, name: str
         n = sum(p.running is not None for p in live())
         return None if n == ranks else f"{n} of {ranks} worker pods Running on fake nodes"
 
+    sizes: list[int] = []  # the stored status's bytes, each time it is read
+
     def populated() -> str | None:
-        status = job_status(custom, name)
+        status = job_status(custom, name, sizes)
         ready = (status.get("workers") or {}).get("ready", 0)
         placed = len((status.get("placement") or {}).get("nodes") or {})
         if ready == ranks and placed == ranks:
@@ -321,7 +337,7 @@ def one_run(plane: ControlPlane, api: Any, watch: PodWatch, log: Path, name: str
     planned_ranks: set[int] = set()  # over time: the ten may be planned in batches
 
     def planned() -> str | None:
-        status = job_status(custom, name)
+        status = job_status(custom, name, sizes)
         plan = (status.get("recovery") or {}).get("plan") or {}
         planned_ranks.update(plan.get("replaceRanks") or [])
         planned_ranks.update((status.get("lastRecovery") or {}).get("failedRanks") or [])
@@ -362,6 +378,7 @@ def one_run(plane: ControlPlane, api: Any, watch: PodWatch, log: Path, name: str
     before = {p.uid for p in pods}
     result.steps["other_ranks_recreated"] = len(
         {p.rank for p in live() if p.rank not in lost_ranks and p.uid not in before})
+    result.steps["status_bytes_max"] = max(sizes, default=0)
     cleanup(plane, api, custom, name, lost_nodes)
     return result
 
@@ -567,7 +584,8 @@ def report(results: list[RunResult], setup: dict[str, float], error: str,
     print(line("recovery", "operator_10_lost_ranks_replaced_median", "recovery_total_s",
                RECOVERY_TARGET_S,
                ["loss_spread_s", "recovery_planned_s", "replacements_created_s",
-                "recovery_recorded_s", "replacements_running_s", "other_ranks_recreated"],
+                "recovery_recorded_s", "replacements_running_s", "other_ranks_recreated",
+                "status_bytes_max"],
                "plain_client_replace_s"))
     print(worst_line(results, error, median))
 

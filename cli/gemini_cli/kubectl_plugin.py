@@ -30,6 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
+from gemini import rank_detail
 from gemini_cli import CliError, run
 from gemini_cli.kubectl_views import (
     FINISHED_STATES,
@@ -185,7 +186,22 @@ class Kube:
         custom = client.CustomObjectsApi(self.api)
         job: Any = self._call(f"geminijob {name}", lambda: custom.get_namespaced_custom_object(
             naming.GROUP, naming.VERSION, self.namespace, naming.PLURAL, name))
-        return dict(job)
+        job = dict(job)
+        try:  # per-rank maps kept beside a large job's status (gemini.rank_detail)
+            job["status"] = rank_detail.resolve(job.get("status") or {}, self._configmap)
+        except rank_detail.RankDetailError as err:
+            raise CliError(f"geminijob {name}: {err}") from err
+        return job
+
+    def _configmap(self, name: str) -> dict[str, Any] | None:
+        core = client.CoreV1Api(self.api)
+        try:
+            raw = core.read_namespaced_config_map(name, self.namespace, _preload_content=False)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise CliError(_api_error(err, f"configmap {name}", self.namespace)) from err
+        return dict(json.loads(raw.data))
 
     def worker_pods(self, job: str) -> list[dict[str, Any]]:
         selector = ",".join(f"{k}={v}" for k, v in naming.worker_selector(job).items())

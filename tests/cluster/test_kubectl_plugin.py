@@ -27,8 +27,10 @@ from kubernetes import client
 from gemini_local.controlplane import binaries_dir
 from gemini_operator import naming
 from gemini_operator.decide import placement_document
+from gemini_operator.kube import KubeClient
 from gemini_operator.observed import node_view, pod_view
 from gemini_operator.spec import parse_spec
+from gemini_operator.status_store import StatusStore
 from tests.fixtures.nodes import LocalCluster, wait_until
 from tests.unit.operator.builders import make_job
 
@@ -77,9 +79,16 @@ def setup(local_cluster: LocalCluster, gemini_crd: dict[str, Any], job_namespace
         core.create_namespaced_pod(job_namespace, pod)
     wait_until(lambda: _all_ready(core, job_namespace), 60, "4 worker pods Ready")
     placement = _placement(kube_api, job, job_namespace)
+    # Stored as the operator stores a large job's status: the per-rank maps in the ConfigMap
+    # the status names (gemini.rank_detail); the plugin must read them from there.
+    store = StatusStore(KubeClient(kube_api), inline_bytes=0)
     custom.patch_namespaced_custom_object_status(
         naming.GROUP, naming.VERSION, job_namespace, naming.PLURAL, JOB,
-        {"status": _status(placement)})
+        {"status": store.stored_patch(job, _status(placement))})
+    stored: Any = custom.get_namespaced_custom_object(naming.GROUP, naming.VERSION,
+                                                      job_namespace, naming.PLURAL, JOB)
+    assert "holders" not in stored["status"]["placement"], stored["status"]
+    assert stored["status"]["rankDetail"]["configMap"] == f"{JOB}-rank-detail"
     event: Any = _event(job, job_namespace)
     core.create_namespaced_event(job_namespace, event)
     yield Setup(local_cluster, job_namespace, kube_api, placement)

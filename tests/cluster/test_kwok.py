@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from gemini import rank_detail
 from gemini_local import kwok
 from gemini_local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
 from tests.fixtures.kwok import KWOK_RACKS, KWOK_ZONES, KwokCluster
@@ -201,10 +202,16 @@ def test_placement_is_published_and_lost_ranks_replaced_without_any_sidecar(
     custom.create_namespaced_custom_object(GROUP, VERSION, kwok_namespace, PLURAL,
                                            _job("fake", JOB_RANKS))
 
+    def configmap(name: str) -> dict[str, Any] | None:
+        raw: Any = core.read_namespaced_config_map(name, kwok_namespace, _preload_content=False)
+        return dict(json.loads(raw.data))
+
     def status() -> dict[str, Any]:
+        """The full status: the per-rank maps joined in from the job's rank-detail ConfigMap
+        (the test operator keeps them there, gemini.rank_detail)."""
         raw: Any = custom.get_namespaced_custom_object(
             GROUP, VERSION, kwok_namespace, PLURAL, "fake", _preload_content=False)
-        return dict(json.loads(raw.data).get("status") or {})
+        return rank_detail.resolve(json.loads(raw.data).get("status") or {}, configmap)
 
     def condition(kind: str) -> dict[str, Any]:
         return next((c for c in status().get("conditions") or [] if c["type"] == kind), {})

@@ -3,6 +3,7 @@ worker pods stay Pending, which is all these tests need)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gemini import rank_detail
 from gemini_local.watcher import Watcher
 from gemini_operator import naming
 from tests.fixtures.operator import OperatorThread
@@ -50,6 +52,20 @@ class Jobs:
             if err.status == 404:
                 return None
             raise
+
+    def status(self, name: str) -> dict[str, Any]:
+        """The job's full status: per-rank maps joined in from the ConfigMap it names (the
+        session's operator keeps them there for every job, gemini.rank_detail)."""
+        return rank_detail.resolve((self.get(name) or {}).get("status") or {}, self._configmap)
+
+    def _configmap(self, name: str) -> dict[str, Any] | None:
+        try:
+            raw = self.core.read_namespaced_config_map(name, self.ns, _preload_content=False)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return dict(json.loads(raw.data))
 
     def patch(self, name: str, spec: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object(naming.GROUP, naming.VERSION, self.ns,

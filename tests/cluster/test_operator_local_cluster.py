@@ -64,8 +64,11 @@ def test_a_running_job_gets_a_domain_aware_placement_delivered_to_its_sidecars(
     command = ["python", "-c", SNAPSHOTS]
     jobs.create(make_job("placed").with_nodes(4).set("template.command", command).obj())
     wait_for(lambda: jobs.state("placed") == "Running", 60, "the job to run")
-    placement = wait_for(lambda: (jobs.get("placed") or {})["status"].get("placement"), 10,
+    placement = wait_for(lambda: jobs.status("placed").get("placement"), 10,
                          "the placement in status")
+    # The session's operator keeps every job's per-rank maps beside the status.
+    stored = (jobs.get("placed") or {})["status"]
+    assert "holders" not in stored["placement"] and stored["rankDetail"]["ranks"] == 4
     # Published when scheduled; delivered once every sidecar took it.
     wait_for(lambda: any(c["type"] == "PlacementDelivered" and c["status"] == "True"
                          for c in (jobs.get("placed") or {})["status"].get("conditions", [])),
