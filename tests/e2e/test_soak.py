@@ -1,4 +1,5 @@
-"""Soak: one DeepSpeed job on the local cluster through many failures of random kinds.
+"""Soak: two DeepSpeed jobs side by side on the local cluster through many failures of random
+kinds, each aimed at one of them (a lost or cut-off node hits both: they share the nodes).
 
 How many: GEMINI_SOAK_FAILURES (default 6, what CI runs in the e2e layer: about 3 minutes);
 `./dev soak` runs the long soak, 20 failures unless GEMINI_SOAK_FAILURES says more. Either
@@ -7,9 +8,11 @@ way every kind below comes at least once, in a random order.
 Each failure is injected once training runs again after the previous recovery (rank 0 printed
 a step past both the restored one and any printed before that failure), plus a random 0-2 s:
 a killed trainer (recovered in place from local memory), a lost node (a spare added first;
-recovered from the peers' replicas) or a node cut off by a network partition (a spare added
+recovered from the peers' replicas), a node cut off by a network partition (a spare added
 first; replaced like a lost node, then healed: its agent ends the old pod's processes and the
-node stays as a spare). Every one must be recovered from memory, the final
+node stays as a spare), a killed sidecar (restarted in place) or a hung one (stopped 2-8 s,
+then resumed). Every recovery must be from memory, the sidecar failures need none (training
+goes on and every shard's copies are complete again at a later step), the final
 per-step losses equal an uninterrupted run's, and nothing leaks: after every recovery the
 job's processes on the machine are exactly those of its current pods, and once the job is
 deleted no pod, no process and no memory-backed emptyDir of its pods is left on a live node.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,19 +48,25 @@ FAILURES = int(os.environ.get("GEMINI_SOAK_FAILURES") or 6)
 # About 20 s per failure on a 2-core machine (load 6: 6 failures in 133 s, 45 s to set up);
 # the limit leaves room for a busier one.
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.soak,
-              pytest.mark.timeout(600 + 120 * FAILURES)]
+              pytest.mark.timeout(600 + 180 * FAILURES)]
 
 WORKERS = 2
-# Each failure uses 3-7 steps (a spare node added, the random delay, the recovery, a step past
-# the restored one); 12 leave a margin, and the job trains on past the last failure.
-STEPS = 12 * FAILURES + 12
+JOBS = ("soak-a", "soak-b")  # trained side by side, on the same nodes
+# A failure aimed at a job uses 3-7 of its steps (a spare node added, the random delay, the
+# recovery, a step past the restored one); the other job trains on meanwhile, about as many
+# steps as the recovery takes seconds. 24 per failure leave a margin, and both jobs train on
+# past the last failure.
+STEPS = 24 * FAILURES + 12
 SOAK_ARGS = [*ARGS[:ARGS.index("--steps")], "--steps", str(STEPS),
              *ARGS[ARGS.index("--steps") + 2:ARGS.index("--step-sleep")]]
-# Not in the mix: a sidecar crash ends in no recovery (status.lastRecovery) this loop could
-# wait for; test_fault_matrix_a covers it.
-KINDS = ("trainer", "node", "partition")
-EXPECTED = {"trainer": ("software", "Local"), "node": ("hardware", "Peers"),
-            "partition": ("hardware", "Peers")}
+KINDS = ("trainer", "node", "partition", "sidecar", "sidecar-hang")
+# (cause, source) of the recovery each kind must end in; None: no recovery at all. A crashed
+# sidecar restarts (native sidecar) and a hung one carries on once resumed: training goes on,
+# and the shard copies the sidecar lost are complete again at a later step.
+EXPECTED: dict[str, tuple[str, str] | None] = {
+    "trainer": ("software", "Local"), "node": ("hardware", "Peers"),
+    "partition": ("hardware", "Peers"), "sidecar": None, "sidecar-hang": None}
+HANG_S = (2.0, 8.0)  # how long a hung sidecar stays stopped
 
 
 def failure_kinds(rng: random.Random, count: int) -> list[str]:
@@ -136,15 +146,25 @@ class Soak:
     def inject(self, kind: str, rank: int) -> Callable[[], None]:
         """Prepare the failure (a spare for a node loss); return what injects it."""
         pod = self.pods()[rank]
-        self.uids |= {p.metadata.uid for p in self.pods().values()}
         state = self.cluster.state_dir
-        if kind != "trainer":
+        if kind in ("node", "partition"):
             self.nodes.add("zone-0")  # the spare the replacement pod will run on
+        hang = self.rng.uniform(*HANG_S)
 
         def fire() -> None:
             if kind == "trainer":
                 faults.kill_container(state, self.jobs.ns, pod.metadata.name,
                                       naming.TRAINER_CONTAINER)
+            elif kind == "sidecar":
+                faults.kill_container(state, self.jobs.ns, pod.metadata.name,
+                                      naming.SIDECAR_CONTAINER)
+            elif kind == "sidecar-hang":
+                pid = faults.kill_container(state, self.jobs.ns, pod.metadata.name,
+                                            naming.SIDECAR_CONTAINER, sig=signal.SIGSTOP)
+                try:
+                    time.sleep(hang)
+                finally:
+                    os.kill(pid, signal.SIGCONT)
             elif kind == "node":
                 faults.lose_node(state, pod.spec.node_name)
                 self.lost.append(pod.spec.node_name)
@@ -152,6 +172,12 @@ class Soak:
                 faults.partition_node(state, pod.spec.node_name)
                 self.partitioned.append(pod.spec.node_name)
         return fire
+
+    def remember_pods(self) -> None:
+        self.uids |= {p.metadata.uid for p in self.pods().values()}
+
+    def rank_on(self, node: str) -> int | None:
+        return next((r for r, p in self.pods().items() if p.spec.node_name == node), None)
 
     def heal(self) -> None:
         """Heal the partitioned nodes (after their recovery): they rejoin as spares."""
@@ -162,6 +188,23 @@ class Soak:
 
     def recovered_after(self, before: dict[str, Any]) -> Callable[[], Any]:
         return lambda: _recovered_after(self.jobs, self.name, before)
+
+    def covered_after(self, step: int) -> Callable[[], Any]:
+        """Every shard's copies complete again at a step after `step` (the poller's count)."""
+        def covered() -> Any:
+            status = (self.jobs.get(self.name) or {}).get("status") or {}
+            coverage = (status.get("checkpoint") or {}).get("replicaCoverage") or {}
+            done = coverage.get("total") and coverage.get("complete") == coverage["total"]
+            return coverage if done and int(coverage.get("step") or 0) > step else None
+        return covered
+
+
+def soak_job(name: str) -> dict[str, Any]:
+    return (make_job(name).with_nodes(WORKERS).with_replicas(2)
+            .set("template.command", ["python", str(EXAMPLE), *SOAK_ARGS, "--step-sleep", "0.3"])
+            .set("template.env", ENV)
+            .set("failurePolicy.maxRestarts", FAILURES + 5)
+            .obj())
 
 
 def test_random_failures_are_all_recovered_with_identical_losses_and_nothing_leaks(
@@ -174,71 +217,108 @@ def test_random_failures_are_all_recovered_with_identical_losses_and_nothing_lea
     rng = random.Random(seed)
     kinds = failure_kinds(rng, FAILURES)
     started = time.monotonic()
-    for _ in range(WORKERS):
+    for _ in range(WORKERS):  # both jobs share these nodes: a lost node hits both
         isolated_nodes.add("zone-0")
     jobs = Jobs(kube_api, job_namespace)
-    name = "soak"
-    job = (make_job(name).with_nodes(WORKERS).with_replicas(2)
-           .set("template.command", ["python", str(EXAMPLE), *SOAK_ARGS, "--step-sleep", "0.3"])
-           .set("template.env", ENV)
-           .set("failurePolicy.maxRestarts", FAILURES + 5)
-           .obj())
-    jobs.create(job)
+    for name in JOBS:
+        jobs.create(soak_job(name))
+    soaks = {name: Soak(jobs, name, local_cluster, isolated_nodes, rng) for name in JOBS}
     # From the first step in every rank's memory on, every failure is recoverable from memory.
-    wait_for(lambda: ((jobs.get(name) or {}).get("status") or {}).get("checkpoint", {}).get(
-        "inMemoryStep"), 300, "a first step in memory")
-    soak = Soak(jobs, name, local_cluster, isolated_nodes, rng)
+    for name in JOBS:
+        wait_for(lambda name=name: ((jobs.get(name) or {}).get("status") or {}).get(
+            "checkpoint", {}).get("inMemoryStep"), 300, f"a first step of {name} in memory")
     log = []
     for i, kind in enumerate(kinds):
+        running = [name for name in JOBS if jobs.state(name) == "Running"]
+        assert running, f"both jobs finished before failure {i}: raise STEPS"
+        target = soaks[rng.choice(running)]
         rank, delay = rng.randrange(WORKERS), rng.uniform(0.0, 2.0)
-        fire = soak.inject(kind, rank)
+        node = target.pods()[rank].spec.node_name
+        for soak in soaks.values():
+            soak.remember_pods()
+        fire = target.inject(kind, rank)
         time.sleep(delay)  # a random moment after the previous recovery finished
-        before = jobs.get(name)["status"]
-        assert before["state"] == "Running", f"failure {i}: the job is {before['state']}"
-        printed = soak.newest_step()
+        before = {name: jobs.get(name)["status"] for name in JOBS}
+        assert before[target.name]["state"] == "Running", (
+            f"failure {i}: {target.name} is {before[target.name]['state']}")
+        # A lost or cut-off node takes the pods of every job on it; the rest hit one job.
+        hit = {name: soak.rank_on(node) for name, soak in soaks.items()
+               if kind in ("node", "partition") and before[name]["state"] == "Running"
+               and soak.rank_on(node) is not None}
+        hit = hit or {target.name: rank}
+        printed = {name: soak.newest_step() for name, soak in soaks.items()}
         fire()
         at = time.monotonic()
+        what = f"failure {i} ({kind} of {target.name} rank {rank})"
         try:
-            last = wait_for(soak.recovered_after(before), 300,
-                            f"recovery {i} ({kind} of rank {rank})")
-            took = time.monotonic() - at
-        except AssertionError as err:  # say where the job got stuck
-            raise AssertionError(f"{err}; the job's status: {jobs.get(name)['status']}") from err
+            if EXPECTED[kind] is None:
+                coverage = wait_for(target.covered_after(printed[target.name]), 300,
+                                    f"every copy complete after {what}")
+                log.append(f"{i:2d} {kind:12s} {target.name} rank {rank}: no recovery, copies "
+                           f"complete at step {coverage['step']} in {time.monotonic() - at:.1f} s")
+            for name, hit_rank in hit.items():
+                if EXPECTED[kind] is None:
+                    break
+                last = wait_for(soaks[name].recovered_after(before[name]), 300,
+                                f"the recovery of {name} after {what}")
+                log.append(f"{i:2d} {kind:12s} {name} rank {hit_rank}: {last['cause']}/"
+                           f"{last['source']} step {last.get('restoredStep')} lost "
+                           f"{last['stepsLost']} in {time.monotonic() - at:.1f} s")
+                assert (last["cause"], last["source"]) == EXPECTED[kind], last
+                assert last.get("restoredStep") is not None, last  # not a fresh start
+                # A killed trainer can take its peers' processes down with it (gloo sees the
+                # socket close) and the operator may see one of theirs exit first; a lost node
+                # is its rank.
+                assert hit_rank in last["failedRanks"] or (
+                    kind != "node" and last["failedRanks"]), last
+        except AssertionError as err:  # say where the jobs got stuck
+            raise AssertionError(f"{err}; the jobs' status: "
+                                 f"{ {n: jobs.get(n)['status'] for n in JOBS} }") from err
         finally:
-            soak.heal()
-        log.append(f"{i:2d} {kind:7s} rank {rank}: {last['cause']}/{last['source']} step "
-                   f"{last.get('restoredStep')} lost {last['stepsLost']} in {took:.1f} s")
-        print(log[-1])
-        assert (last["cause"], last["source"]) == EXPECTED[kind], last
-        assert last.get("restoredStep") is not None, last  # not a fresh start
-        # A killed trainer can take its peers' processes down with it (gloo sees the socket
-        # close) and the operator may see one of theirs exit first; a lost node is its rank.
-        assert rank in last["failedRanks"] or (kind != "node" and last["failedRanks"]), last
+            for soak in soaks.values():
+                soak.heal()
+        print("\n".join(log[-len(hit):]))
+        # Jobs the failure did not touch (and the target of a sidecar failure) never recover.
+        for name in JOBS:
+            if name not in hit or EXPECTED[kind] is None:
+                after = jobs.get(name)["status"]
+                assert (after.get("lastRecovery"), after["restarts"]) == (
+                    before[name].get("lastRecovery"), before[name]["restarts"]), (name, after)
         # Only the current pods' processes run: none of a lost node's or a replaced pod's
         # (a healed node's agent ends those of its pod once it sees the pod deleted).
-        wait_for(lambda: job_processes(job_namespace) == pod_incarnations(jobs, name), 60,
-                 f"the processes to match the pods after recovery {i}")
+        wait_for(lambda: job_processes(job_namespace) == set().union(
+            *(pod_incarnations(jobs, name) for name in JOBS)), 60,
+            f"the processes to match the pods after failure {i}")
         # The next failure comes once training runs again, past what was printed before.
-        past = max(printed, int(last["restoredStep"]))
-        wait_for(lambda past=past: soak.newest_step() > past, 300, f"training past step {past}")
-    wait_for(lambda: jobs.state(name) in ("Succeeded", "Failed"), 600, "the job to finish")
-    status = jobs.get(name)["status"]
-    assert status["state"] == "Succeeded", status
-    assert soak.rank0_losses() == soak_reference
-    soak.uids |= {p.metadata.uid for p in soak.pods().values()}
-    jobs.delete(name)
-    for node in soak.lost:  # what the cloud does with a machine that is gone
+        for name in hit:
+            last = jobs.get(name)["status"].get("lastRecovery") or {}
+            past = max(printed[name], int(last.get("restoredStep") or 0))
+            wait_for(lambda name=name, past=past: soaks[name].newest_step() > past, 300,
+                     f"{name} training past step {past}")
+    for name in JOBS:
+        wait_for(lambda name=name: jobs.state(name) in ("Succeeded", "Failed"), 600,
+                 f"{name} to finish")
+        status = jobs.get(name)["status"]
+        assert status["state"] == "Succeeded", (name, status)
+        assert soaks[name].rank0_losses() == soak_reference, name
+        soaks[name].remember_pods()
+        jobs.delete(name)
+    lost = [node for soak in soaks.values() for node in soak.lost]
+    for node in lost:  # what the cloud does with a machine that is gone
         local_cluster.core.delete_node(node)
-    wait_for(lambda: not jobs.pods(name), 120, "every pod of the job to be gone")
-    wait_for(lambda: not job_processes(job_namespace), 60, "every process of the job to end")
-    live = set(isolated_nodes.added) - set(soak.lost)
+    wait_for(lambda: not any(jobs.pods(name) for name in JOBS), 120,
+             "every pod of the jobs to be gone")
+    wait_for(lambda: not job_processes(job_namespace), 60, "every process of the jobs to end")
+    live = set(isolated_nodes.added) - set(lost)
+    uids = set().union(*(soak.uids for soak in soaks.values()))
     # A node agent removes a pod's memory-backed emptyDirs just after it deleted the pod object
     # and ended its processes: what is left after that moment is a leak.
     try:
-        wait_for(lambda: not shm_dirs(local_cluster.state_dir, live, soak.uids), 30,
-                 "the memory-backed emptyDirs of the job's pods to be removed")
+        wait_for(lambda: not shm_dirs(local_cluster.state_dir, live, uids), 30,
+                 "the memory-backed emptyDirs of the jobs' pods to be removed")
     except AssertionError as err:
-        raise AssertionError(f"{err}: {shm_dirs(local_cluster.state_dir, live, soak.uids)}"
+        raise AssertionError(f"{err}: {shm_dirs(local_cluster.state_dir, live, uids)}"
                              ) from None
     print("\n".join(log))
-    print(f"soak: {FAILURES} failures (seed {seed}) in {time.monotonic() - started:.0f} s")
+    print(f"soak: {FAILURES} failures of {len(JOBS)} jobs (seed {seed}) in "
+          f"{time.monotonic() - started:.0f} s")
