@@ -74,6 +74,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 # -- paths of the sidecar's API --------------------------------------------------------------
@@ -529,13 +530,22 @@ class Inventory:
     sending: Sending
     memory: MemoryUse
     placement: Peers
+    # The training's last heartbeat, read from the file the trainer writes in the shared
+    # memory volume (`heartbeat`: the sidecar reads it; an older one does not), so the
+    # operator's poll needs no second call per pod to the launcher.
+    heartbeat: bool = False
+    progress: Progress | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"job": self.job, "rank": self.rank, "world_size": self.world_size,
-                "local": [c.to_json() for c in self.local],
-                "replicas": [c.to_json() for c in self.replicas],
-                "sending": self.sending.to_json(), "memory": self.memory.to_json(),
-                "placement": self.placement.to_json()}
+        doc = {"job": self.job, "rank": self.rank, "world_size": self.world_size,
+               "local": [c.to_json() for c in self.local],
+               "replicas": [c.to_json() for c in self.replicas],
+               "sending": self.sending.to_json(), "memory": self.memory.to_json(),
+               "placement": self.placement.to_json()}
+        if self.heartbeat:
+            doc["heartbeat"] = True
+            doc["progress"] = None if self.progress is None else self.progress.to_json()
+        return doc
 
     @classmethod
     def from_json(cls, doc: object) -> Inventory:
@@ -546,6 +556,7 @@ class Inventory:
             replicas=tuple(ReplicaCopy.read(c) for c in f.objects("replicas")),
             sending=Sending.read(f.obj("sending")), memory=MemoryUse.read(f.obj("memory")),
             placement=Peers.read(f.obj("placement")),
+            heartbeat=f.raw("heartbeat") is True, progress=_progress(f),
         )
 
     def complete_versions(self) -> set[int]:
@@ -1006,6 +1017,17 @@ def _restore(f: _Fields) -> RestoreOrder:
     if not (version is None or isinstance(version, str) or _is_int(version)):
         raise r.fail("version", "a step number, a string or null", version)
     return RestoreOrder(version, r.string("source"))
+
+
+def read_heartbeat(path: Path) -> Progress | None:
+    """The last heartbeat in `path` ("<step> <unix time>", written by the trainer library);
+    None when there is none yet or it cannot be read."""
+    try:
+        step_text, when_text = path.read_text().split()[:2]
+        step, when = int(step_text), float(when_text)
+    except (OSError, ValueError):
+        return None
+    return Progress(step, when, max(0.0, time.time() - when))
 
 
 def _progress(f: _Fields) -> Progress | None:

@@ -1,8 +1,9 @@
 """What the operator learns from the sidecars and launchers of running jobs, every few seconds.
 
 `CheckpointPoller.poll(key)` reads every sidecar's inventory (the newest step complete in
-memory for every rank, and how many shards have all their replicas complete) and every
-launcher's progress (hang detection), and, when a job
+memory for every rank, how many shards have all their replicas complete, and the trainer's
+last heartbeat for hang detection; from sidecars that do not carry it, every launcher's
+progress is read instead), and, when a job
 persists to S3, has every sidecar upload that step and rank 0's sidecar commit it every
 `persistence.intervalSeconds` or when the annotation `gemini.io/persist-requested` gets a new
 value. It runs off the reconcile path (a lost node's sidecar may take seconds to time out);
@@ -25,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
-from gemini.control import Bearer
+from gemini.control import Bearer, Inventory
 from gemini_operator import placement_delivery, sidecars
 from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.cache import ClusterCache, JobKey
@@ -205,14 +206,7 @@ class CheckpointPoller:
         holders = placement_holders(status.placement)
         coverage = (replica_coverage(inventories, holders) if holders is not None
                     else old.replica_coverage)
-        try:
-            statuses = sidecars.launcher_statuses(
-                {r: (p.ip, ports.launcher_port) for r, p in pods.items()}, token,
-                POLL_TIMEOUT_SECONDS)
-            progress = progress_of({r: s.to_json() for r, s in statuses.items()},
-                                   self._clock(), previous)
-        except SidecarError:
-            progress = previous
+        progress = self._progress(pods, typed, token, previous)
         checkpoint = replace(old, in_memory_step=step if step is not None else
                              old.in_memory_step, replica_coverage=coverage)
         pace = None if silent else replication_pace(typed)
@@ -222,6 +216,25 @@ class CheckpointPoller:
                 effective_interval=pace.effective_interval, interval_reason=pace.reason,
                 replication_lag_steps=pace.lag_steps)
         return Findings(checkpoint, progress, epoch, lost)
+
+    def _progress(self, pods: Mapping[int, PodView], inventories: Mapping[int, Inventory],
+                  token: Bearer, previous: Progress | None) -> Progress | None:
+        """The training's progress: from the sidecars' inventories, which carry the
+        trainers' heartbeats (one call per pod a poll), else (a sidecar that does not read
+        the heartbeat, or did not answer) from every launcher."""
+        if len(inventories) == len(pods) and all(i.heartbeat for i in inventories.values()):
+            beats = {r: {"progress": None if i.progress is None else i.progress.to_json()}
+                     for r, i in inventories.items()}
+            return progress_of(beats, self._clock(), previous)
+        ports = self.config.render
+        try:
+            statuses = sidecars.launcher_statuses(
+                {r: (p.ip, ports.launcher_port) for r, p in pods.items()}, token,
+                POLL_TIMEOUT_SECONDS)
+        except SidecarError:
+            return previous
+        return progress_of({r: s.to_json() for r, s in statuses.items()}, self._clock(),
+                           previous)
 
     def _lost_nodes(self, key: JobKey, pods: Mapping[int, PodView],
                     answering: Mapping[int, Any]) -> frozenset[str]:

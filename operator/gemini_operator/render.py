@@ -330,6 +330,7 @@ def _sidecar(
     env = [
         *_common_env(job, spec, rank, config),
         _value("GEMINI_TRAFFIC_MODE", spec.checkpoint.traffic_scheduling.value.lower()),
+        _value("GEMINI_HEARTBEAT_FILE", heartbeat_path(config)),  # reported by /inventory
     ]
     env += _assignment_env(assignment)
     if spec.persistence is not None:
@@ -353,6 +354,11 @@ def _sidecar(
     if resources:
         container["resources"] = resources
     return container
+
+
+def heartbeat_path(config: RenderConfig) -> str:
+    """The trainer's heartbeat file, in the volume both containers mount."""
+    return f"{config.shm_mount_path}/heartbeat"
 
 
 def _common_env(job: JobRef, spec: JobSpec, rank: int, config: RenderConfig) -> list[Manifest]:
@@ -394,7 +400,7 @@ def _trainer_env(job: JobRef, spec: JobSpec, rank: int, config: RenderConfig) ->
         *([_value("GEMINI_LAUNCHER_STANDBY", 1)] if spec.failure_policy.warm_standby else []),
         # $(VAR) is expanded by the kubelet from the entries above.
         _value("GEMINI_SIDECAR_URL", "http://$(GEMINI_POD_IP):$(GEMINI_SIDECAR_API_PORT)"),
-        _value("GEMINI_HEARTBEAT_FILE", f"{config.shm_mount_path}/heartbeat"),
+        _value("GEMINI_HEARTBEAT_FILE", heartbeat_path(config)),
         _value("MASTER_ADDR", master),
         _value("MASTER_PORT", config.rendezvous_port),
         _value("NODE_RANK", rank),

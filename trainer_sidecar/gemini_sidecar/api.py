@@ -45,6 +45,7 @@ from gemini.control import (
     RestoreRequest,
     Sending,
     TransferRunning,
+    read_heartbeat,
 )
 from gemini.domain.traffic import IterationTimeline
 from gemini_sidecar.app import Sidecar
@@ -173,6 +174,9 @@ def inventory_of(sidecar: Sidecar) -> Inventory:
         sending=_sending(sidecar),
         memory=MemoryUse(sidecar.store.used_bytes, sidecar.cfg.memory_budget_bytes),
         placement=_peers_of(sidecar.placement),
+        heartbeat=sidecar.cfg.heartbeat_file is not None,
+        progress=(None if sidecar.cfg.heartbeat_file is None
+                  else read_heartbeat(sidecar.cfg.heartbeat_file)),
     )
 
 

@@ -82,6 +82,9 @@ class SidecarConfig:
     memory_budget_bytes: int  # GEMINI_MEMORY_BUDGET_BYTES: replica store limit
     auth_token: bytes = field(repr=False)  # GEMINI_AUTH_TOKEN: per-job shared secret
     shm_dir: Path = Path("/dev/shm")  # GEMINI_SHM_DIR: tmpfs shared with the trainer
+    # GEMINI_HEARTBEAT_FILE: where the trainer writes its last step (in the shared volume);
+    # /inventory reports it, so the operator's poll needs no call to the launcher.
+    heartbeat_file: Path | None = None
     traffic_mode: TrafficMode = "interleaved"  # GEMINI_TRAFFIC_MODE
     # GEMINI_CHUNK_BYTES: largest replication chunk (the paper's R/p). Each chunk costs a
     # few hundred microseconds of Python per side, so chunks are large; interleaving splits
@@ -271,6 +274,8 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
                                  _required(env, "GEMINI_MEMORY_BUDGET_BYTES"), 0),
         auth_token=token,
         shm_dir=Path(env.get("GEMINI_SHM_DIR", "/dev/shm")),
+        heartbeat_file=Path(env["GEMINI_HEARTBEAT_FILE"]) if env.get(
+            "GEMINI_HEARTBEAT_FILE") else None,
         traffic_mode="immediate" if mode == "immediate" else "interleaved",
         chunk_bytes=chunk,
         max_frame_bytes=max_frame,

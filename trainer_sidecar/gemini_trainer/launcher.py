@@ -439,12 +439,7 @@ class Launcher:
 
     def heartbeat(self) -> control.Progress | None:
         """The last heartbeat the training wrote (None: none yet, or unreadable)."""
-        try:
-            step_text, when_text = self.heartbeat_file.read_text().split()[:2]
-            step, when = int(step_text), float(when_text)
-        except (OSError, ValueError):
-            return None
-        return control.Progress(step, when, max(0.0, time.time() - when))
+        return control.read_heartbeat(self.heartbeat_file)
 
     def _publish(self) -> None:
         path = self.config.status_file

@@ -10,11 +10,12 @@ import json
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import pytest
 
+from gemini.control import Progress
 from gemini_operator import handlers, naming, poller
 from gemini_operator.cache import ClusterCache, JobKey
 from gemini_operator.decide import ReconcileConfig
@@ -131,3 +132,30 @@ async def test_a_job_whose_workers_drip_does_not_delay_polling_another_job(
     assert slow.sidecar.most_active == 1 and slow.launcher.most_active == 1
     assert healthy.sidecar.paths[:4] == ["/inventory"] * 4
     assert runtime.reconciler.poller.findings(HEALTHY) is not None
+
+
+async def test_a_poll_reads_progress_from_the_sidecars_alone_when_they_carry_heartbeats(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One call per pod a poll: the sidecar's inventory carries the trainer's heartbeat, so
+    no launcher is called (an inventory without one falls back to the launchers: above)."""
+    monkeypatch.setattr(handlers, "POLL_SECONDS", ROUND)
+    inventory = replace(INVENTORY, heartbeat=True, progress=Progress(41, time.time() - 0.5, 0.5))
+    with ExitStack() as stack:
+        api = stack.enter_context(serving(
+            routes({"/inventory": json.dumps(inventory.to_json()).encode()}), "127.0.0.4"))
+        launcher = stack.enter_context(serving(
+            routes({"/status": json.dumps(STATUS.to_json()).encode()}), "127.0.0.4"))
+        cache = ClusterCache()
+        _running_job(cache, HEALTHY, "127.0.0.4")
+        runtime = _runtime(cache, RenderConfig(sidecar_port=api.port - 1,
+                                               launcher_port=launcher.port))
+        polling = asyncio.create_task(handlers._poll(runtime))
+        try:
+            await _until(lambda: len(api.paths) >= 3, 10)
+        finally:
+            polling.cancel()
+            await asyncio.gather(polling, return_exceptions=True)
+    found = runtime.reconciler.poller.findings(HEALTHY)
+    assert found is not None and found.progress is not None
+    assert found.progress.step == 41  # the heartbeat the inventory carried (the launcher: 9)
+    assert launcher.paths == []

@@ -4,6 +4,8 @@ contract's type, bad bodies are refused naming the field, and the placement-firs
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -109,5 +111,23 @@ async def test_bad_bodies_and_calls_out_of_order_are_refused_with_the_reason(tmp
         with pytest.raises(ControlError) as err:
             await _off_loop(unauthorized.inventory)
         assert err.value.status == 401
+    finally:
+        await car.stop()
+
+
+async def test_the_inventory_carries_the_trainers_heartbeat(tmp_path) -> None:
+    """The operator's poll reads progress from here instead of calling the launcher too."""
+    beat = tmp_path / "heartbeat"
+    cfg = dataclasses.replace(make_config(0, 1, tmp_path, {0: free_port()}), heartbeat_file=beat)
+    car = Sidecar(cfg)
+    await car.start()
+    try:
+        client = ControlClient("127.0.0.1", car.api_port, TOKEN.decode(), timeout=30)
+        before = await _off_loop(client.inventory)
+        assert before.heartbeat and before.progress is None  # no step yet
+        beat.write_text(f"17 {time.time() - 2.0}\n")
+        after = await _off_loop(client.inventory)
+        assert after.progress is not None and after.progress.step == 17
+        assert 1.5 < after.progress.age_s < 30
     finally:
         await car.stop()

@@ -4,6 +4,7 @@ strict refusals that name the field."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -75,6 +76,8 @@ EXAMPLES: list[Any] = [
     PEERS,
     Peers(),
     INVENTORY,
+    dataclasses.replace(INVENTORY, heartbeat=True, progress=Progress(12, 1764600000.5, 0.25)),
+    dataclasses.replace(INVENTORY, heartbeat=True),  # no step yet
     ProfileRequest((ProfileIteration(0.5, ((0.0, 0.125), (0.25, 0.375))),
                     ProfileIteration(0.25, ()))),
     ProfileAnswer(2),
