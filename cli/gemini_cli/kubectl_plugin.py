@@ -184,9 +184,9 @@ class Kube:
 
     def get_job(self, name: str) -> dict[str, Any]:
         custom = client.CustomObjectsApi(self.api)
-        job: Any = self._call(f"geminijob {name}", lambda: custom.get_namespaced_custom_object(
+        found: Any = self._call(f"geminijob {name}", lambda: custom.get_namespaced_custom_object(
             naming.GROUP, naming.VERSION, self.namespace, naming.PLURAL, name))
-        job = dict(job)
+        job: dict[str, Any] = dict(found)
         try:  # per-rank maps kept beside a large job's status (gemini.rank_detail)
             job["status"] = rank_detail.resolve(job.get("status") or {}, self._configmap)
         except rank_detail.RankDetailError as err:
@@ -196,7 +196,8 @@ class Kube:
     def _configmap(self, name: str) -> dict[str, Any] | None:
         core = client.CoreV1Api(self.api)
         try:
-            raw = core.read_namespaced_config_map(name, self.namespace, _preload_content=False)
+            raw: Any = core.read_namespaced_config_map(name, self.namespace,
+                                                       _preload_content=False)
         except ApiException as err:
             if err.status == 404:
                 return None
