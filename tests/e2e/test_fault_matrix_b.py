@@ -157,8 +157,9 @@ def test_losing_a_whole_zone_recovers_every_rank_from_its_peer_in_the_other_zone
     job = training_job("zones", 4)
     job["spec"]["template"]["command"] = _sleep_args(1.0)
     jobs.create(job)
-    placement = wait_for(lambda: ((jobs.get("zones") or {}).get("status") or {}).get(
-        "placement"), 240, "the placement of the 4 workers")
+    # The full status: the session's operator keeps the per-rank maps in a ConfigMap.
+    placement = wait_for(lambda: jobs.status("zones").get("placement"), 240,
+                         "the placement of the 4 workers")
     zone_of = isolated_nodes.zone_of
     groups = [{zone_of[placement["nodes"][str(r)]] for r in g} for g in placement["groups"]]
     assert groups == [{"zone-a", "zone-b"}] * 2, placement  # each group spans both zones

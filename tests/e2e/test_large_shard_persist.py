@@ -162,8 +162,9 @@ def test_256_mib_shards_persist_while_training_and_a_lost_group_restores_them_fr
     job["spec"]["persistence"] = {**persistence_spec(endpoint, prefix, 3600), "keep": 1}
     jobs.create(job)
     state = local_cluster.state_dir
-    placement = wait_for(lambda: ((jobs.get(NAME) or {}).get("status") or {}).get(
-        "placement"), 240, "the placement of the 4 workers")
+    # The full status: the session's operator keeps the per-rank maps in a ConfigMap.
+    placement = wait_for(lambda: jobs.status(NAME).get("placement"), 240,
+                         "the placement of the 4 workers")
     for _ in range(2):  # for the two ranks of the group lost below
         isolated_nodes.add("zone-a", "rack-0")
     progress: list[dict[str, Any]] = []
