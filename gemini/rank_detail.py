@@ -76,15 +76,39 @@ def join(status: Mapping[str, Any], detail: Mapping[str, Any]) -> dict[str, Any]
     return full
 
 
+def canonical(detail: Mapping[str, Any]) -> bytes:
+    """The detail as canonical JSON: equal details give equal bytes, hence equal digests."""
+    return json.dumps(detail, sort_keys=True, separators=(",", ":")).encode()
+
+
+def digest_of(text: bytes) -> str:
+    return hashlib.sha256(text).hexdigest()[:DIGEST_CHARS]
+
+
+def compress(text: bytes) -> bytes:
+    return zlib.compress(text, 6)
+
+
 def encode(detail: Mapping[str, Any]) -> tuple[str, bytes, int]:
-    """(digest, compressed bytes, uncompressed size) of a detail; the digest is that of the
-    canonical JSON, so equal details have equal digests."""
-    text = json.dumps(detail, sort_keys=True, separators=(",", ":")).encode()
-    return hashlib.sha256(text).hexdigest()[:DIGEST_CHARS], zlib.compress(text, 6), len(text)
+    """(digest, compressed bytes, uncompressed size) of a detail."""
+    text = canonical(detail)
+    return digest_of(text), compress(text), len(text)
 
 
-def size_of(detail: Mapping[str, Any]) -> int:
-    return len(json.dumps(detail, sort_keys=True, separators=(",", ":")))
+def touched_by(patch: Mapping[str, Any]) -> bool:
+    """Whether the merge patch `patch` may change a per-rank field: it reaches one of them,
+    or replaces or removes a document on the way to one."""
+    for path in FIELDS:
+        node: Any = patch
+        for key in path:
+            if key not in node:
+                break
+            node = node[key]
+            if not isinstance(node, Mapping):
+                return True
+        else:
+            return True
+    return False
 
 
 def decode(blob: bytes, digest: str) -> dict[str, Any]:
@@ -96,7 +120,7 @@ def decode(blob: bytes, digest: str) -> dict[str, Any]:
         raise RankDetailError(f"rank detail {digest} is not zlib data: {err}") from err
     if len(text) > MAX_DETAIL_BYTES or inflater.unconsumed_tail:
         raise RankDetailError(f"rank detail {digest} inflates past {MAX_DETAIL_BYTES} bytes")
-    if hashlib.sha256(text).hexdigest()[:DIGEST_CHARS] != digest:
+    if digest_of(text) != digest:
         raise RankDetailError(f"rank detail does not match its digest {digest}")
     detail = json.loads(text)
     if not isinstance(detail, dict):

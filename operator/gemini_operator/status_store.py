@@ -61,17 +61,22 @@ class StatusStore:
         """The merge patch that takes the stored status of `job` (as cached) to the full
         status `patch` makes of it, after writing any new detail to the ConfigMap."""
         stored = job.get("status") or {}
+        if not rank_detail.touched_by(patch):
+            # Most writes (steps, conditions) leave every per-rank map as stored: no need to
+            # serialize and hash a megabyte of detail at 8,192 ranks for each.
+            return status_patch(stored, merge_patched(stored, patch))
         full = merge_patched(self.full_job(job).get("status") or {}, patch)
         slim, detail = rank_detail.split(full)
-        if rank_detail.size_of(detail) <= self.inline_bytes:
+        text = rank_detail.canonical(detail)
+        if len(text) <= self.inline_bytes:
             full.pop(rank_detail.REF, None)
             return status_patch(stored, full)
-        digest, blob, size = rank_detail.encode(detail)
-        current = rank_detail.reference(stored)
+        digest, current = rank_detail.digest_of(text), rank_detail.reference(stored)
         if current is None or current[1] != digest:
-            self._write(job, digest, blob, detail, None if current is None else current[1])
+            self._write(job, digest, rank_detail.compress(text), detail,
+                        None if current is None else current[1])
         slim[rank_detail.REF] = rank_detail.reference_doc(
-            _meta(job, "name"), digest, size, rank_detail.rank_count(detail))
+            _meta(job, "name"), digest, len(text), rank_detail.rank_count(detail))
         return status_patch(stored, slim)
 
     def forget(self, namespace: str, name: str) -> None:

@@ -18,7 +18,7 @@ from gemini import rank_detail
 from gemini_local import kwok
 from gemini_local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
 from tests.fixtures.kwok import KWOK_RACKS, KWOK_ZONES, KwokCluster
-from tests.fixtures.operator import OperatorThread
+from tests.fixtures.operator import OperatorThread, configmap_reader
 
 pytestmark = pytest.mark.cluster
 
@@ -202,16 +202,13 @@ def test_placement_is_published_and_lost_ranks_replaced_without_any_sidecar(
     custom.create_namespaced_custom_object(GROUP, VERSION, kwok_namespace, PLURAL,
                                            _job("fake", JOB_RANKS))
 
-    def configmap(name: str) -> dict[str, Any] | None:
-        raw: Any = core.read_namespaced_config_map(name, kwok_namespace, _preload_content=False)
-        return dict(json.loads(raw.data))
-
     def status() -> dict[str, Any]:
         """The full status: the per-rank maps joined in from the job's rank-detail ConfigMap
         (the test operator keeps them there, gemini.rank_detail)."""
         raw: Any = custom.get_namespaced_custom_object(
             GROUP, VERSION, kwok_namespace, PLURAL, "fake", _preload_content=False)
-        return rank_detail.resolve(json.loads(raw.data).get("status") or {}, configmap)
+        return rank_detail.resolve(json.loads(raw.data).get("status") or {},
+                                   configmap_reader(core, kwok_namespace))
 
     def condition(kind: str) -> dict[str, Any]:
         return next((c for c in status().get("conditions") or [] if c["type"] == kind), {})

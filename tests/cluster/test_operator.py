@@ -3,7 +3,6 @@ worker pods stay Pending, which is all these tests need)."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +14,7 @@ from kubernetes.client.exceptions import ApiException
 from gemini import rank_detail
 from gemini_local.watcher import Watcher
 from gemini_operator import naming
-from tests.fixtures.operator import OperatorThread
+from tests.fixtures.operator import OperatorThread, configmap_reader
 from tests.unit.operator.builders import make_job
 
 pytestmark = pytest.mark.cluster
@@ -56,16 +55,8 @@ class Jobs:
     def status(self, name: str) -> dict[str, Any]:
         """The job's full status: per-rank maps joined in from the ConfigMap it names (the
         session's operator keeps them there for every job, gemini.rank_detail)."""
-        return rank_detail.resolve((self.get(name) or {}).get("status") or {}, self._configmap)
-
-    def _configmap(self, name: str) -> dict[str, Any] | None:
-        try:
-            raw = self.core.read_namespaced_config_map(name, self.ns, _preload_content=False)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return dict(json.loads(raw.data))
+        return rank_detail.resolve((self.get(name) or {}).get("status") or {},
+                                   configmap_reader(self.core, self.ns))
 
     def patch(self, name: str, spec: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object(naming.GROUP, naming.VERSION, self.ns,

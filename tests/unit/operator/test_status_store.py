@@ -158,3 +158,11 @@ def test_a_missing_configmap_drops_the_placement_so_it_is_computed_again():
     seen = store.full_job(job(status))["status"]
     assert "placement" not in seen and rank_detail.REF not in seen
     assert seen["launch"] == {"epoch": 2}
+
+
+def test_a_write_that_reaches_no_per_rank_map_skips_the_detail():
+    assert not rank_detail.touched_by({"state": "Running", "placement": {"restartAttempt": 2},
+                                       "checkpoint": {"inMemoryStep": 9}})
+    assert rank_detail.touched_by({"launch": {"podUIDs": {"3": "x"}}})
+    assert rank_detail.touched_by({"recovery": None})  # removes the plan's maps
+    assert rank_detail.touched_by({"placement": {"holders": None}})
