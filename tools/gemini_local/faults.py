@@ -79,6 +79,17 @@ def _nft(args: list[str], stdin: str | None = None) -> subprocess.CompletedProce
                           check=False)
 
 
+def clear_octet_tables(octet: int) -> None:
+    """Delete every nftables table of address range `octet` (partitions, slow links,
+    connection tracking) that a cluster which died without `down` left behind."""
+    if shutil.which("nft") is None:
+        return
+    listed = _nft(["list", "tables"]).stdout.split()
+    for table in listed:
+        if table.startswith(f"gemini_{octet}_"):
+            _nft(["delete", "table", "inet", table])
+
+
 def _replace_table(table: str, rules: list[str], what: str,
                    chains: dict[str, list[str]] | None = None) -> None:
     """(Re)create `inet <table>` with an output chain of `rules` (and other `chains`)."""

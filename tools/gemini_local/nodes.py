@@ -110,6 +110,11 @@ def network_octet(state_dir: Path) -> int:
                          f"stop other local clusters or clear stale claims in {CLAIMS_DIR}")
 
 
+def shm_root(octet: int) -> Path:
+    """The /dev/shm folder of the cluster on address range `octet` (one folder per node)."""
+    return Path(f"/dev/shm/gemini-local-{octet}")
+
+
 def _claim(path: Path, state_dir: Path) -> bool:
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -125,7 +130,17 @@ def _claim(path: Path, state_dir: Path) -> bool:
         return _claim(path, state_dir)
     with os.fdopen(fd, "w") as f:
         f.write(str(state_dir))
+    _clear_range(int(path.name))
     return True
+
+
+def _clear_range(octet: int) -> None:
+    """What a cluster killed without `down` left on a range just claimed (nftables tables,
+    node folders in /dev/shm) would be taken for the new cluster's own: remove it."""
+    from gemini_local.faults import clear_octet_tables
+
+    clear_octet_tables(octet)
+    shutil.rmtree(shm_root(octet), ignore_errors=True)
 
 
 def _config(kubeconfig: Path, pki: Pki, state_dir: Path, spec: NodeSpec) -> AgentConfig:
@@ -144,7 +159,7 @@ def _config(kubeconfig: Path, pki: Pki, state_dir: Path, spec: NodeSpec) -> Agen
         serving_key=str(serving_key), ca_cert=str(pki.ca_cert), node_ip=net.node_ip,
         cidr=net.cidr, gid=net.gid if os.geteuid() == 0 else None,
         venv_bin=str(Path(sys.executable).parent),
-        shm_dir=f"/dev/shm/gemini-local-{net.octet}/{spec.name}",
+        shm_dir=str(shm_root(net.octet) / spec.name),
     )
 
 

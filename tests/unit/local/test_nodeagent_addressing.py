@@ -34,6 +34,9 @@ def test_pod_ip_pool_reuses_a_released_address_last():
 def test_two_clusters_claim_different_ranges_and_a_stale_claim_is_taken_over(tmp_path,
                                                                              monkeypatch):
     monkeypatch.setattr(nodes, "CLAIMS_DIR", tmp_path / "claims")
+    # Claims here are not machine-wide: never clear the real ranges' leftovers.
+    cleared: list[int] = []
+    monkeypatch.setattr(nodes, "_clear_range", cleared.append)
     one, two = tmp_path / "one", tmp_path / "two"
     octet_one = nodes.network_octet(one)
     octet_two = nodes.network_octet(two)
@@ -44,5 +47,6 @@ def test_two_clusters_claim_different_ranges_and_a_stale_claim_is_taken_over(tmp
     claim.write_text(str(tmp_path / "deleted"))
     monkeypatch.setattr(nodes, "cluster_octet", lambda _d: octet_two)
     assert nodes.network_octet(tmp_path / "three") == octet_two
+    assert cleared == [octet_one, octet_two, octet_two]  # each claim taken clears its range
     # A fresh claim of a live directory is respected even before its agents run.
     assert nodes.network_octet(tmp_path / "four") not in (octet_one, octet_two)
