@@ -21,6 +21,8 @@ import sys
 # The script's own folder is first on sys.path when run as `python examples/train_fsdp.py`.
 import train_gpt_zero3
 
+from gemini_trainer import run
+
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
@@ -31,4 +33,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))  # in-process restarts: main() runs again in this process

@@ -8,7 +8,8 @@ under `gemini launch -- python examples/train_gpt_zero3.py`.
 Data is a pure function of (seed, step, rank), so two runs see the same batches. Each rank
 prints one line per step: `step <n> loss <float hex>` (exact, for comparing runs).
 
-The GEMINI part is four lines, marked below.
+The GEMINI part is four lines, marked below, and `run(main)` at the end, which lets a
+process that survives a failure restart in place (gemini_trainer.inprocess).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gemini_trainer import Checkpointer
+from gemini_trainer import Checkpointer, run
 
 
 class Block(nn.Module):
@@ -182,4 +183,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(main))  # in-process restarts: main() runs again in this process

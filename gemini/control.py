@@ -68,6 +68,7 @@ import io
 import json
 import logging
 import math
+import os
 import socket
 import threading
 import time
@@ -102,7 +103,7 @@ STOP_PATH = "/stop"  # POST (any object) -> LauncherStatus; the launcher then ex
 LAUNCHER_OPEN_PATHS = frozenset({METRICS_PATH})
 
 RESTORE_SOURCES = ("local", "peer", "s3")
-LAUNCHER_STATES = ("starting", "held", "running", "exited", "stopped")
+LAUNCHER_STATES = ("starting", "held", "running", "parked", "exited", "stopped")
 RESTART_RESULTS = ("restarted", "already")
 FETCH_TARGETS = ("shm", "store")
 TRANSFER_KINDS = ("fetch", "fetch-replicas", "persist", "restore")
@@ -535,6 +536,7 @@ class Inventory:
     # operator's poll needs no second call per pod to the launcher.
     heartbeat: bool = False
     progress: Progress | None = None
+    parked: Parked | None = None  # the trainer failed and waits for an in-process restart
 
     def to_json(self) -> dict[str, Any]:
         doc = {"job": self.job, "rank": self.rank, "world_size": self.world_size,
@@ -545,6 +547,8 @@ class Inventory:
         if self.heartbeat:
             doc["heartbeat"] = True
             doc["progress"] = None if self.progress is None else self.progress.to_json()
+        if self.parked is not None:
+            doc["parked"] = self.parked.to_json()
         return doc
 
     @classmethod
@@ -557,6 +561,7 @@ class Inventory:
             sending=Sending.read(f.obj("sending")), memory=MemoryUse.read(f.obj("memory")),
             placement=Peers.read(f.obj("placement")),
             heartbeat=f.raw("heartbeat") is True, progress=_progress(f),
+            parked=_parked(f),
         )
 
     def complete_versions(self) -> set[int]:
@@ -984,9 +989,12 @@ class LauncherStatus:
     restore: RestoreOrder
     progress: Progress | None
     port: int
+    in_process: int = 0  # restarts a parked process took in place (gemini_trainer.inprocess)
+    error: str | None = None  # while parked: what failed
 
     def to_json(self) -> dict[str, Any]:
         return {"state": self.state, "pid": self.pid, "epoch": self.epoch,
+                "in_process": self.in_process, "error": self.error,
                 "restarts": self.restarts, "exit_code": self.exit_code,
                 "exited_at": self.exited_at, "started_at": self.started_at, "warm": self.warm,
                 "standby": None if self.standby is None else self.standby.to_json(),
@@ -1003,7 +1011,8 @@ class LauncherStatus:
         return cls(state, f.opt_integer("pid"), f.integer("epoch", 0), f.integer("restarts", 0),
                    f.opt_integer("exit_code"), f.opt_number("exited_at"),
                    f.opt_number("started_at"), f.boolean("warm"), _standby(f), _restore(f),
-                   _progress(f), f.integer("port", 0))
+                   _progress(f), f.integer("port", 0), f.integer("in_process", 0),
+                   f.opt_string("error"))
 
 
 def _standby(f: _Fields) -> StandbyState | None:
@@ -1028,6 +1037,50 @@ def read_heartbeat(path: Path) -> Progress | None:
     except (OSError, ValueError):
         return None
     return Progress(step, when, max(0.0, time.time() - when))
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A training process that failed and waits for an in-process restart: written by the
+    launcher next to the heartbeat, so the sidecar's /inventory carries it to the operator."""
+
+    epoch: int
+    error: str
+    unix: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "error": self.error, "unix": self.unix}
+
+    @classmethod
+    def read(cls, f: _Fields) -> Parked:
+        return cls(f.integer("epoch"), f.string("error")[:PARKED_ERROR_CHARS], f.number("unix"))
+
+
+PARKED_ERROR_CHARS = 2000
+
+
+def parked_path(heartbeat: Path) -> Path:
+    return heartbeat.with_name(heartbeat.name + ".parked")
+
+
+def write_parked(path: Path, parked: Parked) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(parked.to_json()))
+    os.replace(tmp, path)
+
+
+def read_parked(path: Path) -> Parked | None:
+    """The parked marker in `path`; None when there is none or it cannot be read."""
+    try:
+        doc = json.loads(path.read_text()[: 4 * PARKED_ERROR_CHARS])
+        return Parked.read(_Fields(doc, str(path)))
+    except (OSError, ValueError):
+        return None
+
+
+def _parked(f: _Fields) -> Parked | None:
+    p = f.opt_obj("parked")
+    return None if p is None else Parked.read(p)
 
 
 def _progress(f: _Fields) -> Progress | None:

@@ -31,6 +31,7 @@ from gemini_operator.failures import (
     describe,
     detect_failures,
     detect_hang,
+    detect_parked,
     log_note,
 )
 from gemini_operator.observed import NodeView, PodView
@@ -88,6 +89,8 @@ class Observed:
     # Ranks whose pod name is still taken by a pod of an earlier job of the same name.
     foreign_ranks: frozenset[int] = frozenset()
     process_exits: Mapping[int, int] = field(default_factory=dict)  # from the launchers
+    # Training processes that failed and wait for an in-process restart (poller.py).
+    parked: Mapping[int, str] = field(default_factory=dict)
     progress: Progress | None = None
     checkpoint: CheckpointStatus | None = None  # from the sidecars (poller.py)
     spares: Mapping[int, SpareView] = field(default_factory=dict)  # by spare index
@@ -387,6 +390,10 @@ def _failures(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft:
     exits = {**trainer_exits(current, draft.status.launch, draft.status.restart_attempt),
              **observed.process_exits}
     failures = detect_failures(current, observed.nodes, spec.num_nodes, expected, exits)
+    if not failures and not draft.is_true(ConditionType.RECOVERING):
+        # Only when nothing else failed: a process parks when a peer's failure broke its
+        # collective too, and that failure is the one to recover from.
+        failures = detect_parked(observed.parked, expected)
     if not failures:
         failures = detect_hang(observed.progress, observed.now,
                                spec.failure_policy.hang_timeout_seconds, sorted(expected))

@@ -84,6 +84,17 @@ def detect_failures(
     return tuple(failures)
 
 
+def detect_parked(parked: Mapping[int, str], expected: frozenset[int]
+                  ) -> tuple[RankFailure, ...]:
+    """Ranks whose training raised and parked for an in-process restart (no process
+    exited, so no container restart shows it), with the end of what they said."""
+    return tuple(
+        RankFailure(rank, FailureKind.SOFTWARE, FailureReason.ERROR, None,
+                    "the training process failed (it waits for an in-process restart)",
+                    log_tail(parked[rank]))
+        for rank in sorted(parked) if rank in expected)
+
+
 def detect_hang(
     progress: Progress | None, now: datetime, hang_timeout_seconds: int, ranks: Sequence[int]
 ) -> tuple[RankFailure, ...]:

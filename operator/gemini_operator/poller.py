@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
@@ -69,6 +69,9 @@ class Findings:
     progress: Progress | None = None
     epoch: int | None = None  # the launch epoch `progress` was seen in
     presumed_lost: frozenset[str] = frozenset()  # nodes whose pods fell silent (silence.py)
+    # Ranks whose training failed in the launch epoch and waits for an in-process restart
+    # (gemini_trainer.inprocess), with what failed.
+    parked: Mapping[int, str] = field(default_factory=dict)
 
 
 def complete_in_memory(inventories: Mapping[int, Mapping[str, Any]], ranks: Sequence[int]
@@ -215,7 +218,9 @@ class CheckpointPoller:
                 checkpoint, recoverable_step=pace.recoverable_step,
                 effective_interval=pace.effective_interval, interval_reason=pace.reason,
                 replication_lag_steps=pace.lag_steps)
-        return Findings(checkpoint, progress, epoch, lost)
+        parked = {r: i.parked.error for r, i in typed.items()
+                  if i.parked is not None and i.parked.epoch == (epoch or 0)}
+        return Findings(checkpoint, progress, epoch, lost, parked)
 
     def _progress(self, pods: Mapping[int, PodView], inventories: Mapping[int, Inventory],
                   token: Bearer, previous: Progress | None) -> Progress | None:

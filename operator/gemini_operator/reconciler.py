@@ -271,6 +271,7 @@ class Reconciler:
             job=job, pods=own, nodes=snap.nodes,
             checkpoint=found.checkpoint if found else None,
             progress=found.progress if found else None,
+            parked=found.parked if found else {},
             foreign_ranks=frozenset(snap.pods) - frozenset(own),
             has_service=self._exists(job, "Service", naming.service_name(job.name)),
             has_secret=self._has_secret(job),

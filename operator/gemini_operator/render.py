@@ -398,6 +398,7 @@ def _trainer_env(job: JobRef, spec: JobSpec, rank: int, config: RenderConfig) ->
         _value("GEMINI_LAUNCHER_HOST", "$(GEMINI_POD_IP)"),
         _value("GEMINI_LAUNCHER_HOLD", 1),
         *([_value("GEMINI_LAUNCHER_STANDBY", 1)] if spec.failure_policy.warm_standby else []),
+        _value("GEMINI_LAUNCHER_IN_PROCESS", int(spec.failure_policy.in_process_restart)),
         # $(VAR) is expanded by the kubelet from the entries above.
         _value("GEMINI_SIDECAR_URL", "http://$(GEMINI_POD_IP):$(GEMINI_SIDECAR_API_PORT)"),
         _value("GEMINI_HEARTBEAT_FILE", heartbeat_path(config)),

@@ -156,6 +156,8 @@ class FailurePolicy:
     spare_nodes: int = 0
     rules: tuple[FailureRule, ...] = ()
     warm_standby: bool = False  # launchers keep a pre-imported interpreter for restarts
+    # Survivors of a failure restart inside their training process (gemini_trainer.run).
+    in_process_restart: bool = True
 
 
 @dataclass(frozen=True)
@@ -369,11 +371,13 @@ def _failure_policy(raw: Mapping[str, Any]) -> FailurePolicy:
         spare_nodes=_int(raw, "spareNodes", "spec.failurePolicy.spareNodes", 0, minimum=0),
         rules=tuple(_rule(item, i) for i, item in enumerate(raw.get("rules") or ())),
         warm_standby=_flag(raw, "warmStandby", "spec.failurePolicy.warmStandby"),
+        in_process_restart=_flag(raw, "inProcessRestart", "spec.failurePolicy.inProcessRestart",
+                                 default=True),
     )
 
 
-def _flag(raw: Mapping[str, Any], key: str, path: str) -> bool:
-    value = raw.get(key, False)
+def _flag(raw: Mapping[str, Any], key: str, path: str, default: bool = False) -> bool:
+    value = raw.get(key, default)
     if not isinstance(value, bool):
         raise SpecError(path, f"must be true or false, got {value!r}")
     return value

@@ -45,7 +45,9 @@ from gemini.control import (
     RestoreRequest,
     Sending,
     TransferRunning,
+    parked_path,
     read_heartbeat,
+    read_parked,
 )
 from gemini.domain.traffic import IterationTimeline
 from gemini_sidecar.app import Sidecar
@@ -166,6 +168,7 @@ def inventory_of(sidecar: Sidecar) -> Inventory:
         for info in sidecar.local.slot_info()
         if info.version >= 0
     )
+    beat = sidecar.cfg.heartbeat_file
     return Inventory(
         job=sidecar.cfg.job, rank=sidecar.cfg.rank, world_size=sidecar.cfg.world_size,
         local=local,
@@ -174,9 +177,9 @@ def inventory_of(sidecar: Sidecar) -> Inventory:
         sending=_sending(sidecar),
         memory=MemoryUse(sidecar.store.used_bytes, sidecar.cfg.memory_budget_bytes),
         placement=_peers_of(sidecar.placement),
-        heartbeat=sidecar.cfg.heartbeat_file is not None,
-        progress=(None if sidecar.cfg.heartbeat_file is None
-                  else read_heartbeat(sidecar.cfg.heartbeat_file)),
+        heartbeat=beat is not None,
+        progress=None if beat is None else read_heartbeat(beat),
+        parked=None if beat is None else read_parked(parked_path(beat)),
     )
 
 

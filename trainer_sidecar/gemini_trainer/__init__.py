@@ -10,11 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gemini_trainer.checkpointer import Checkpointer, RestoreError, RestoreInstruction
+    from gemini_trainer.inprocess import run
 
-__all__ = ["Checkpointer", "RestoreError", "RestoreInstruction"]
+__all__ = ["Checkpointer", "RestoreError", "RestoreInstruction", "run"]
 
 
 def __getattr__(name: str) -> Any:
+    if name == "run":  # no torch needed
+        from gemini_trainer import inprocess
+
+        return inprocess.run
     if name in __all__:
         from gemini_trainer import checkpointer
 

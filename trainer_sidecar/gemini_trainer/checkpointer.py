@@ -36,6 +36,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -222,6 +223,7 @@ class Checkpointer:
         self._restored_seq = 0  # a restored version is on every holder by construction
         self._agreement: Any = None  # the gloo process group of the write decision
         self._device: DeviceCopier | None = None  # CUDA state: copies off the critical path
+        _live.add(self)
 
     def _make_recorder(self) -> CommRecorder | None:
         cfg = self.config
@@ -440,6 +442,9 @@ class Checkpointer:
         self._wait_pending()
 
     def close(self) -> None:
+        if self not in _live:
+            return  # closed already
+        _live.discard(self)
         self.flush()
         self._pool.shutdown(wait=True)
         if self._device is not None:
@@ -568,6 +573,20 @@ class Checkpointer:
                 f"version {info.version} in {self.path} was written by (kind, rank, world size)"
                 f" {got}, this trainer is {want}: the launcher pointed at the wrong shard"
             )
+
+
+_live: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
+
+
+def close_all() -> None:
+    """Close every Checkpointer of this process (an in-process restart drops a failed
+    attempt's; their slots' write locks would refuse the next attempt's)."""
+    for ckpt in list(_live):
+        try:
+            ckpt.close()
+        except Exception as err:  # noqa: BLE001 - the next attempt opens its own
+            log.warning("closing a checkpointer of the failed attempt: %s", err)
+            _live.discard(ckpt)
 
 
 def check_budget(config: CheckpointerConfig, capacity: int) -> None:

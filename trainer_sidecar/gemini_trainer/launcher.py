@@ -82,9 +82,10 @@ from pathlib import Path
 from typing import Any
 
 from gemini import control
-from gemini_trainer import launcher_metrics
+from gemini_trainer import launcher_metrics, resume_link
 from gemini_trainer import standby as warm
 from gemini_trainer.local_group import LocalGroup, local_env, local_world_size, relay_output
+from gemini_trainer.resume_link import LinkServer
 from gemini_trainer.standby import PythonCommand, Standby
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,9 @@ class LauncherConfig:
     standby: bool = False  # keep a warm standby interpreter for python commands
     preimport: tuple[str, ...] = warm.DEFAULT_PREIMPORT  # what the standby imports
     insecure_local: bool = False  # allow no or a short token, on a loopback address only
+    in_process: bool = True  # offer in-process restarts (gemini_trainer.run) to the child
+    park_grace_s: float = 3.0  # a running child asked to park (SIGUSR1) gets this long
+    park_timeout_s: float = 60.0  # a parked child no restart reached by then is ended
 
     @classmethod
     def from_env(
@@ -175,6 +179,9 @@ class LauncherConfig:
             "preimport": warm.preimport_list(env),
             "insecure_local": env.get("GEMINI_LAUNCHER_INSECURE_LOCAL", "") in (
                 "1", "true", "yes"),
+            "in_process": resume_link.enabled(env),
+            "park_grace_s": float(env.get("GEMINI_LAUNCHER_PARK_GRACE_S", "3")),
+            "park_timeout_s": float(env.get("GEMINI_LAUNCHER_PARK_TIMEOUT_S", "60")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -200,6 +207,8 @@ class Launcher:
             self._base_env.get("GEMINI_RESTORE_SOURCE") or "local",
         )
         self._restarts = 0
+        self._in_process = 0  # restarts answered by a parked process (no new process)
+        self._parked_error = ""
         self._state = "starting"
         self._exit_code: int | None = None
         self._exited_at: float | None = None
@@ -217,6 +226,12 @@ class Launcher:
         self._warm = False
         # next to the heartbeat: on the pod's memory volume, it outlives a container restart
         self._modules_file = self.heartbeat_file.parent / warm.MODULES_FILE
+        self.parked_file = control.parked_path(self.heartbeat_file)
+        self._link: LinkServer | None = None
+        if config.in_process and self._local_world == 1:
+            self._link = LinkServer(Path(self._tmp.name) / "inprocess.sock", self._on_parked)
+        elif config.in_process:
+            log.info("no in-process restarts with %d processes per node", self._local_world)
         self.metrics = launcher_metrics.make_registry(
             self.status, self._base_env.get("GEMINI_JOB", ""),
             self._base_env.get("GEMINI_RANK") or self._base_env.get("RANK", ""))
@@ -252,6 +267,9 @@ class Launcher:
         self._server.server_close()
         with self._lock:
             self._discard_standby()
+        if self._link is not None:
+            self._link.close()
+        self.parked_file.unlink(missing_ok=True)
         self._tmp.cleanup()
         with self._lock:
             return self._final_code()
@@ -265,11 +283,14 @@ class Launcher:
         env = {**self._base_env, **extra_env}
         env["GEMINI_RESTART_EPOCH"] = str(self._epoch)
         env["GEMINI_HEARTBEAT_FILE"] = str(self.heartbeat_file)
+        if self._link is not None:
+            env[resume_link.SOCKET_ENV] = str(self._link.path)
         return env
 
     def _start_child(self, extra_env: Mapping[str, str]) -> None:
         env = self._child_env(extra_env)
         self.heartbeat_file.unlink(missing_ok=True)
+        self.parked_file.unlink(missing_ok=True)
         proc: Child | None = self._from_standby(env)
         self._warm = proc is not None
         if proc is None:
@@ -377,6 +398,9 @@ class Launcher:
                     HTTPStatus.CONFLICT,
                 )
             old = self._proc
+        if old is not None and self._resume_in_place(old, req):
+            return control.RestartAnswer("restarted", self.status_answer())
+        with self._lock:
             self._proc = None  # the watcher of the old child now ignores its exit
         if old is not None:
             self._terminate(old)
@@ -388,6 +412,69 @@ class Launcher:
             self._restore = control.RestoreOrder(req.version, req.source)
             self._start_child(req.env())
             return control.RestartAnswer("restarted", self.status_answer())
+
+    # -- in-process restarts (gemini_trainer.inprocess) ------------------------------------
+
+    def _on_parked(self, pid: int, error: str) -> None:
+        """A child's training failed and it waits on its line for the next epoch."""
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.pid != pid or self._state != "running":
+                return
+            self._state, self._parked_error = "parked", error
+            self._exited_at = time.time()
+            epoch = self._epoch
+            log.info("training process %d failed and parked for an in-process restart "
+                     "(epoch %d): %s", pid, epoch, error.strip().splitlines()[-1:] or "")
+            control.write_parked(self.parked_file, control.Parked(epoch, error, time.time()))
+            self._publish()
+            self._changed.notify_all()
+        timer = threading.Timer(self.config.park_timeout_s, self._end_parked, (proc, epoch))
+        timer.daemon = True
+        timer.start()
+
+    def _end_parked(self, proc: Child, epoch: int) -> None:
+        """No restart reached a parked child in time (no operator, or it gave up on this
+        epoch): end it, so the failure shows the usual way (an exit, a container restart)."""
+        with self._lock:
+            if proc is not self._proc or self._state != "parked" or self._epoch != epoch:
+                return
+        log.warning("no restart reached the parked training process %d in %.0f s; ending it",
+                    proc.pid, self.config.park_timeout_s)
+        self._terminate(proc)
+
+    def _resume_in_place(self, proc: Child, req: RestartRequest) -> bool:
+        """Hand the new epoch to the running child when it can take it (it parks, or parks
+        when asked with SIGUSR1 within the grace period); False: start a fresh one."""
+        link = self._link
+        if link is None or isinstance(proc, LocalGroup) or not link.has(proc.pid):
+            return False
+        with self._lock:
+            if self._state == "running":
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGUSR1)
+                self._changed.wait_for(lambda: self._state != "running" or not link.has(
+                    proc.pid), self.config.park_grace_s)
+            if self._state != "parked" or proc is not self._proc or self._stopping:
+                log.info("training process %d did not park in %.1f s; restarting it",
+                         proc.pid, self.config.park_grace_s)
+                return False
+            previous, self._epoch = self._epoch, req.epoch
+            env = self._child_env(req.env())
+            if not link.order(proc.pid, req.epoch, env):
+                self._epoch = previous
+                return False
+            self.heartbeat_file.unlink(missing_ok=True)
+            self._restarts += 1
+            self._in_process += 1
+            self._restore = control.RestoreOrder(req.version, req.source)
+            self._state, self._parked_error = "running", ""
+            self._exit_code, self._exited_at = None, None
+            self._started_at = time.time()
+            self.parked_file.unlink(missing_ok=True)
+            log.info("restarted training process %d in place (epoch %d)", proc.pid, req.epoch)
+            self._publish()
+            return True
 
     def stop(self) -> control.LauncherStatus:
         with self._lock:
@@ -430,6 +517,7 @@ class Launcher:
                 standby=None if standby is None else control.StandbyState(
                     standby.proc.pid, standby.ready()),
                 restore=self._restore, progress=self.heartbeat(), port=self.port,
+                in_process=self._in_process, error=self._parked_error or None,
             )
 
     def progress(self) -> dict[str, float | int] | None:

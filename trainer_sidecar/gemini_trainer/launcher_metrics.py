@@ -43,6 +43,9 @@ def gauge_values(s: Mapping[str, Any]) -> dict[str, tuple[str, float]]:
                                   int(s.get("epoch") or 0)),
         "gemini_launcher_training_running": ("1 while the training process runs",
                                              int(s.get("state") == "running")),
+        "gemini_launcher_training_parked": (
+            "1 while the training process failed and waits for an in-process restart",
+            int(s.get("state") == "parked")),
         "gemini_launcher_last_exit_code": (
             "exit code of the last training process (NaN: none exited)",
             _or_nan(s.get("exit_code"))),
@@ -71,6 +74,11 @@ class LauncherCollector(Collector):
             labels=LABELS)
         restarts.add_metric(self._labels, int(s.get("restarts") or 0))
         yield restarts
+        in_process = CounterMetricFamily(
+            "gemini_launcher_in_process_restarts",
+            "restarts a parked training process took in place (no new process)", labels=LABELS)
+        in_process.add_metric(self._labels, int(s.get("in_process") or 0))
+        yield in_process
         for name, (doc, value) in gauge_values(s).items():
             family = GaugeMetricFamily(name, doc, labels=LABELS)
             family.add_metric(self._labels, value)

@@ -1,0 +1,146 @@
+"""In-process restarts: a training process run through gemini_trainer.run that fails parks on
+its line to the launcher, and the next /restart reaches it in place (same pid), with the new
+epoch's environment; a process that cannot park is restarted the usual way."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gemini import control
+from gemini_trainer.launcher import Launcher, LauncherConfig
+from tests.integration.trainer.test_launcher import TOKEN, Running, alive
+
+pytestmark = pytest.mark.integration
+
+# main() appends "<pid> <epoch> <version> <calls>" to argv[1], then, on the first call of all
+# processes: "raise", "loop" (sleep in Python until SIGUSR1), "stuck" (SIGUSR1 blocked, as in
+# a collective that never returns); "ok" (return 0) on later calls.
+CHILD = """
+import os, signal, sys, time
+from gemini_trainer import run
+calls = 0
+def main():
+    global calls
+    calls += 1
+    e = os.environ
+    first = not os.path.exists(sys.argv[1])
+    with open(sys.argv[1], 'a') as f:
+        f.write(f"{os.getpid()} {e['GEMINI_RESTART_EPOCH']} "
+                f"{e.get('GEMINI_RESTORE_VERSION', '-')} {calls}\\n")
+    mode = sys.argv[2] if first else 'ok'
+    if mode == 'raise':
+        raise RuntimeError('Connection closed by peer [10.0.0.2]:29500')
+    if mode == 'loop':
+        while True:
+            time.sleep(0.05)
+    if mode == 'stuck':
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        time.sleep(120)
+    return 0
+sys.exit(run(main))
+"""
+
+
+@pytest.fixture()
+def start(tmp_path: Path) -> Iterator[Any]:
+    started: list[Running] = []
+
+    def _start(mode: str, **config: Any) -> Running:
+        heartbeat = tmp_path / "hb" / "heartbeat"
+        heartbeat.parent.mkdir(exist_ok=True)
+        launcher = Launcher(LauncherConfig(
+            command=(sys.executable, "-c", CHILD, str(tmp_path / "calls"), mode),
+            port=0, token=TOKEN, grace_s=2.0, heartbeat_file=heartbeat,
+            status_file=tmp_path / "status.json", **config),
+            env={**os.environ, "GEMINI_RESTART_EPOCH": "1"})
+        running = Running(launcher)
+        started.append(running)
+        return running
+
+    yield _start
+    for running in started:
+        if running.thread.is_alive():
+            running.launcher.stop()
+            running.launcher.finish()
+            running.thread.join(10)
+
+
+def calls(tmp_path: Path) -> list[list[str]]:
+    path = tmp_path / "calls"
+    return [line.split() for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def restart(running: Running, epoch: int) -> dict[str, Any]:
+    code, body = running.call("POST", "/restart", {"epoch": epoch, "version": 7,
+                                                   "source": "local",
+                                                   "env": {"MASTER_PORT": "31234"}})
+    assert code == 200, body
+    return body
+
+
+def test_a_failed_process_parks_and_the_next_restart_runs_main_again_in_it(
+        start: Any, tmp_path: Path) -> None:
+    running = start("raise")
+    parked = running.until(lambda s: s["state"] == "parked")
+    pid = parked["pid"]
+    assert "Connection closed by peer" in parked["error"] and parked["exit_code"] is None
+    marker = control.read_parked(control.parked_path(running.launcher.heartbeat_file))
+    assert marker is not None and marker.epoch == 1 and "Connection closed" in marker.error
+    assert json.loads((tmp_path / "status.json").read_text())["state"] == "parked"
+
+    body = restart(running, 2)
+    assert body["result"] == "restarted" and body["pid"] == pid and body["in_process"] == 1
+    running.thread.join(20)
+    assert running.code == 0, "main() succeeded on its second call: training is done"
+    assert calls(tmp_path) == [[str(pid), "1", "-", "1"], [str(pid), "2", "7", "2"]]
+    assert not control.parked_path(running.launcher.heartbeat_file).exists()
+
+
+def test_a_running_process_is_asked_to_park_with_sigusr1(start: Any, tmp_path: Path) -> None:
+    running = start("loop")
+    first = running.until(lambda s: s["state"] == "running" and len(calls(tmp_path)) == 1)
+    time.sleep(0.3)  # connected to the launcher
+    body = restart(running, 2)
+    assert body["pid"] == first["pid"] and body["in_process"] == 1
+    running.thread.join(20)
+    assert running.code == 0
+    assert [c[:3] for c in calls(tmp_path)] == [[str(first["pid"]), "1", "-"],
+                                                [str(first["pid"]), "2", "7"]]
+
+
+def test_a_process_that_cannot_park_is_replaced_after_the_grace_period(
+        start: Any, tmp_path: Path) -> None:
+    running = start("stuck", park_grace_s=0.5)
+    first = running.until(lambda s: s["state"] == "running" and len(calls(tmp_path)) == 1)
+    time.sleep(0.3)
+    body = restart(running, 2)
+    assert body["pid"] != first["pid"] and body["in_process"] == 0
+    assert not alive(first["pid"])
+    running.thread.join(30)
+    assert running.code == 0
+    assert calls(tmp_path)[1][1:] == ["2", "7", "1"], "a fresh process: main()'s first call"
+
+
+def test_a_parked_process_no_restart_reaches_is_ended(start: Any, tmp_path: Path) -> None:
+    running = start("raise", park_timeout_s=1.0, exit_on_failure=True)
+    parked = running.until(lambda s: s["state"] == "parked")
+    running.thread.join(15)
+    assert running.code == -signal.SIGTERM, "the launcher exits so the container restarts"
+    assert not alive(parked["pid"])
+
+
+def test_in_process_restarts_can_be_turned_off(start: Any, tmp_path: Path) -> None:
+    running = start("raise", in_process=False)
+    exited = running.until(lambda s: s["state"] == "exited")
+    assert exited["exit_code"] == 1, "without the launcher's line run() is main()"
+    body = restart(running, 2)
+    assert body["pid"] != exited["pid"] and body["in_process"] == 0
