@@ -584,7 +584,7 @@ def close_all() -> None:
     for ckpt in list(_live):
         try:
             ckpt.close()
-        except Exception as err:  # noqa: BLE001 - the next attempt opens its own
+        except Exception as err:  # the next attempt opens its own
             log.warning("closing a checkpointer of the failed attempt: %s", err)
             _live.discard(ckpt)
 

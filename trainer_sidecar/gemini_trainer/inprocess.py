@@ -99,7 +99,7 @@ def _attempt(main: MainFunction) -> str | None:
         code = main()
     except SystemExit as stop:
         code = stop.code
-    except Exception:  # noqa: BLE001 - any failure of the user's code parks the process
+    except Exception:  # any failure of the user's code parks the process
         return traceback.format_exc()
     finally:
         _armed.clear()
@@ -126,9 +126,9 @@ def teardown() -> None:
     if dist is not None and dist.is_available() and dist.is_initialized():
         try:
             dist.destroy_process_group()
-        except Exception as err:  # noqa: BLE001 - a broken group may fail to say goodbye
+        except Exception as err:  # a broken group may fail to say goodbye
             _say(f"destroying the old process group: {err}")
-    comm = sys.modules.get("deepspeed.comm.comm")
+    comm: Any = sys.modules.get("deepspeed.comm.comm")
     if comm is not None:
         comm.cdb = None  # init_distributed then builds a backend on the new group
     for name in _GROUP_CACHES:

@@ -22,7 +22,6 @@ import pytest
 from gemini_trainer.launcher import Launcher, LauncherConfig
 from tests.fixtures.trainers import (
     EXAMPLE,
-
     STEP_LINE,
     SharedReferences,
     free_port,
