@@ -994,13 +994,12 @@ class LauncherStatus:
 
     def to_json(self) -> dict[str, Any]:
         return {"state": self.state, "pid": self.pid, "epoch": self.epoch,
-                "in_process": self.in_process, "error": self.error,
                 "restarts": self.restarts, "exit_code": self.exit_code,
                 "exited_at": self.exited_at, "started_at": self.started_at, "warm": self.warm,
                 "standby": None if self.standby is None else self.standby.to_json(),
                 "restore": self.restore.to_json(),
                 "progress": None if self.progress is None else self.progress.to_json(),
-                "port": self.port}
+                "port": self.port, "in_process": self.in_process, "error": self.error}
 
     @classmethod
     def from_json(cls, doc: object, where: str = "/status answer") -> LauncherStatus:

@@ -25,6 +25,7 @@ from gemini.control import (
     LauncherStatus,
     LocalCopy,
     MemoryUse,
+    Parked,
     NotifyAnswer,
     NotifyRequest,
     Peers,
@@ -78,6 +79,7 @@ EXAMPLES: list[Any] = [
     INVENTORY,
     dataclasses.replace(INVENTORY, heartbeat=True, progress=Progress(12, 1764600000.5, 0.25)),
     dataclasses.replace(INVENTORY, heartbeat=True),  # no step yet
+    dataclasses.replace(INVENTORY, heartbeat=True, parked=Parked(3, "RuntimeError: gloo", 1.5)),
     ProfileRequest((ProfileIteration(0.5, ((0.0, 0.125), (0.25, 0.375))),
                     ProfileIteration(0.25, ()))),
     ProfileAnswer(2),
@@ -107,6 +109,7 @@ EXAMPLES: list[Any] = [
     RestartRequest(1),
     STATUS,
     IDLE,
+    dataclasses.replace(STATUS, state="parked", in_process=2, error="RuntimeError: gloo"),
     RestartAnswer("restarted", STATUS),
     RestartAnswer("already", IDLE),
 ]
@@ -153,7 +156,7 @@ def test_answers_keep_their_field_order() -> None:
                                          "sending", "memory", "placement"]
     assert list(STATUS.to_json()) == ["state", "pid", "epoch", "restarts", "exit_code",
                                       "exited_at", "started_at", "warm", "standby", "restore",
-                                      "progress", "port"]
+                                      "progress", "port", "in_process", "error"]
     assert list(RestartAnswer("already", STATUS).to_json())[:2] == ["result", "state"]
     assert ReplicaFetch(3, error="gone").to_json() == {"rank": 3, "error": "gone"}
 

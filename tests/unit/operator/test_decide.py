@@ -44,13 +44,14 @@ class Harness:
         self.now = NOW
         self.pending: frozenset[int] = frozenset()
         self.exits: dict[int, int] = {}
+        self.parked: dict[int, str] = {}
 
     def step(self):
         observed = Observed(
             job=JobView.from_object(self.job), pods=dict(self.pods), nodes=self.nodes,
             has_service=self.has_children, has_secret=self.has_children, now=self.now,
             has_network_policy=self.has_children,
-            pending_creates=self.pending, process_exits=self.exits,
+            pending_creates=self.pending, process_exits=self.exits, parked=self.parked,
             progress=getattr(self, "progress", None),
         )
         decision = decide(observed, CONFIG)
@@ -194,6 +195,31 @@ def test_a_software_failure_restarts_in_place():
     h.exits = {1: 1}
     (recover,) = _of(h.step(), Recover)
     assert recover.kind is FailureKind.SOFTWARE
+
+
+def test_a_parked_training_process_is_a_software_failure_with_its_error():
+    h = Harness()
+    h.step()
+    h.run_pods()
+    h.step()
+    h.parked = {0: "Traceback ...\nValueError: loss is NaN", 2: "RuntimeError: gloo closed"}
+    (recover,) = _of(h.step(), Recover)
+    assert recover.kind is FailureKind.SOFTWARE and [f.rank for f in recover.failures] == [0, 2]
+    assert "waits for an in-process restart" in recover.failures[0].detail
+    assert recover.failures[0].log_tail.endswith("ValueError: loss is NaN")
+    assert h.status()["restarts"] == 1
+    d = h.step()  # still parked until the recovery's restart reaches them: not counted again
+    assert _of(d, Recover) and h.status()["restarts"] == 1
+
+
+def test_ranks_parked_by_another_ranks_failure_are_not_failures_of_their_own():
+    h = Harness()
+    h.step()
+    h.run_pods()
+    h.step()
+    h.exits, h.parked = {1: 137}, {0: "RuntimeError: Connection closed by peer"}
+    (recover,) = _of(h.step(), Recover)
+    assert [f.rank for f in recover.failures] == [1]
 
 
 def test_a_lost_node_is_a_hardware_failure_of_its_rank():

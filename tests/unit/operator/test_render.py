@@ -148,3 +148,13 @@ def test_the_warm_standby_is_asked_of_the_launcher_only_when_the_policy_says_so(
     assert "GEMINI_LAUNCHER_STANDBY" not in trainer_env(make_job())
     assert trainer_env(make_job().set("failurePolicy.warmStandby", True))[
         "GEMINI_LAUNCHER_STANDBY"] == "1"
+
+
+def test_in_process_restarts_are_on_unless_the_policy_turns_them_off():
+    def trainer_env(builder):
+        trainer = next(c for c in _pod(builder)["spec"]["containers"] if c["name"] == "trainer")
+        return _env(trainer)
+
+    assert trainer_env(make_job())["GEMINI_LAUNCHER_IN_PROCESS"] == "1"
+    assert trainer_env(make_job().set("failurePolicy.inProcessRestart", False))[
+        "GEMINI_LAUNCHER_IN_PROCESS"] == "0"

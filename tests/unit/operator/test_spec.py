@@ -155,3 +155,12 @@ def test_warm_standby_defaults_off_and_must_be_a_boolean():
     with pytest.raises(SpecError) as info:
         parse_spec(make_job().set("failurePolicy.warmStandby", "yes").spec(), "img")
     assert str(info.value) == "spec.failurePolicy.warmStandby: must be true or false, got 'yes'"
+
+
+def test_in_process_restart_defaults_on_and_must_be_a_boolean():
+    assert parse_spec(make_job().spec(), "img").failure_policy.in_process_restart is True
+    off = make_job().set("failurePolicy.inProcessRestart", False).spec()
+    assert parse_spec(off, "img").failure_policy.in_process_restart is False
+    with pytest.raises(SpecError) as info:
+        parse_spec(make_job().set("failurePolicy.inProcessRestart", 1).spec(), "img")
+    assert "spec.failurePolicy.inProcessRestart: must be true or false" in str(info.value)
