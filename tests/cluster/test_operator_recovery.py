@@ -119,12 +119,26 @@ def test_a_killed_trainer_is_restarted_in_place_from_local_memory(
     assert job["status"]["state"] == "Succeeded", job["status"]
     assert job["status"]["restarts"] > before["restarts"]
     assert {p.metadata.name: p.metadata.uid for p in jobs.pods("soft")} == uids
+    # The survivor restarted inside its training process (gemini_trainer.run): no container
+    # restart, its own log says so, and it went on from the restored step + 1.
+    assert trainer_restarts({p.metadata.name: p for p in jobs.pods("soft")}["soft-worker-0"]) == 0
+    text = "\n".join(log_texts(state, job_namespace, "soft-worker-0"))
+    at = text.find(f"gemini: in-process restart: epoch {last['epoch']} ")
+    assert at >= 0, f"rank 0 did not restart in process:\n{text[-3000:]}"
+    resumed = re.search(r"^restored step (\d+) .*\n(?:.*\n)*?step (\d+) loss", text[at:], re.M)
+    assert resumed and int(resumed.group(1)) == int(last["restoredStep"])
+    assert int(resumed.group(2)) == int(last["restoredStep"]) + 1
     got, conflicts = losses(state, job_namespace, "soft-worker-0")
     assert not conflicts
     assert got == reference
     reasons = {e.reason for e in jobs.events("soft")}
     assert {"TrainingStarted", "RecoveryNeeded", "RecoveryFinished"} <= reasons
     jobs.delete("soft")
+
+
+def trainer_restarts(pod: Any) -> int:
+    return sum(c.restart_count for c in (pod.status.container_statuses or ())
+               if c.name == "trainer")
 
 
 def _recovered_after(jobs: Jobs, name: str, before: dict[str, Any]) -> Any:
