@@ -1040,19 +1040,26 @@ def read_heartbeat(path: Path) -> Progress | None:
 
 @dataclass(frozen=True)
 class Parked:
-    """A training process that failed and waits for an in-process restart: written by the
-    launcher next to the heartbeat, so the sidecar's /inventory carries it to the operator."""
+    """An epoch whose training failed while its launcher stays up for the operator's next
+    restart: written by the launcher next to the heartbeat, so the sidecar's /inventory
+    carries it to the operator (no container restart shows it). ``exit_code`` None: the
+    process is alive and waits for an in-process restart; else it exited with that code."""
 
     epoch: int
     error: str
     unix: float
+    exit_code: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "error": self.error, "unix": self.unix}
+        doc: dict[str, Any] = {"epoch": self.epoch, "error": self.error, "unix": self.unix}
+        if self.exit_code is not None:
+            doc["exit_code"] = self.exit_code
+        return doc
 
     @classmethod
     def read(cls, f: _Fields) -> Parked:
-        return cls(f.integer("epoch"), f.string("error")[:PARKED_ERROR_CHARS], f.number("unix"))
+        return cls(f.integer("epoch"), f.string("error")[:PARKED_ERROR_CHARS], f.number("unix"),
+                   f.opt_integer("exit_code"))
 
 
 PARKED_ERROR_CHARS = 2000

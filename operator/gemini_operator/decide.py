@@ -89,7 +89,8 @@ class Observed:
     # Ranks whose pod name is still taken by a pod of an earlier job of the same name.
     foreign_ranks: frozenset[int] = frozenset()
     process_exits: Mapping[int, int] = field(default_factory=dict)  # from the launchers
-    # Training processes that failed and wait for an in-process restart (poller.py).
+    # Ranks whose training failed while their launcher stays up (poller.py), with the
+    # launcher's words; those also in process_exits exited, the others are parked alive.
     parked: Mapping[int, str] = field(default_factory=dict)
     progress: Progress | None = None
     checkpoint: CheckpointStatus | None = None  # from the sidecars (poller.py)
@@ -389,11 +390,13 @@ def _failures(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft:
     )
     exits = {**trainer_exits(current, draft.status.launch, draft.status.restart_attempt),
              **observed.process_exits}
-    failures = detect_failures(current, observed.nodes, spec.num_nodes, expected, exits)
+    failures = detect_failures(current, observed.nodes, spec.num_nodes, expected, exits,
+                               observed.parked)
     if not failures and not draft.is_true(ConditionType.RECOVERING):
         # Only when nothing else failed: a process parks when a peer's failure broke its
         # collective too, and that failure is the one to recover from.
-        failures = detect_parked(observed.parked, expected)
+        failures = detect_parked({r: e for r, e in observed.parked.items() if r not in exits},
+                                 expected)
     if not failures:
         failures = detect_hang(observed.progress, observed.now,
                                spec.failure_policy.hang_timeout_seconds, sorted(expected))

@@ -72,13 +72,16 @@ def detect_failures(
     num_nodes: int,
     expected: frozenset[int],
     process_exits: Mapping[int, int] | None = None,
+    last_words: Mapping[int, str] | None = None,
 ) -> tuple[RankFailure, ...]:
-    """Failed ranks among `expected` (the ranks that should have a live pod now)."""
+    """Failed ranks among `expected` (the ranks that should have a live pod now);
+    `last_words`: what a launcher that outlived its process said about it."""
     failures = []
     for rank in sorted(expected):
         if rank >= num_nodes:
             continue
-        failure = _rank_failure(rank, pods.get(rank), nodes, (process_exits or {}).get(rank))
+        failure = _rank_failure(rank, pods.get(rank), nodes, (process_exits or {}).get(rank),
+                                (last_words or {}).get(rank))
         if failure is not None:
             failures.append(failure)
     return tuple(failures)
@@ -108,6 +111,7 @@ def detect_hang(
 
 def _rank_failure(
     rank: int, pod: PodView | None, nodes: Mapping[str, NodeView], process_exit: int | None,
+    words: str | None = None,
 ) -> RankFailure | None:
     hardware = FailureKind.HARDWARE
     if pod is None:
@@ -129,7 +133,7 @@ def _rank_failure(
         last = pod.trainer_last_exit
         return RankFailure(rank, FailureKind.SOFTWARE, FailureReason.ERROR, process_exit,
                            f"the training process exited with code {process_exit}",
-                           log_tail(last.message if last else ""))
+                           log_tail(words or (last.message if last else "")))
     return None
 
 

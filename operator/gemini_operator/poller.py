@@ -69,9 +69,11 @@ class Findings:
     progress: Progress | None = None
     epoch: int | None = None  # the launch epoch `progress` was seen in
     presumed_lost: frozenset[str] = frozenset()  # nodes whose pods fell silent (silence.py)
-    # Ranks whose training failed in the launch epoch and waits for an in-process restart
-    # (gemini_trainer.inprocess), with what failed.
+    # Ranks whose training failed in the launch epoch while their launcher stays up for the
+    # next (gemini_trainer.inprocess), with what failed (the launcher's words); `exits`: those
+    # whose process exited, with its code (the others are alive, parked).
     parked: Mapping[int, str] = field(default_factory=dict)
+    exits: Mapping[int, int] = field(default_factory=dict)
 
 
 def complete_in_memory(inventories: Mapping[int, Mapping[str, Any]], ranks: Sequence[int]
@@ -218,9 +220,12 @@ class CheckpointPoller:
                 checkpoint, recoverable_step=pace.recoverable_step,
                 effective_interval=pace.effective_interval, interval_reason=pace.reason,
                 replication_lag_steps=pace.lag_steps)
-        parked = {r: i.parked.error for r, i in typed.items()
-                  if i.parked is not None and i.parked.epoch == (epoch or 0)}
-        return Findings(checkpoint, progress, epoch, lost, parked)
+        down = {r: i.parked for r, i in typed.items()
+                if i.parked is not None and i.parked.epoch == (epoch or 0)}
+        return Findings(checkpoint, progress, epoch, lost,
+                        parked={r: p.error for r, p in down.items()},
+                        exits={r: p.exit_code or 1 for r, p in down.items()
+                               if p.exit_code is not None})
 
     def _progress(self, pods: Mapping[int, PodView], inventories: Mapping[int, Inventory],
                   token: Bearer, previous: Progress | None) -> Progress | None:

@@ -272,6 +272,7 @@ class Reconciler:
             checkpoint=found.checkpoint if found else None,
             progress=found.progress if found else None,
             parked=found.parked if found else {},
+            process_exits=found.exits if found else {},
             foreign_ranks=frozenset(snap.pods) - frozenset(own),
             has_service=self._exists(job, "Service", naming.service_name(job.name)),
             has_secret=self._has_secret(job),

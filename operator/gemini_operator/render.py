@@ -47,7 +47,7 @@ class RenderConfig:
     rendezvous_port: int = 29500
     shm_mount_path: str = "/gemini/shm"
     cluster_domain: str = "cluster.local"
-    launcher_command: tuple[str, ...] = ("gemini", "launch", "--exit-on-failure", "--")
+    launcher_command: tuple[str, ...] = ("gemini", "launch", "--")
     sidecar_command: tuple[str, ...] = ("gemini", "sidecar")
     # Workers outrank the spare placeholders, so a replacement preempts one (spares.py);
     # "" leaves the field out (the cluster's default priority).
@@ -106,9 +106,10 @@ def worker_pod(
             "ownerReferences": [owner_reference(job)],
         },
         "spec": {
-            # The launcher exits when training fails (--exit-on-failure) and the node restarts
-            # the container in place: the operator sees it in the pod watch, the pod (and the
-            # sidecar's memory) stays. A launcher that exits 0 (training done) is not restarted.
+            # The launcher outlives a failed training process (in-process restarts), or exits
+            # (--exit-on-failure) and the node restarts the container in place; either way the
+            # pod (and the sidecar's memory) stays. A launcher that exits 0 (training done) is
+            # not restarted.
             "restartPolicy": "OnFailure",
             "hostname": name,
             "subdomain": naming.service_name(job.name),
@@ -295,13 +296,25 @@ def one_pod_per_node(job: str) -> dict[str, Any]:
     }
 
 
+def _launcher_command(spec: JobSpec, config: RenderConfig) -> list[str]:
+    """With in-process restarts the launcher outlives a failed training process and tells
+    the operator through the sidecar (no container restart, no kubelet back-off); without,
+    it exits (--exit-on-failure) and the node restarts the container, which the pod watch
+    sees at once."""
+    command = list(config.launcher_command)
+    if not spec.failure_policy.in_process_restart and "--exit-on-failure" not in command:
+        command.insert(command.index("--") if "--" in command else len(command),
+                       "--exit-on-failure")
+    return command
+
+
 def _trainer(job: JobRef, spec: JobSpec, rank: int, config: RenderConfig) -> Manifest:
     template = spec.template
     container: Manifest = {
         "name": naming.TRAINER_CONTAINER,
         "image": template.image,
         "imagePullPolicy": template.image_pull_policy,
-        "command": [*config.launcher_command, *template.command],
+        "command": [*_launcher_command(spec, config), *template.command],
         "args": list(template.args),
         "env": _trainer_env(job, spec, rank, config) + [e.to_manifest() for e in template.env],
         "ports": [

@@ -71,9 +71,11 @@ import queue
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http import HTTPStatus
@@ -91,6 +93,7 @@ from gemini_trainer.standby import PythonCommand, Standby
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
+TAIL_LINES = 20  # of a child's output, for the message of its failure
 SOURCES = control.RESTORE_SOURCES
 MAX_ENV = control.MAX_RESTART_ENV
 PR_SET_PDEATHSIG = 1
@@ -218,6 +221,9 @@ class Launcher:
         self._tmp = tempfile.TemporaryDirectory(prefix="gemini-launch-")
         self.heartbeat_file = config.heartbeat_file or Path(self._tmp.name) / "heartbeat"
         self._spawner = _Spawner()
+        self._output_lock = threading.Lock()
+        # pid -> (relay thread, last output lines) of children whose output the launcher relays
+        self._relays: dict[int, tuple[list[threading.Thread], deque[bytes]]] = {}
         standby = config.standby and self._local_world == 1
         if config.standby and not standby:
             log.info("no warm standby with %d processes per node", self._local_world)
@@ -308,7 +314,7 @@ class Launcher:
     def _spawn(self, env: Mapping[str, str]) -> Child:
         command = list(self.config.command)
         if self._local_world == 1:
-            return self._spawner.spawn(command, env)
+            return self._spawn_one(command, env)
         procs: list[subprocess.Popen[bytes]] = []
         lock = threading.Lock()  # one line at a time on the launcher's output
         try:
@@ -323,6 +329,30 @@ class Launcher:
             raise
         return LocalGroup(procs, self.config.grace_s)
 
+    def _spawn_one(self, command: list[str], env: Mapping[str, str], **popen: Any
+                   ) -> subprocess.Popen[bytes]:
+        """One training process (or standby). With in-process restarts the launcher outlives
+        a failed child and keeps no container exit to show its last words, so it relays the
+        child's output and keeps the last lines for the failure's message."""
+        if self._link is None:
+            return self._spawner.spawn(command, env, **popen)
+        proc = self._spawner.spawn(command, env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, **popen)
+        tail: deque[bytes] = deque(maxlen=TAIL_LINES)
+        relays = [relay_output(proc, b"", self._output_lock, out, tail, source)
+                  for out, source in ((sys.stdout.buffer, proc.stdout),
+                                      (sys.stderr.buffer, proc.stderr))]
+        self._relays[proc.pid] = (relays, tail)
+        return proc
+
+    def _last_words(self, proc: Child) -> str:
+        relay = self._relays.pop(proc.pid, None)
+        if relay is None:
+            return ""
+        for thread in relay[0]:
+            thread.join(1.0)  # the pipes' last lines may still be on their way
+        return b"".join(relay[1]).decode(errors="replace")
+
     # -- warm standby ------------------------------------------------------------------------
 
     def _arm_standby(self, env: Mapping[str, str], busy: bool) -> None:
@@ -331,7 +361,7 @@ class Launcher:
         if self._python is None or self._standby is not None:
             return
         try:
-            self._standby = Standby(self._python, env, self._spawner.spawn,
+            self._standby = Standby(self._python, env, self._spawn_one,
                                     self.config.preimport, self._modules_file,
                                     warm.BUSY_NICE if busy else 0)
         except OSError as err:
@@ -360,15 +390,23 @@ class Launcher:
 
     def _watch(self, proc: Child) -> None:
         code = proc.wait()
+        words = self._last_words(proc)
         with self._lock:
             if proc is not self._proc:
                 return  # an old child replaced by a restart; already accounted for
             self._exit_code, self._exited_at = code, time.time()
             self._state = "stopped" if self._stopping else "exited"
             log.info("training process %d exited with %d (epoch %d)", proc.pid, code, self._epoch)
+            # in-process mode: the launcher outlives the child unless asked to exit with it
+            stays = self._link is not None and not self.config.exit_on_failure
+            if code != 0 and not self._stopping and stays:
+                control.write_parked(self.parked_file, control.Parked(
+                    self._epoch, f"the training process exited with code {code}\n{words}",
+                    time.time(), code))
             self._publish()
             self._changed.notify_all()
-            if not self._stopping and (code == 0 or self.config.exit_on_failure):
+            if not self._stopping and (code == 0 or (self.config.exit_on_failure
+                                                     and not stays)):
                 self._done.set()
 
     def _terminate(self, proc: Child) -> None:

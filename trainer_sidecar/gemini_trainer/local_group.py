@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import IO
 
@@ -48,13 +49,19 @@ def local_env(env: Mapping[str, str], local_rank: int, local_world: int) -> dict
 
 
 def relay_output(proc: subprocess.Popen[bytes], prefix: bytes, lock: threading.Lock,
-                 out: IO[bytes] | None = None) -> threading.Thread:
-    """Copy the child's output lines to ``out`` (the launcher's stdout), each prefixed."""
+                 out: IO[bytes] | None = None, tail: deque[bytes] | None = None,
+                 source: IO[bytes] | None = None) -> threading.Thread:
+    """Copy the child's output lines (``source``, default its stdout) to ``out`` (the
+    launcher's stdout), each prefixed; the last lines also to ``tail`` (for the message of a
+    failure)."""
     sink = out or sys.stdout.buffer
 
     def copy() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
+        lines = source or proc.stdout
+        assert lines is not None
+        for line in lines:
+            if tail is not None:
+                tail.append(line[-1000:])
             with lock:
                 sink.write(prefix + line)
                 sink.flush()

@@ -22,7 +22,7 @@ from tests.integration.trainer.test_launcher import TOKEN, Running, alive
 pytestmark = pytest.mark.integration
 
 # main() appends "<pid> <epoch> <version> <calls>" to argv[1], then, on the first call of all
-# processes: "raise", "loop" (sleep in Python until SIGUSR1), "stuck" (SIGUSR1 blocked, as in
+# processes: "raise", "die" (exit 3 after a last word), "loop" (sleep in Python until SIGUSR1), "stuck" (SIGUSR1 blocked, as in
 # a collective that never returns); "ok" (return 0) on later calls.
 CHILD = """
 import os, signal, sys, time
@@ -39,6 +39,9 @@ def main():
     mode = sys.argv[2] if first else 'ok'
     if mode == 'raise':
         raise RuntimeError('Connection closed by peer [10.0.0.2]:29500')
+    if mode == 'die':
+        print('RuntimeError: CUDA error: out of memory', flush=True)
+        os._exit(3)
     if mode == 'loop':
         while True:
             time.sleep(0.05)
@@ -131,11 +134,26 @@ def test_a_process_that_cannot_park_is_replaced_after_the_grace_period(
 
 
 def test_a_parked_process_no_restart_reaches_is_ended(start: Any, tmp_path: Path) -> None:
-    running = start("raise", park_timeout_s=1.0, exit_on_failure=True)
+    running = start("raise", park_timeout_s=1.0)
     parked = running.until(lambda s: s["state"] == "parked")
-    running.thread.join(15)
-    assert running.code == -signal.SIGTERM, "the launcher exits so the container restarts"
-    assert not alive(parked["pid"])
+    exited = running.until(lambda s: s["state"] == "exited", 15)
+    assert exited["exit_code"] == -signal.SIGTERM and not alive(parked["pid"])
+    assert running.thread.is_alive(), "the launcher stays up for the operator's next epoch"
+
+
+def test_a_process_that_dies_is_reported_with_its_last_words_and_the_launcher_stays_up(
+        start: Any, tmp_path: Path) -> None:
+    running = start("die")
+    exited = running.until(lambda s: s["state"] == "exited")
+    assert exited["exit_code"] == 3 and running.thread.is_alive()
+    marker = control.read_parked(control.parked_path(running.launcher.heartbeat_file))
+    assert marker is not None and marker.epoch == 1 and marker.exit_code == 3
+    assert "exited with code 3" in marker.error and "CUDA error: out of memory" in marker.error
+    body = restart(running, 2)
+    assert body["pid"] != exited["pid"] and body["in_process"] == 0
+    running.thread.join(20)
+    assert running.code == 0
+    assert not control.parked_path(running.launcher.heartbeat_file).exists()
 
 
 def test_in_process_restarts_can_be_turned_off(start: Any, tmp_path: Path) -> None:

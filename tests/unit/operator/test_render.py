@@ -41,9 +41,12 @@ def test_worker_pod_is_owned_by_the_job():
 def test_trainer_runs_the_user_command_under_the_launcher():
     pod = _pod(make_job().set("template.args", ["--lr", "0.1"]))
     (trainer,) = pod["spec"]["containers"]
-    assert trainer["command"] == ["gemini", "launch", "--exit-on-failure", "--", "python",
-                                  "train.py"]
+    assert trainer["command"] == ["gemini", "launch", "--", "python", "train.py"]
     assert trainer["args"] == ["--lr", "0.1"]
+    # without in-process restarts the launcher exits with a failed process (container restart)
+    (trainer,) = _pod(make_job().set("failurePolicy.inProcessRestart", False))["spec"][
+        "containers"]
+    assert trainer["command"][:4] == ["gemini", "launch", "--exit-on-failure", "--"]
     assert pod["spec"]["restartPolicy"] == "OnFailure"
 
 
