@@ -22,8 +22,9 @@ from tests.integration.trainer.test_launcher import TOKEN, Running, alive
 pytestmark = pytest.mark.integration
 
 # main() appends "<pid> <epoch> <version> <calls>" to argv[1], then, on the first call of all
-# processes: "raise", "die" (exit 3 after a last word), "loop" (sleep in Python until SIGUSR1), "stuck" (SIGUSR1 blocked, as in
-# a collective that never returns); "ok" (return 0) on later calls.
+# processes: "raise", "die" (exit 3 after a last word), "loop" (sleep in Python until
+# SIGUSR1), "stuck" (SIGUSR1 blocked, as in a collective that never returns); "ok" (return 0)
+# on later calls.
 CHILD = """
 import os, signal, sys, time
 from gemini_trainer import run
