@@ -39,6 +39,19 @@ that was. When the child exits 0 the launcher exits 0 (training finished); a fai
 reported and the launcher waits for /restart (or exits with the child's code when
 ``exit_on_failure`` is set, so the container ends and the node restarts it).
 
+In-process restarts (gemini_trainer.inprocess, gemini_trainer.resume_link; on unless
+GEMINI_LAUNCHER_IN_PROCESS=0, one process per node): the child gets GEMINI_INPROCESS_SOCKET, a
+Unix socket of the launcher's. A child run through ``gemini_trainer.run`` whose training fails
+parks there, alive: ``state`` "parked", ``error`` its traceback's text. The next /restart sends
+it the new epoch's environment instead of starting a process (``in_process`` counts these);
+a child still running gets SIGUSR1 and GEMINI_LAUNCHER_PARK_GRACE_S (3 s) to park, else it is
+replaced; one parked longer than GEMINI_LAUNCHER_PARK_TIMEOUT_S (60 s) is ended. In this mode
+without ``exit_on_failure`` the launcher also outlives a child that dies, relaying its output
+and keeping the last lines. Either failure is written beside the heartbeat
+(``<heartbeat>.parked``: epoch, error or last lines, exit code), where the sidecar's
+/inventory reads it for the operator: no container restart (and no kubelet back-off) is needed
+to show it.
+
 Hold mode (GEMINI_LAUNCHER_HOLD=1): the command is not started until the first POST /restart,
 so the operator can hand every rank the rendezvous address of this epoch (rank 0's pod IP
 changes when rank 0 is replaced; there is no cluster DNS to hide that). The child dies with
