@@ -144,14 +144,16 @@ class CheckpointPoller:
 
     def findings(self, key: JobKey) -> Findings | None:
         found = self._found.get(key)
-        if found is None or found.progress is None:
+        if found is None or (found.progress is None and not found.parked):
             return found
         snap = self.cache.snapshot(key)
         epoch = _launch_epoch(JobStatus.from_dict(JobView.from_object(snap.job).status)) if (
             snap is not None) else None
         # Progress seen before a restart says nothing about the new epoch: its launchers
         # start over from a checkpoint, and the hang clock with them (from their first step).
-        return found if found.epoch == epoch else replace(found, progress=None)
+        # Nor do the failures the launchers reported for the old epoch: it was recovered.
+        return found if found.epoch == epoch else replace(found, progress=None, parked={},
+                                                          exits={})
 
     def forget(self, key: JobKey) -> None:
         self._found.pop(key, None)
