@@ -13,9 +13,9 @@ import time
 from typing import Any
 
 import pytest
-from gemini_demo.crash import kill_training_process
 from kubernetes import client
 
+from gemini_demo.crash import kill_training_process
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import (
     ENV,
