@@ -124,10 +124,7 @@ def teardown() -> None:
         checkpointer.close_all()
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-        except Exception as err:  # a broken group may fail to say goodbye
-            _say(f"destroying the old process group: {err}")
+        _abort_groups(dist)
     comm: Any = sys.modules.get("deepspeed.comm.comm")
     if comm is not None:
         comm.cdb = None  # init_distributed then builds a backend on the new group
@@ -184,6 +181,26 @@ def _forget_groups(module: Any) -> None:
     for name, value in list(vars(module).items()):
         if _GROUP_GLOBAL.match(name):
             setattr(module, name, {} if isinstance(value, dict) else None)
+
+
+def _abort_groups(dist: Any) -> None:
+    """Abort every process group, then forget them. Aborting closes each group's
+    connections now: a group merely destroyed lives on while anything (an engine, a
+    Checkpointer, a cycle) still references it, and a peer blocked in a collective on it
+    would wait for its timeout instead of failing at once and parking too."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    abort = getattr(c10d, "_abort_process_group", None)
+    try:
+        if abort is not None:
+            abort()
+            return
+    except Exception as err:  # not every backend and version can abort
+        _say(f"aborting the old process groups: {err}")
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception as err:  # a broken group may fail to say goodbye
+        _say(f"destroying the old process group: {err}")
 
 
 def apply_env(env: Mapping[str, str]) -> None:

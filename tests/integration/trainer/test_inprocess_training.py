@@ -81,12 +81,16 @@ def test_a_survivor_restarts_in_its_own_process_and_continues_bit_exactly(
         _until(lambda: all(_progress(r) >= 4 for r in ranks), 300, ranks, "step 4")
         survivor_pid = ranks[0].running.status()["pid"]
         os.kill(ranks[1].running.status()["pid"], signal.SIGKILL)
+        killed = time.monotonic()
         parked = ranks[0].running.until(lambda s: s["state"] == "parked", 60)
+        print(f"rank 0 parked {time.monotonic() - killed:.2f} s after rank 1 was killed")
         assert parked["pid"] == survivor_pid
         ranks[1].running.until(lambda s: s["state"] == "exited", 20)
 
         port = free_port()
+        ordered = time.monotonic()
         answers = _together(lambda r: r.restart(2, port, "latest"), ranks)
+        print(f"restarts answered in {time.monotonic() - ordered:.2f} s")
         assert answers[0]["pid"] == survivor_pid and answers[0]["in_process"] == 1
         assert answers[1]["in_process"] == 0, "the killed rank starts a new process"
         for rank in ranks:
