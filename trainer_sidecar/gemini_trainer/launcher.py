@@ -44,7 +44,7 @@ GEMINI_LAUNCHER_IN_PROCESS=0, one process per node): the child gets GEMINI_INPRO
 Unix socket of the launcher's. A child run through ``gemini_trainer.run`` whose training fails
 parks there, alive: ``state`` "parked", ``error`` its traceback's text. The next /restart sends
 it the new epoch's environment instead of starting a process (``in_process`` counts these);
-a child still running gets SIGUSR1 and GEMINI_LAUNCHER_PARK_GRACE_S (3 s) to park, else it is
+a child still running gets SIGUSR1 and GEMINI_LAUNCHER_PARK_GRACE_S (1 s) to park, else it is
 replaced; one parked longer than GEMINI_LAUNCHER_PARK_TIMEOUT_S (60 s) is ended. In this mode
 without ``exit_on_failure`` the launcher also outlives a child that dies, relaying its output
 and keeping the last lines. Either failure is written beside the heartbeat
@@ -171,7 +171,7 @@ class LauncherConfig:
     preimport: tuple[str, ...] = warm.DEFAULT_PREIMPORT  # what the standby imports
     insecure_local: bool = False  # allow no or a short token, on a loopback address only
     in_process: bool = True  # offer in-process restarts (gemini_trainer.run) to the child
-    park_grace_s: float = 3.0  # a running child asked to park (SIGUSR1) gets this long
+    park_grace_s: float = 1.0  # a running child asked to park (SIGUSR1) gets this long
     park_timeout_s: float = 60.0  # a parked child no restart reached by then is ended
 
     @classmethod
@@ -196,7 +196,7 @@ class LauncherConfig:
             "insecure_local": env.get("GEMINI_LAUNCHER_INSECURE_LOCAL", "") in (
                 "1", "true", "yes"),
             "in_process": resume_link.enabled(env),
-            "park_grace_s": float(env.get("GEMINI_LAUNCHER_PARK_GRACE_S", "3")),
+            "park_grace_s": float(env.get("GEMINI_LAUNCHER_PARK_GRACE_S", "1")),
             "park_timeout_s": float(env.get("GEMINI_LAUNCHER_PARK_TIMEOUT_S", "60")),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
