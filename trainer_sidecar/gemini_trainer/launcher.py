@@ -45,9 +45,9 @@ Unix socket of the launcher's. A child run through ``gemini_trainer.run`` whose 
 parks there, alive: ``state`` "parked", ``error`` its traceback's text. The next /restart sends
 it the new epoch's environment instead of starting a process (``in_process`` counts these);
 a child still running gets SIGUSR1 and GEMINI_LAUNCHER_PARK_GRACE_S (1 s) to park, else it is
-replaced; one parked longer than GEMINI_LAUNCHER_PARK_TIMEOUT_S (60 s) is ended. In this mode
-without ``exit_on_failure`` the launcher also outlives a child that dies, relaying its output
-and keeping the last lines. Either failure is written beside the heartbeat
+replaced; one parked longer than GEMINI_LAUNCHER_PARK_TIMEOUT_S (60 s) is ended. Without
+``exit_on_failure`` the launcher also outlives a child (or local group) that dies, relaying its
+output and keeping the last lines. Either failure is written beside the heartbeat
 (``<heartbeat>.parked``: epoch, error or last lines, exit code), where the sidecar's
 /inventory reads it for the operator: no container restart (and no kubelet back-off) is needed
 to show it.
@@ -329,25 +329,30 @@ class Launcher:
         if self._local_world == 1:
             return self._spawn_one(command, env)
         procs: list[subprocess.Popen[bytes]] = []
-        lock = threading.Lock()  # one line at a time on the launcher's output
+        lock = self._output_lock  # one line at a time on the launcher's output
+        tail: deque[bytes] = deque(maxlen=TAIL_LINES)
+        relays = []
         try:
             for local_rank in range(self._local_world):
                 child_env = local_env(env, local_rank, self._local_world)
                 proc = self._spawner.spawn(command, child_env, stdout=subprocess.PIPE,
                                            stderr=subprocess.STDOUT)
                 procs.append(proc)
-                relay_output(proc, f"[rank{child_env['RANK']}]: ".encode(), lock)
+                relays.append(relay_output(proc, f"[rank{child_env['RANK']}]: ".encode(), lock,
+                                           tail=tail))
         except BaseException:
             LocalGroup(procs, 0.0).signal_groups(signal.SIGKILL)
             raise
-        return LocalGroup(procs, self.config.grace_s)
+        group = LocalGroup(procs, self.config.grace_s)
+        self._relays[group.pid] = (relays, tail)
+        return group
 
     def _spawn_one(self, command: list[str], env: Mapping[str, str], **popen: Any
                    ) -> subprocess.Popen[bytes]:
-        """One training process (or standby). With in-process restarts the launcher outlives
-        a failed child and keeps no container exit to show its last words, so it relays the
-        child's output and keeps the last lines for the failure's message."""
-        if self._link is None:
+        """One training process (or standby). A launcher that outlives a failed child has no
+        container exit to show its last words, so it relays the child's output and keeps the
+        last lines for the failure's message."""
+        if self.config.exit_on_failure:
             return self._spawner.spawn(command, env, **popen)
         proc = self._spawner.spawn(command, env, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, **popen)
@@ -410,16 +415,16 @@ class Launcher:
             self._exit_code, self._exited_at = code, time.time()
             self._state = "stopped" if self._stopping else "exited"
             log.info("training process %d exited with %d (epoch %d)", proc.pid, code, self._epoch)
-            # in-process mode: the launcher outlives the child unless asked to exit with it
-            stays = self._link is not None and not self.config.exit_on_failure
+            # The launcher outlives a failed child unless asked to exit with it: then no
+            # container restart shows the failure, the marker beside the heartbeat does.
+            stays = not self.config.exit_on_failure
             if code != 0 and not self._stopping and stays:
                 control.write_parked(self.parked_file, control.Parked(
                     self._epoch, f"the training process exited with code {code}\n{words}",
                     time.time(), code))
             self._publish()
             self._changed.notify_all()
-            if not self._stopping and (code == 0 or (self.config.exit_on_failure
-                                                     and not stays)):
+            if not self._stopping and (code == 0 or not stays):
                 self._done.set()
 
     def _terminate(self, proc: Child) -> None:
