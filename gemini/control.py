@@ -1070,8 +1070,13 @@ def parked_path(heartbeat: Path) -> Path:
 
 
 def write_parked(path: Path, parked: Parked) -> None:
+    write_atomically(path, json.dumps(parked.to_json()))
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Readers (the sidecar, a status reader) see the old file or the new, never half."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(parked.to_json()))
+    tmp.write_text(text)
     os.replace(tmp, path)
 
 

@@ -589,9 +589,7 @@ class Launcher:
         path = self.config.status_file
         if path is None:
             return
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.status(), sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        control.write_atomically(path, json.dumps(self.status(), sort_keys=True) + "\n")
 
     def authorized(self, header: str | None, method: str = "GET") -> bool:
         """The job token may read (GET); restarts and stops need the operator's control

@@ -72,10 +72,7 @@ def start(tmp_path: Path) -> Iterator[Any]:
 
     yield _start
     for running in started:
-        if running.thread.is_alive():
-            running.launcher.stop()
-            running.launcher.finish()
-            running.thread.join(10)
+        running.close()
 
 
 def calls(tmp_path: Path) -> list[list[str]]:

@@ -98,10 +98,7 @@ def test_a_survivor_restarts_in_its_own_process_and_continues_bit_exactly(
             assert rank.running.code == 0, _tails(ranks)
     finally:
         for rank in ranks:
-            if rank.running.thread.is_alive():
-                rank.running.launcher.stop()
-                rank.running.launcher.finish()
-                rank.running.thread.join(15)
+            rank.running.close(15)
 
     survivor = ranks[0].lines()
     restarts = [m for line in survivor if (m := IN_PROCESS.match(line))]

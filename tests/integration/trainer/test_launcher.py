@@ -51,6 +51,13 @@ class Running:
     def _run(self) -> None:
         self.code = self.launcher.run()
 
+    def close(self, timeout: float = 10) -> None:
+        """Stop the launcher (and its process) if it still runs."""
+        if self.thread.is_alive():
+            self.launcher.stop()
+            self.launcher.finish()
+            self.thread.join(timeout)
+
     def call(
         self, method: str, path: str, body: Any = None, token: str | None = TOKEN
     ) -> tuple[int, dict[str, Any]]:
@@ -98,10 +105,7 @@ def start(tmp_path: Path) -> Iterator[Any]:
 
     yield _start
     for running in started:
-        if running.thread.is_alive():
-            running.launcher.stop()
-            running.launcher.finish()
-            running.thread.join(10)
+        running.close()
 
 
 def starts(tmp_path: Path) -> list[list[str]]:
@@ -292,10 +296,7 @@ def warm_start(tmp_path: Path) -> Iterator[Any]:
 
     yield _start
     for running in started:
-        if running.thread.is_alive():
-            running.launcher.stop()
-            running.launcher.finish()
-            running.thread.join(10)
+        running.close()
 
 
 def restart(running: Running, epoch: int, **env: str) -> dict[str, Any]:
