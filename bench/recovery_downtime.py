@@ -16,65 +16,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
 import statistics
-import subprocess
-import sys
-import tempfile
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-from support.cleanup import Cleanup, cleaning_up, kill_processes_naming
+from support.cleanup import Cleanup, cleaning_up
+from support.demo_runs import demo_report
 
 from gemini_local.controlplane import NODE_GRACE_ENV
-from gemini_local.processes import venv_tools_env
 
-REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"trainer-crash": 10.0, "node-loss": 30.0}
-DEMO_TIMEOUT_S = 1200
 
 
 def one_run(args: argparse.Namespace, cleanup: Cleanup) -> dict[str, Any]:
-    state = cleanup.cluster(Path(tempfile.mkdtemp(prefix="gbench-", dir=args.tmp_dir)))
-    # the reference run and the pods use the same ninja and JIT folder (see venv_tools_env)
-    env = venv_tools_env(sys.executable, os.environ)
-    if args.node_grace is not None:
-        env[NODE_GRACE_ENV] = str(args.node_grace)
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        demo: subprocess.Popen[bytes] | None = None
-        try:
-            demo = cleanup.spawn(
-                [sys.executable, "-m", "gemini_cli", "demo", "--workers", str(args.workers),
-                 "--replicas", str(args.replicas), "--failures", args.failures, "--state-dir",
-                 str(state), "--output", "json",
-                 *(["--warm-standby"] if args.warm_standby else [])],
-                cwd=REPO, stdout=out, stderr=err, env=env)
-            try:
-                demo.wait(timeout=DEMO_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                print(f"the demo did not finish within {DEMO_TIMEOUT_S} s; stopping it",
-                      file=sys.stderr, flush=True)
-        finally:
-            # Passes on this bench's SIGTERM/SIGINT (SIGTERM after the timeout) and waits for
-            # the demo's own teardown; then makes sure nothing of its state dir runs.
-            code = cleanup.stop_child(demo) if demo is not None else None
-            if cleanup.received is not None:  # the demo's own word on its teardown
-                err.seek(0)
-                print(f"demo (exit {code}): " + (err.read().decode(errors="replace").strip()
-                      .splitlines() or ["(no output)"])[-1], file=sys.stderr, flush=True)
-            subprocess.run([sys.executable, "-m", "gemini_cli", "local", "--state-dir",
-                            str(state), "down"], cwd=REPO, capture_output=True, check=False)
-            kill_processes_naming(state)  # the demo's operator, should it have outlived it
-            shutil.rmtree(state, ignore_errors=True)
-        out.seek(0)
-        err.seek(0)
-        stdout, stderr = out.read().decode(errors="replace"), err.read().decode(errors="replace")
-    if not stdout.strip():
-        raise SystemExit(f"the demo failed (exit {code}):\n{stderr[-4000:]}")
-    report: dict[str, Any] = json.loads(stdout)
-    return report
+    extra = {NODE_GRACE_ENV: str(args.node_grace)} if args.node_grace is not None else {}
+    return demo_report(
+        ["--workers", str(args.workers), "--replicas", str(args.replicas), "--failures",
+         args.failures, *(["--warm-standby"] if args.warm_standby else [])],
+        cleanup, args.tmp_dir, extra)
 
 
 def main() -> None:

@@ -10,7 +10,14 @@ from typing import Any
 
 from gemini_cli import COMMANDS, CliError
 from gemini_cli.output import add_output_flag, emit
-from gemini_demo.plan import DEFAULT_FAILURES, ENGINES, FAILURE_KINDS, MODEL_SIZES, DemoConfig
+from gemini_demo.plan import (
+    DEFAULT_FAILURES,
+    ENGINES,
+    FAILURE_KINDS,
+    MODEL_SIZES,
+    PERSIST_INTERVAL_SECONDS,
+    DemoConfig,
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--workers", type=int, default=4, help="training nodes (default 4)")
     parser.add_argument("--replicas", type=int, default=2,
-                        help="in-memory copies of each shard, m (default 2)")
+                        help="in-memory copies of each shard, m (default 2; 1: a node loss "
+                        "restores from S3)")
     parser.add_argument("--model-size", choices=sorted(MODEL_SIZES), default="tiny")
     parser.add_argument("--steps", type=int, default=None,
                         help="training steps (default: enough for the failures)")
@@ -45,6 +53,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--warm-standby", action="store_true",
                         help="launchers keep a pre-imported Python (torch, DeepSpeed) ready, "
                         "so in-place restarts skip the imports (0.3-0.7 GB more per worker)")
+    parser.add_argument("--persist-interval", type=int, default=PERSIST_INTERVAL_SECONDS,
+                        help="persistence.intervalSeconds: seconds from one S3 upload's end to "
+                        f"the next's start (default {PERSIST_INTERVAL_SECONDS}; 1: back to back)")
     parser.add_argument("--keep", action="store_true",
                         help="leave the cluster, operator and job running afterwards")
     parser.add_argument("--plot", type=Path, default=None, help="write the figure to this PNG")
@@ -61,7 +72,8 @@ def config_of(args: argparse.Namespace) -> DemoConfig:
         return DemoConfig(workers=args.workers, replicas=args.replicas,
                           model_size=args.model_size, steps=args.steps, failures=failures,
                           step_sleep=args.step_sleep, warm_standby=args.warm_standby,
-                          procs_per_node=args.procs_per_node, engine=args.engine)
+                          procs_per_node=args.procs_per_node, engine=args.engine,
+                          persist_interval=args.persist_interval)
     except ValueError as err:
         raise CliError(str(err), exit_code=2) from err
 

@@ -356,7 +356,7 @@ def _persistence(raw: Mapping[str, Any] | None) -> Persistence | None:
         endpoint=raw.get("endpoint"),
         credentials_secret=secret,
         interval_seconds=_int(
-            raw, "intervalSeconds", "spec.persistence.intervalSeconds", 3600, minimum=30
+            raw, "intervalSeconds", "spec.persistence.intervalSeconds", 3600, minimum=1
         ),
         keep=_int(raw, "keep", "spec.persistence.keep", 2, minimum=1),
     )

@@ -26,6 +26,11 @@ MODEL_SIZES: Mapping[str, tuple[str, ...]] = {
     # (layers, d_model, heads): tiny keeps a step well under a second on one core.
     "tiny": ("--layers", "1", "--d-model", "32", "--heads", "2"),
     "small": ("--layers", "2", "--d-model", "64", "--heads", "4"),
+    # bench/headline.py: about 90 M parameters, mostly the token embedding and the output
+    # head, so ZeRO-3 over 4 ranks checkpoints 271 MB per rank (fp32 weights and Adam's two
+    # moments) while a step of 16 tokens stays a few seconds on 2 cores.
+    "headline": ("--layers", "2", "--d-model", "512", "--heads", "4", "--vocab", "84000",
+                 "--seq", "16", "--batch", "1"),
 }
 # The example's training stacks. DDP rebuilds its gradient buckets after its first iteration,
 # so a restarted DDP of more than two gloo ranks sums some gradients in another order (1 ulp):
@@ -35,7 +40,7 @@ _ZERO_STAGES = {"zero1": "1", "zero2": "2"}
 JOB_NAME = "gpt-demo"
 NAMESPACE = "gemini-demo"
 S3_SECRET = "demo-s3"
-PERSIST_INTERVAL_SECONDS = 30  # the CRD's minimum
+PERSIST_INTERVAL_SECONDS = 30  # the demo's default: a checkpoint in S3 soon after the start
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class DemoConfig:
     warm_standby: bool = False  # launchers keep a pre-imported interpreter for restarts
     procs_per_node: int = 1  # training processes per worker pod (numProcPerNode)
     engine: str = "deepspeed"
+    persist_interval: int = PERSIST_INTERVAL_SECONDS  # persistence.intervalSeconds
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.failures if f not in FAILURE_KINDS]
@@ -60,9 +66,15 @@ class DemoConfig:
             raise ValueError(f"--model-size must be one of {', '.join(MODEL_SIZES)}")
         if not 2 <= self.workers <= 16:
             raise ValueError(f"--workers must be between 2 and 16, got {self.workers}")
-        if not 2 <= self.replicas <= self.workers:
-            raise ValueError(f"--replicas must be between 2 and --workers ({self.workers}), "
+        if not 1 <= self.replicas <= self.workers:
+            raise ValueError(f"--replicas must be between 1 and --workers ({self.workers}), "
                              f"got {self.replicas}")
+        if self.replicas == 1 and "group-loss" in self.failures:
+            raise ValueError("a group loss needs --replicas 2 or more (with one copy, a node "
+                             "loss already restores from S3)")
+        if self.persist_interval < 1:
+            raise ValueError(f"--persist-interval must be at least 1 second, got "
+                             f"{self.persist_interval}")
         if not 1 <= self.procs_per_node <= 8:
             raise ValueError(f"--procs-per-node must be between 1 and 8, got "
                              f"{self.procs_per_node}")
@@ -71,19 +83,26 @@ class DemoConfig:
         if self.engine == "ddp" and self.world > 2:
             raise ValueError("--engine ddp compares with the reference bit for bit only with "
                              "two ranks in all (DDP rebuilds its buckets after a restart)")
-        if self.steps is not None and self.steps < self.steps_needed:
+        if self.steps is not None and self.steps < self.steps_minimum:
             raise ValueError(f"--steps {self.steps} is too few for {len(self.failures)} "
-                             f"failure(s); use at least {self.steps_needed}")
+                             f"failure(s); use at least {self.steps_minimum}")
+
+    @property
+    def steps_minimum(self) -> int:
+        """Fewer steps leave no room for the failures. A failure restored from S3 also needs
+        a checkpoint there in time: steps_needed allows for it; explicit --steps may not (the
+        demo then says to raise them)."""
+        slowed = SLOW_LINK_STEPS * self.failures.count("slow-link")
+        return WARMUP_STEPS + STEPS_BETWEEN * (len(self.failures) + 1) + slowed
 
     @property
     def steps_needed(self) -> int:
         # Warm-up, then STEPS_BETWEEN good steps before each failure and after the last one;
-        # the group loss also waits for a checkpoint in S3 (PERSIST_INTERVAL_SECONDS).
+        # a failure restored from S3 also waits for a checkpoint there (persist_interval).
         wait_s3 = 0
-        if "group-loss" in self.failures:
-            wait_s3 = int(PERSIST_INTERVAL_SECONDS * 1.5 / max(self.step_sleep, 0.1))
-        slowed = SLOW_LINK_STEPS * self.failures.count("slow-link")
-        return WARMUP_STEPS + STEPS_BETWEEN * (len(self.failures) + 1) + wait_s3 + slowed
+        if any(needs_s3(kind, self.replicas) for kind in self.failures):
+            wait_s3 = int(self.persist_interval * 1.5 / max(self.step_sleep, 0.1))
+        return self.steps_minimum + wait_s3
 
     @property
     def world(self) -> int:
@@ -145,7 +164,7 @@ def job_manifest(config: DemoConfig, script: str, s3_url: str, bucket: str,
                 "bucketURI": f"s3://{bucket}/{prefix}",
                 "endpoint": s3_url,
                 "credentialsSecretRef": {"name": S3_SECRET},
-                "intervalSeconds": PERSIST_INTERVAL_SECONDS,
+                "intervalSeconds": config.persist_interval,
                 "keep": 2,
             },
             "failurePolicy": {"maxRestarts": 20, "hangTimeoutSeconds": 120,
@@ -185,11 +204,17 @@ def group_loss_nodes(placement: Mapping[str, Any]) -> list[str]:
     return sorted({str(placement["nodes"][str(r)]) for r in holders})
 
 
+def needs_s3(kind: str, replicas: int) -> bool:
+    """Whether this failure leaves some shard only in S3: a group loss always, a lost or cut
+    off node when nobody else holds a copy (m = 1)."""
+    return kind == "group-loss" or (replicas == 1 and kind in ("node-loss", "partition"))
+
+
 def ready_to_inject(kind: str, newest_step: int | None, not_before_step: int,
-                    status: Mapping[str, Any]) -> bool:
+                    status: Mapping[str, Any], replicas: int = 2) -> bool:
     """Inject the next failure once the job runs, has a placement, made progress past
-    `not_before_step`, and (for the group loss, which leaves a shard only in S3) has a
-    checkpoint in S3."""
+    `not_before_step`, and (when it leaves a shard only in S3, needs_s3) has a checkpoint in
+    S3."""
     if status.get("state") != "Running" or not status.get("placement"):
         return False
     if any(c.get("type") == "Recovering" and c.get("status") == "True"
@@ -197,7 +222,7 @@ def ready_to_inject(kind: str, newest_step: int | None, not_before_step: int,
         return False  # the previous recovery is not finished in the operator's view
     if newest_step is None or newest_step < not_before_step:
         return False
-    return kind != "group-loss" or (status.get("checkpoint") or {}).get(
+    return not needs_s3(kind, replicas) or (status.get("checkpoint") or {}).get(
         "persistedStep") is not None
 
 

@@ -379,7 +379,8 @@ class Demo:
                 raise DemoError(self.stuck(f"the job printed no training step within "
                                            f"{START_TIMEOUT_S:.0f}s"))
             if current is None and pending and plan.ready_to_inject(
-                    pending[0], newest.step if newest else None, baseline_step, status):
+                    pending[0], newest.step if newest else None, baseline_step, status,
+                    self.config.replicas):
                 current = self.inject(pending.pop(0), status)
             if time.monotonic() - last_print >= PRINT_EVERY_S or event:
                 last_print = time.monotonic()
@@ -392,9 +393,9 @@ class Demo:
         if current is not None or pending:
             left = [current.kind] if current else []
             why = "raise --steps"
-            if pending and pending[0] == "group-loss" and not (
+            if pending and plan.needs_s3(pending[0], self.config.replicas) and not (
                     status.get("checkpoint") or {}).get("persistedStep"):
-                why = ("the group loss waits for a checkpoint in S3, and "
+                why = (f"the {pending[0]} waits for a checkpoint in S3, and "
                        "status.checkpoint.persistedStep stayed empty: check the sidecars' S3 "
                        "settings, or raise --steps")
             raise DemoError(f"training finished before these failures were recovered or "

@@ -22,6 +22,7 @@ from gemini.control import (
     RestoreAnswer,
 )
 from gemini_sidecar import s3 as s3mod
+from gemini_sidecar import uploads
 from gemini_sidecar.config import (
     PeerAddress,
     Placement,
@@ -384,9 +385,11 @@ class Sidecar:
 
     async def persist(self, version: int | None, progress: Progress | None = None
                       ) -> PersistAnswer:
-        """Upload a version pinned in the slot file (the trainers keep it meanwhile),
-        resuming an unfinished upload of it (gemini_sidecar.uploads). A version uploaded
-        last is answered from the note of that upload (a retry after the answer was lost)."""
+        """Upload a version of the own shard, resuming an unfinished upload of it
+        (gemini_sidecar.uploads). The version is pinned in the slot file only while it is
+        copied aside (stage_copy): the trainers go on checkpointing into both slots during the
+        upload. A version uploaded last is answered from the note of that upload (a retry
+        after the answer was lost)."""
         store = self._need_s3()
         progress = progress if progress is not None else Progress()
         info, data = self.local.read(version)
@@ -399,7 +402,15 @@ class Sidecar:
             raise ValueError(f"version {info.version} was overwritten before its upload began; "
                              "persist a newer version")
         started = time.perf_counter()
+        pinned = True
         try:
+            staged = await asyncio.to_thread(uploads.stage_copy, data)
+            if staged is not None:  # else no memory for a copy: upload from the pinned slot
+                if not self.local.still_valid(info):
+                    raise ValueError(f"version {info.version} was overwritten while it was "
+                                     "copied for its upload; persist a newer version")
+                data, pinned = staged, False
+                self.local.unpin(info)
             sent = await asyncio.to_thread(
                 s3mod.persist_pinned, store, self.identity, info.version, self.cfg.rank, data,
                 info.checksum, info.seq, self._upload_state_path(), progress.add)
@@ -407,10 +418,11 @@ class Sidecar:
             self.metrics.s3_failures.inc()
             raise
         finally:
-            self.local.unpin(info)
+            if pinned:
+                self.local.unpin(info)
         key = sent.key
         self.metrics.s3_parts_sent.inc(sent.sent)
-        if not self.local.still_valid(info):
+        if pinned and not self.local.still_valid(info):
             self.metrics.s3_failures.inc()
             raise ValueError(f"version {info.version} was overwritten during the upload; "
                              "persist a newer version")

@@ -1,8 +1,12 @@
-"""Resumable multipart uploads of a pinned shard version (a persist to S3).
+"""Resumable multipart uploads of a shard version (a persist to S3).
 
 The sidecar pins the version it persists in the slot file (gemini_trainer.shm: the trainers
-skip overwriting it while it is pinned, and unpinned it is released), so the upload reads a
-version no one writes, never a live slot. Its parts go `concurrency` at a time. The upload's
+skip overwriting it while it is pinned) only while `stage_copy` copies it into the sidecar's
+own memory, then releases it: an upload takes as long as S3 allows (tens of seconds per GiB
+on a busy link), and a pin held that long would stop the trainers' in-memory checkpoints after
+one more version. The cost is one more version of the shard in the sidecar's memory while an
+upload runs; without memory for it, the upload reads the pinned slot as before. Either way it
+reads a version no one writes, never a live slot. Its parts go `concurrency` at a time. The upload's
 key, id, version, sequence number and part size are kept in a small state file on the pod's
 memory volume, which outlives a sidecar restart: a restarted sidecar asked to persist the same
 version again asks S3 which parts it already has (ListParts) and sends only the others. An
@@ -20,11 +24,28 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from botocore.exceptions import ClientError
 
 log = logging.getLogger(__name__)
 
 MIN_PART_BYTES = 5 << 20  # S3's least part size (but for the last part)
+STAGE_CHUNK_BYTES = 64 << 20  # numpy releases the GIL while it copies each
+
+
+def stage_copy(data: memoryview) -> memoryview | None:
+    """A private copy of `data` (a pinned slot's payload), or None without memory for one."""
+    try:
+        copy = np.empty(len(data), dtype=np.uint8)
+    except MemoryError:
+        log.warning("no memory to copy %d bytes aside for their upload: uploading from the "
+                    "pinned slot (the trainers skip their snapshots meanwhile)", len(data))
+        return None
+    source = np.frombuffer(data, dtype=np.uint8)
+    for start in range(0, len(data), STAGE_CHUNK_BYTES):
+        end = start + STAGE_CHUNK_BYTES
+        copy[start:end] = source[start:end]
+    return copy.data
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,13 @@
-"""Persists read a pinned version and resume after a sidecar restart (gemini_sidecar.uploads),
-against the real S3 server the project starts (Ceph RADOS Gateway)."""
+"""Persists read a version copied aside under a pin and resume after a sidecar restart
+(gemini_sidecar.uploads), against the real S3 server the project starts (Ceph RADOS Gateway)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import zlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,14 @@ from gemini_sidecar.config import S3Settings
 from gemini_sidecar.s3 import open_store
 from gemini_trainer.shm import ShardSlots, shard_path
 from tests.fixtures.s3 import sidecar_settings
-from tests.integration.sidecar.conftest import TOKEN, free_port, make_config, payload, write_local
+from tests.integration.sidecar.conftest import (
+    TOKEN,
+    free_port,
+    make_config,
+    payload,
+    wait_for,
+    write_local,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
 PART = 5 << 20
@@ -28,10 +37,13 @@ def settings(s3_server: Any, prefix: str) -> S3Settings:
     return sidecar_settings(s3_server, prefix, part_bytes=PART, concurrency=2)
 
 
-async def test_a_persist_pins_its_version_while_it_uploads_and_releases_it_after(
+async def test_a_persist_pins_its_version_only_to_copy_it_so_checkpoints_go_on_during_upload(
         tmp_path: Path, s3_server: Any, s3_prefix: str) -> None:
     car = Sidecar(make_config(0, 1, tmp_path, {0: free_port()}, s3=settings(s3_server, s3_prefix)))
     await car.start()
+    assert car.s3 is not None
+    slow = SlowParts(car.s3.client, delay=0.3)  # 10 parts, 2 at a time: about 1.5 s
+    car.s3 = replace(car.s3, client=slow)
     size = 9 * PART + 123
     info = write_local(car.cfg, 7, payload(7, size), capacity=size)
     path = shard_path(0, car.cfg.shm_dir, car.cfg.job)
@@ -42,22 +54,54 @@ async def test_a_persist_pins_its_version_while_it_uploads_and_releases_it_after
         with ShardSlots(path) as slots:
             while not stop.is_set():
                 pins.append(slots.pinned_seq)
-                time.sleep(0.001)
+                time.sleep(0.0002)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        async with aiohttp.ClientSession() as http, http.post(
+        async with aiohttp.ClientSession() as http:
+            persist = asyncio.create_task(http.post(
                 f"http://127.0.0.1:{car.api_port}/persist", json={"version": 7},
-                headers={"Authorization": f"Bearer {TOKEN.decode()}"}) as resp:
-            assert resp.status == 200, await resp.text()
+                headers={"Authorization": f"Bearer {TOKEN.decode()}"}))
+            await wait_for(lambda: slow.started > 0, what="the upload's first part")
+            # The trainer's two next snapshots, while the upload runs: both slots are free.
+            for version in (8, 9):
+                with ShardSlots(path) as slots:
+                    newest = slots.latest_complete()
+                    assert newest is not None
+                    assert slots.may_overwrite(acknowledged_seq=newest.seq), \
+                        f"version {version} would be skipped: the upload still pins its slot"
+                write_local(car.cfg, version, payload(version, size), capacity=size)
+            assert not persist.done(), "the upload ended before the test wrote into its slot"
+            async with await persist as resp:
+                assert resp.status == 200, await resp.text()
+                key = (await resp.json())["key"]
     finally:
         stop.set()
         watcher.join()
         await car.stop()
-    assert info.seq in pins, "the version was not pinned while it was uploaded"
+    assert info.seq in pins, "the version was not pinned while it was copied"
     with ShardSlots(path) as slots:
-        assert slots.pinned_seq == 0  # released: the trainers may reuse the slot again
+        assert slots.pinned_seq == 0
+        assert {i.version for i in slots.slot_info() if i.complete} == {8, 9}
+    body = car.s3.client.get_object(Bucket=car.s3.bucket, Key=key)["Body"].read()
+    assert body == payload(7, size)  # the version asked for, though its slot was reused
+
+
+class SlowParts:
+    """A real S3 client whose parts take `delay` seconds each, as on a busy link."""
+
+    def __init__(self, client: Any, delay: float) -> None:
+        self._client, self._delay = client, delay
+        self.started = 0
+
+    def upload_part(self, **kw: Any) -> Any:
+        self.started += 1
+        time.sleep(self._delay)
+        return self._client.upload_part(**kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
 
 
 class DiesAfter:

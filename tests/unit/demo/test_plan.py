@@ -18,7 +18,9 @@ PLACEMENT = {
     ("kwargs", "message"),
     [
         ({"failures": ("trainer-crash", "meteor")}, "unknown failure kind(s) meteor"),
-        ({"replicas": 5}, "--replicas must be between 2 and --workers (4)"),
+        ({"replicas": 5}, "--replicas must be between 1 and --workers (4)"),
+        ({"replicas": 1}, "a group loss needs --replicas 2 or more"),
+        ({"persist_interval": 0}, "--persist-interval must be at least 1 second"),
         ({"workers": 1}, "--workers must be between 2 and 16"),
         ({"model_size": "huge"}, "--model-size must be one of"),
         ({"steps": 5}, "--steps 5 is too few for 3 failure(s)"),
@@ -39,6 +41,18 @@ def test_the_default_step_count_leaves_room_for_every_failure_and_the_s3_wait() 
     # The group loss waits for a checkpoint in S3 (persisted every 30 s at the earliest).
     idle_steps = everything.total_steps - plan.WARMUP_STEPS - 4 * plan.STEPS_BETWEEN
     assert idle_steps * everything.step_sleep >= plan.PERSIST_INTERVAL_SECONDS
+    # with one copy a node loss restores from S3: it waits for a checkpoint there too
+    s3_only = DemoConfig(replicas=1, failures=("node-loss",), persist_interval=4)
+    idle_steps = s3_only.total_steps - plan.WARMUP_STEPS - 2 * plan.STEPS_BETWEEN
+    assert idle_steps * s3_only.step_sleep >= 4
+    assert DemoConfig(replicas=1, failures=("trainer-crash",)).total_steps == \
+        crash_only.total_steps
+
+
+def test_the_persist_interval_reaches_the_manifest() -> None:
+    manifest = plan.job_manifest(DemoConfig(persist_interval=1), "train.py", "http://s3",
+                                 "bucket", "prefix")
+    assert manifest["spec"]["persistence"]["intervalSeconds"] == 1
 
 
 def test_spares_cover_every_node_the_failures_take_away() -> None:
@@ -138,6 +152,22 @@ def test_a_failure_is_injected_only_once_training_runs_and_progressed(
     kind: str, step: int | None, status: dict[str, object], expected: bool,
 ) -> None:
     assert plan.ready_to_inject(kind, step, 7, status) is expected
+
+
+@pytest.mark.parametrize(
+    ("kind", "persisted", "expected"),
+    [
+        ("node-loss", None, False),  # the only copy goes with the node: S3 must have one
+        ("node-loss", 4, True),
+        ("partition", None, False),
+        ("trainer-crash", None, True),  # restored from the node's own memory
+    ],
+)
+def test_with_one_copy_a_lost_node_waits_for_a_checkpoint_in_s3(
+    kind: str, persisted: int | None, expected: bool,
+) -> None:
+    status = {**RUNNING, "checkpoint": {"inMemoryStep": 9, "persistedStep": persisted}}
+    assert plan.ready_to_inject(kind, 9, 7, status, replicas=1) is expected
 
 
 def test_a_slow_link_is_opt_in_takes_no_node_away_and_gets_its_steps() -> None:
