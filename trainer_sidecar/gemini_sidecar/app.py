@@ -31,7 +31,7 @@ from gemini_sidecar.config import (
     parse_address,
 )
 from gemini_sidecar.fetcher import Fetched, FetchRequest, fetch
-from gemini_sidecar.local import LocalShard
+from gemini_sidecar.local import LocalShard, LocalShardError
 from gemini_sidecar.metrics import SidecarMetrics, make_metrics
 from gemini_sidecar.pacing import Profile, load_profile, profile_path
 from gemini_sidecar.peer_client import FetchFailed
@@ -254,6 +254,8 @@ class Sidecar:
         if stall_seconds is not None:
             self.metrics.snapshot_stall.observe(stall_seconds)
         self.metrics.latest_local_version.set(version)
+        if self._persisted is not None and version <= self._persisted[0][0]:
+            self._persisted = None  # a restart from an older step: that upload is history
         self.replicator.notify(version)
 
     def holders_for(self, rank: int, given: Sequence[int | str] | None) -> list[PeerAddress]:
@@ -392,7 +394,16 @@ class Sidecar:
         after the answer was lost)."""
         store = self._need_s3()
         progress = progress if progress is not None else Progress()
-        info, data = self.local.read(version)
+        try:
+            info, data = self.local.read(version)
+        except LocalShardError:
+            # Asked again after the trainers reused its slot (ranks' uploads can end a minute
+            # apart on a slow S3, longer than a finished transfer answers for itself).
+            note = self._persisted
+            if note is not None and version is not None and \
+                    self._persisted_then_overwritten(version):
+                return note[1]
+            raise
         done = self._persisted
         # the same slot write (a restart from an older step writes its versions again)
         if done is not None and done[0] == (info.version, info.seq, info.checksum):
@@ -431,6 +442,16 @@ class Sidecar:
         answer = PersistAnswer(key, info.version, len(data), seconds, info.checksum)
         self._persisted = ((info.version, info.seq, info.checksum), answer)
         return answer
+
+    def _persisted_then_overwritten(self, version: int) -> bool:
+        """Whether the last upload was of `version` and the slot file holds only versions
+        written after it, each newer: no restart from an older step rewrote `version` since
+        (notify forgets the upload when one does)."""
+        if self._persisted is None or self._persisted[0][0] != version:
+            return False
+        seq = self._persisted[0][1]
+        complete = [i for i in self.local.slot_info() if i.complete]
+        return bool(complete) and all(i.version > version and i.seq > seq for i in complete)
 
     def _upload_state_path(self) -> Path:
         # On the pod's memory volume, next to the slot file: it outlives a sidecar restart.

@@ -17,6 +17,7 @@ import pytest
 from gemini_sidecar import uploads
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import S3Settings
+from gemini_sidecar.local import LocalShardError
 from gemini_sidecar.s3 import open_store
 from gemini_trainer.shm import ShardSlots, shard_path
 from tests.fixtures.s3 import sidecar_settings
@@ -76,6 +77,12 @@ async def test_a_persist_pins_its_version_only_to_copy_it_so_checkpoints_go_on_d
             async with await persist as resp:
                 assert resp.status == 200, await resp.text()
                 key = (await resp.json())["key"]
+            # Asked again once its slot is reused (another rank's upload ended much later):
+            # answered from the upload, not refused for a version no longer in memory.
+            assert (await car.persist(7)).key == key
+            car.notify(6, None)  # a restart from an older step: version 7 will be rewritten
+            with pytest.raises(LocalShardError):
+                await car.persist(7)
     finally:
         stop.set()
         watcher.join()
