@@ -110,7 +110,8 @@ REFUSED = [
                  "needs onExitCodes or onPodFailureReasons", id="a rule that matches nothing"),
     pytest.param(make_job().set("persistence", {"bucketURI": "gs://x/y"}), "s3://",
                  id="a non-S3 bucket"),
-    pytest.param(make_job().set("persistence", {"bucketURI": "s3://ckpt/run", "intervalSeconds": 0}),
+    pytest.param(make_job().set("persistence",
+                                {"bucketURI": "s3://ckpt/run", "intervalSeconds": 0}),
                  "spec.persistence.intervalSeconds", id="uploads without a pause between"),
     pytest.param(make_job().drop("template"), "spec.template: is required", id="no template"),
 ]
