@@ -102,6 +102,10 @@ WORKERS_CANNOT_START = Reason(
     T.RUNNING, False, "WorkersCannotStart", "pod {pod} {problem}{more}", warning=True,
 )
 ALL_WORKERS_READY = Reason(T.RUNNING, True, "AllWorkersReady", "all {total} workers are ready")
+WORKERS_FINISHING = Reason(
+    T.RUNNING, True, "WorkersFinishing", "{succeeded} of {total} workers finished training, the "
+    "others are still at work",
+)
 JOB_FINISHED = Reason(T.RUNNING, False, "JobFinished", "the job has finished")
 JOB_SUSPENDED = Reason(
     T.SUSPENDED, True, "JobSuspended", "the job is suspended: its worker pods are deleted"

@@ -558,6 +558,9 @@ def _running(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: 
     workers = draft.status.workers
     if workers.ready == spec.num_nodes:
         draft.set(cond.ALL_WORKERS_READY, total=spec.num_nodes)
+    elif workers.succeeded and workers.ready + workers.succeeded == spec.num_nodes:
+        # the last steps: pods end one by one; still Running, never back to "starting"
+        draft.set(cond.WORKERS_FINISHING, succeeded=workers.succeeded, total=spec.num_nodes)
     elif not _cannot_start(observed, draft, current):
         draft.set(cond.WORKERS_STARTING, ready=workers.ready, total=spec.num_nodes)
     return True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from datetime import UTC, datetime, timedelta
 
 from gemini.domain.recovery import FailureKind
@@ -121,6 +123,28 @@ def test_ready_workers_make_the_job_running_with_a_domain_aware_placement():
         assert {ZONES[r] for r in group} == {"a", "b"}
     assert placement["nodes"] == {str(r): f"n{r}" for r in range(4)}
     assert _of(d, DeliverPlacement)
+
+
+def test_workers_finishing_one_by_one_keep_the_job_running_until_all_succeeded():
+    h = Harness()
+    h.step()
+    h.run_pods()
+    h.step()
+    h.deliver()
+    h.step()
+    h.job["status"]["launch"] = launch_record(1, 0, h.pods, CONFIG.render).to_dict()
+    h.step()
+    for rank in (0, 1):
+        h.pods[rank] = replace(h.pods[rank], phase="Succeeded", ready=False)
+    h.step()
+    assert h.status()["state"] == "Running"
+    running = h.condition("Running")
+    assert (running["status"], running["reason"]) == ("True", "WorkersFinishing")
+    assert "2 of 4 workers finished" in running["message"]
+    for rank in (2, 3):
+        h.pods[rank] = replace(h.pods[rank], phase="Succeeded", ready=False)
+    h.step()
+    assert h.status()["state"] == "Succeeded"
 
 
 def test_reconciling_an_unchanged_job_writes_nothing_and_says_nothing():
