@@ -399,11 +399,10 @@ class Sidecar:
         except LocalShardError:
             # Asked again after the trainers reused its slot (ranks' uploads can end a minute
             # apart on a slow S3, longer than a finished transfer answers for itself).
-            note = self._persisted
-            if note is not None and version is not None and \
-                    self._persisted_then_overwritten(version):
-                return note[1]
-            raise
+            earlier = self._upload_of_reused_slot(version)
+            if earlier is None:
+                raise
+            return earlier
         done = self._persisted
         # the same slot write (a restart from an older step writes its versions again)
         if done is not None and done[0] == (info.version, info.seq, info.checksum):
@@ -443,15 +442,16 @@ class Sidecar:
         self._persisted = ((info.version, info.seq, info.checksum), answer)
         return answer
 
-    def _persisted_then_overwritten(self, version: int) -> bool:
-        """Whether the last upload was of `version` and the slot file holds only versions
-        written after it, each newer: no restart from an older step rewrote `version` since
-        (notify forgets the upload when one does)."""
+    def _upload_of_reused_slot(self, version: int | None) -> PersistAnswer | None:
+        """The last upload's answer if it was of `version` and the slot file holds only
+        versions written after it, each newer: no restart from an older step rewrote
+        `version` since (notify forgets the upload when one does)."""
         if self._persisted is None or self._persisted[0][0] != version:
-            return False
-        seq = self._persisted[0][1]
+            return None
+        (_, seq, _), answer = self._persisted
         complete = [i for i in self.local.slot_info() if i.complete]
-        return bool(complete) and all(i.version > version and i.seq > seq for i in complete)
+        newer = bool(complete) and all(i.version > version and i.seq > seq for i in complete)
+        return answer if newer else None
 
     def _upload_state_path(self) -> Path:
         # On the pod's memory volume, next to the slot file: it outlives a sidecar restart.
