@@ -387,6 +387,39 @@ def test_deleting_a_pod_ends_its_processes_within_grace(local_cluster, namespace
     assert (tmp_path / "alive-at-sidecar-term").read_text() == "none"  # sidecar stopped last
 
 
+def test_each_container_has_its_own_tmpdir_removed_with_the_pod(local_cluster, namespace):
+    core = local_cluster.core
+    # Each container writes a file into its temporary folder and names the folder.
+    writer = py("""
+        import os, tempfile, time
+        folder = tempfile.gettempdir()
+        open(os.path.join(folder, 'left-behind'), 'w').write('x')
+        print('TMP=' + folder, flush=True)
+        time.sleep(60)
+    """)
+    core.create_namespaced_pod(namespace, pod("tmp", [
+        {"name": "a", "image": "x", "command": writer},
+        {"name": "b", "image": "x", "command": writer}]))
+    wait_phase(core, namespace, "tmp", "Running")
+    folders: dict[str, Path] = {}
+
+    def named() -> bool:
+        for name in ("a", "b"):
+            logs = core.read_namespaced_pod_log("tmp", namespace, container=name)
+            found = [line[4:] for line in logs.splitlines() if line.startswith("TMP=")]
+            if found:
+                folders[name] = Path(found[0])
+        return len(folders) == 2
+    wait_until(named, 15, "both containers to name their temporary folder")
+    assert folders["a"] != folders["b"]
+    for folder in folders.values():
+        assert folder.parent.name.startswith("gemini-pod-"), folder  # the pod's, not /tmp
+        assert (folder / "left-behind").exists()
+    core.delete_namespaced_pod("tmp", namespace)
+    wait_until(lambda: not any(f.exists() for f in folders.values()), 15,
+               "the temporary folders to go with the pod")
+
+
 def _alive(pid: int) -> bool:
     try:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"

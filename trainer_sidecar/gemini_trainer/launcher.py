@@ -116,6 +116,16 @@ WRITE_TIMEOUT_S = 10.0  # an answer the client does not read is dropped after th
 Child = subprocess.Popen[bytes] | LocalGroup
 
 
+# A Unix socket path holds at most 107 bytes: the in-process link's is <root>/<dir>/<name>.
+_SOCKET_SUFFIX = len("/gemini-launch-xxxxxxxx/inprocess.sock")
+
+
+def socket_tmp_root() -> str:
+    """TMPDIR, unless a socket made in it would not fit: then /tmp."""
+    root = tempfile.gettempdir()
+    return root if len(os.fsencode(root)) + _SOCKET_SUFFIX <= 107 else "/tmp"
+
+
 class LauncherConfigError(ValueError):
     """The launcher cannot start as configured; the message says what to set."""
 
@@ -231,7 +241,7 @@ class Launcher:
         self._started_at: float | None = None
         self._stopping = False
         self._done = threading.Event()
-        self._tmp = tempfile.TemporaryDirectory(prefix="gemini-launch-")
+        self._tmp = tempfile.TemporaryDirectory(prefix="gemini-launch-", dir=socket_tmp_root())
         self.heartbeat_file = config.heartbeat_file or Path(self._tmp.name) / "heartbeat"
         self._spawner = _Spawner()
         self._output_lock = threading.Lock()

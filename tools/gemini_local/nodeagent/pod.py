@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
+import tempfile
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -88,6 +89,7 @@ class PodWorker:
         self.restart_policy = spec.get("restartPolicy", "Always")
         self.dir = ctx.node_dir / "pods" / f"{self.namespace}_{self.name}_{self.uid}"
         self.shm_dir = Path(ctx.config.shm_dir) / self.uid
+        self.tmp_dir = Path(tempfile.gettempdir()) / f"gemini-pod-{self.uid[:13]}"
         self.inits = [ContainerRun(c, "sidecar" if is_sidecar(c) else "init", self.dir)
                       for c in spec.get("initContainers") or []]
         self.mains = [ContainerRun(c, "main", self.dir) for c in spec["containers"]]
@@ -327,7 +329,8 @@ class PodWorker:
 
     def _command(self, run: ContainerRun) -> tuple[list[str], dict[str, str], Path]:
         spec = run.spec
-        env = container_env(spec, self._facts(), self.objects, self._base_env())
+        env = container_env(spec, self._facts(), self.objects,
+                            {**self._base_env(), "TMPDIR": str(self._tmp_dir(run))})
         env.update(volume_env(spec, self.dirs))
         argv = [expand(str(a), env) for a in [*(spec.get("command") or []),
                                               *(spec.get("args") or [])]]
@@ -347,6 +350,15 @@ class PodWorker:
             return namespaced_argv(argv, mounts, workdir, hostname), env, self.dir
         Path(workdir).mkdir(parents=True, exist_ok=True)
         return argv, env, Path(workdir)
+
+    def _tmp_dir(self, run: ContainerRun) -> Path:
+        """The container's own temporary folder, removed with the pod, as a container's /tmp
+        is: processes here share the host's /tmp, where killed ones left their files. Short,
+        under /tmp, not in the pod's folder: Unix socket paths made in it must fit 107 bytes."""
+        path = self.tmp_dir / run.name
+        path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o1777)  # like /tmp: whatever user the container runs as can write there
+        return path
 
     def _own_network(self) -> bool:
         """hostNetwork pods keep the node's hostname and /etc/hosts, as with a kubelet."""
@@ -501,6 +513,7 @@ class PodWorker:
         if self.pod_ip and self.pod_ip != self.ctx.config.node_ip:
             self.ctx.release_ip(self.pod_ip)
         shutil.rmtree(self.shm_dir, ignore_errors=True)
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     # --- events ------------------------------------------------------------------------------
