@@ -7,6 +7,7 @@ import json
 import logging
 import resource
 import signal
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -48,12 +49,14 @@ from gemini_sidecar.peer_server import (
 from gemini_sidecar.replicator import Replicator
 from gemini_sidecar.store import ReplicaStore, StoreError
 from gemini_sidecar.transfers import Progress, Transfers
+from gemini_trainer.shm import SlotInfo
 
 log = logging.getLogger(__name__)
 # File descriptors this process asks for (up to the hard limit): each peer connection takes
 # two, so the default soft limit of 1024 is near the connection limits of both listeners.
 WANTED_FDS = 65536
 ACCEPT_ERROR_QUIET_S = 60.0
+UPLOAD_STOP_S = 20.0  # for the parts in flight of a stopping upload (64 MiB each by default)
 
 
 class ApiListener:
@@ -176,6 +179,10 @@ class Sidecar:
         self.transfers = Transfers()
         # the last upload that finished: (version, slot seq, CRC-32) and its answer
         self._persisted: tuple[tuple[int, int, int], PersistAnswer] | None = None
+        # Set by stop(): uploads start no new part. Their threads are awaited by the event
+        # loop's shutdown, so a long upload would keep a finished pod alive until SIGKILL.
+        self._stopping = threading.Event()
+        self._uploading: set[asyncio.Future[Any]] = set()
         if self.s3 is not None and not cfg.job_uid:
             log.warning("GEMINI_JOB_UID is unset: S3 checkpoints of job %s go under uid %s, "
                         "shared with any other job of that namespace and name started so",
@@ -203,6 +210,9 @@ class Sidecar:
                  self.api_port)
 
     async def stop(self) -> None:
+        self._stopping.set()
+        if self._uploading:  # each ends after its parts in flight
+            await asyncio.wait(set(self._uploading), timeout=UPLOAD_STOP_S)
         await self.transfers.stop()
         await self.replicator.stop()
         await self.server.stop()
@@ -421,9 +431,7 @@ class Sidecar:
                                      "copied for its upload; persist a newer version")
                 data, pinned = staged, False
                 self.local.unpin(info)
-            sent = await asyncio.to_thread(
-                s3mod.persist_pinned, store, self.identity, info.version, self.cfg.rank, data,
-                info.checksum, info.seq, self._upload_state_path(), progress.add)
+            sent = await self._upload(store, info, data, progress)
         except Exception:
             self.metrics.s3_failures.inc()
             raise
@@ -441,6 +449,17 @@ class Sidecar:
         answer = PersistAnswer(key, info.version, len(data), seconds, info.checksum)
         self._persisted = ((info.version, info.seq, info.checksum), answer)
         return answer
+
+    async def _upload(self, store: s3mod.S3Store, info: SlotInfo, data: memoryview,
+                      progress: Progress) -> uploads.Uploaded:
+        """The upload on a thread that stop() can end and wait for (its memory must stay
+        mapped until the thread is done with it)."""
+        future = asyncio.ensure_future(asyncio.to_thread(
+            s3mod.persist_pinned, store, self.identity, info.version, self.cfg.rank, data,
+            info.checksum, info.seq, self._upload_state_path(), progress.add, self._stopping))
+        self._uploading.add(future)
+        future.add_done_callback(_forget(self._uploading))
+        return await asyncio.shield(future)  # a cancelled request leaves the upload to stop()
 
     def _upload_of_reused_slot(self, version: int | None) -> PersistAnswer | None:
         """The last upload's answer if it was of `version` and the slot file holds only
@@ -513,6 +532,14 @@ class Sidecar:
         if (version, reason) not in self._refused_steps:
             self._refused_steps.add((version, reason))
             log.warning("S3 of job %s: %s", self.identity, reason)
+
+
+def _forget(running: set[asyncio.Future[Any]]) -> Callable[[asyncio.Future[Any]], None]:
+    def done(future: asyncio.Future[Any]) -> None:
+        running.discard(future)
+        if not future.cancelled():
+            future.exception()  # read here: its request may have gone (no unread-error log)
+    return done
 
 
 def s3_identity(cfg: SidecarConfig) -> s3mod.JobIdentity:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,15 +165,16 @@ class _ViewWriter(_ViewFile):
 
 def persist_pinned(s3: S3Store, job: JobIdentity, version: int, rank: int, data: memoryview,
                    crc: int, seq: int, state_path: Path,
-                   progress: Callable[[int], None] = _ignore) -> uploads.Uploaded:
+                   progress: Callable[[int], None] = _ignore,
+                   stop: threading.Event | None = None) -> uploads.Uploaded:
     """Upload one rank's shard version, resuming an unfinished upload of the same version
-    (gemini_sidecar.uploads); the caller has pinned it in the slot file. `progress` is
-    called with the bytes of each part in S3."""
+    (gemini_sidecar.uploads); the caller has pinned it in the slot file or copied it aside.
+    `progress` is called with the bytes of each part in S3; `stop` ends it early."""
     key = shard_key(s3, job, version, rank)
     meta = {CRC_KEY: f"{crc:08x}", LENGTH_KEY: str(len(data))}
     return uploads.upload(s3.client, s3.bucket, key, data, meta, state_path, version, seq,
                           int(s3.transfer.multipart_chunksize), int(s3.transfer.max_concurrency),
-                          progress)
+                          progress, stop)
 
 
 def _head(s3: S3Store, key: str) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -46,6 +47,11 @@ def stage_copy(data: memoryview) -> memoryview | None:
         end = start + STAGE_CHUNK_BYTES
         copy[start:end] = source[start:end]
     return copy.data
+
+
+class UploadStopped(Exception):
+    """The sidecar is stopping: the upload ends after the parts in flight and stays
+    resumable (its state file is kept)."""
 
 
 @dataclass(frozen=True)
@@ -81,10 +87,12 @@ class Uploaded:
 
 def upload(client: Any, bucket: str, key: str, data: memoryview, metadata: Mapping[str, str],
            state_path: Path, version: int, seq: int, part_bytes: int,
-           concurrency: int, progress: Callable[[int], None] = lambda _: None) -> Uploaded:
+           concurrency: int, progress: Callable[[int], None] = lambda _: None,
+           stop: threading.Event | None = None) -> Uploaded:
     """Upload `data` to `key`, resuming an unfinished upload of the same version and slot
     sequence number recorded at `state_path`; `progress` gets the bytes of each part in S3
-    (those already there first)."""
+    (those already there first). Once `stop` is set no new part starts (UploadStopped): a
+    stopping sidecar must not wait for the rest of a long upload."""
     part_bytes = max(part_bytes, MIN_PART_BYTES)
     if len(data) <= part_bytes:
         client.put_object(Bucket=bucket, Key=key, Body=bytes(data), Metadata=dict(metadata))
@@ -105,6 +113,8 @@ def upload(client: Any, bucket: str, key: str, data: memoryview, metadata: Mappi
         progress(sum(_part_size(state, len(data), n) for n in done))
 
     def send(number: int) -> tuple[int, str]:
+        if stop is not None and stop.is_set():
+            raise UploadStopped(f"the upload of version {version} stopped before part {number}")
         start = (number - 1) * state.part_bytes
         body = bytes(data[start : start + state.part_bytes])
         answer = client.upload_part(Bucket=bucket, Key=key, UploadId=state.upload_id,

@@ -95,6 +95,44 @@ async def test_a_persist_pins_its_version_only_to_copy_it_so_checkpoints_go_on_d
     assert body == payload(7, size)  # the version asked for, though its slot was reused
 
 
+async def test_a_stopping_sidecar_ends_its_upload_after_the_parts_in_flight(
+        tmp_path: Path, s3_server: Any, s3_prefix: str) -> None:
+    # A pod's sidecar got SIGTERM during a long upload and lived on until SIGKILL (30 s):
+    # the event loop's shutdown waits for the upload's thread.
+    config = make_config(0, 1, tmp_path, {0: free_port()}, s3=settings(s3_server, s3_prefix))
+    car = Sidecar(config)
+    await car.start()
+    assert car.s3 is not None
+    slow = SlowParts(car.s3.client, delay=0.5)  # 10 parts, 2 at a time: about 2.5 s
+    car.s3 = replace(car.s3, client=slow)
+    size = 9 * PART + 123
+    write_local(car.cfg, 7, payload(7, size), capacity=size)
+    persist = asyncio.create_task(car.persist(7))
+    await wait_for(lambda: slow.started > 0, what="the upload's first part")
+    started = time.monotonic()
+    await car.stop()
+    stopped_in = time.monotonic() - started
+    parts_at_stop = slow.started
+    await asyncio.sleep(1.5)
+    assert slow.started == parts_at_stop < 10, "parts were still sent after the stop"
+    assert stopped_in < 2.0, f"the stop waited {stopped_in:.1f} s"
+    with pytest.raises(uploads.UploadStopped):
+        await persist
+    # Resumable: a sidecar started again on the pod's memory sends only the parts S3 lacks.
+    again = Sidecar(config)
+    await again.start()
+    assert again.s3 is not None
+    counted = SlowParts(again.s3.client, delay=0)
+    again.s3 = replace(again.s3, client=counted)
+    try:
+        answer = await again.persist(7)
+    finally:
+        await again.stop()
+    assert counted.started == 10 - parts_at_stop
+    body = again.s3.client.get_object(Bucket=again.s3.bucket, Key=answer.key)["Body"].read()
+    assert body == payload(7, size)
+
+
 class SlowParts:
     """A real S3 client whose parts take `delay` seconds each, as on a busy link."""
 
