@@ -19,7 +19,7 @@ reconcile plans again with that rank lost.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from gemini.domain.placement import Placement
@@ -29,13 +29,14 @@ from gemini_operator.apitime import api_time
 from gemini_operator.cache import ClusterCache, Snapshot
 from gemini_operator.decide import JobView, Recover
 from gemini_operator.failures import describe
+from gemini_operator.node_affinity import avoiding_nodes, preferring_nodes
 from gemini_operator.observed import PodView, pod_view
 from gemini_operator.outcome import Outcome, RecoveryWait, S3Unreadable, Unrecoverable
 from gemini_operator.records import MODE_FRESH, PlanRecord, RecoveryPhase, RecoveryRecord
 from gemini_operator.restore import PhaseExecutor
 from gemini_operator.sidecars import SidecarError, refusing, worker_ports
 from gemini_operator.silence import PRESUME_S, suspects
-from gemini_operator.spares import prefer_nodes, spare_nodes
+from gemini_operator.spares import spare_nodes
 from gemini_operator.spec import JobSpec
 from gemini_operator.status import JobStatus
 from gemini_operator.worker_calls import inventory_copies
@@ -194,8 +195,8 @@ class RecoveryExecutor(PhaseExecutor):
                                              self.config.render)
                 # Spares first: off lost nodes, towards a node a placeholder holds (when none
                 # is free, the scheduler preempts a placeholder: it has the lowest priority).
-                self.kube.create(prefer_nodes(_avoid_nodes(manifest, down),
-                                              spare_nodes(snap.spares, snap.nodes)))
+                self.kube.create(preferring_nodes(avoiding_nodes(manifest, down),
+                                                  spare_nodes(snap.spares, snap.nodes)))
                 waiting.append(f"rank {rank}: replacement created")
             elif pod.phase != "Running" or not pod.ip:
                 waiting.append(f"rank {rank}: replacement is {pod.phase}")
@@ -214,15 +215,3 @@ def _fresh(lost: set[int], reason: str) -> PlanRecord:
     return PlanRecord.from_plan(RecoveryPlan(None, MODE_FRESH, {}, tuple(sorted(lost)), {},
                                              reason), None)
 
-
-def _avoid_nodes(manifest: dict[str, Any], nodes: Sequence[str]) -> dict[str, Any]:
-    """The pod kept off `nodes` (lost ones the scheduler may not know about yet)."""
-    if not nodes:
-        return manifest
-    # One value per field requirement (the API's rule); requirements of a term are ANDed.
-    term = {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [node]}
-                            for node in nodes]}
-    affinity = manifest["spec"].setdefault("affinity", {})
-    affinity["nodeAffinity"] = {
-        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
-    return manifest

@@ -14,12 +14,13 @@ Pure: views in, manifests, status and events out; reconciler.py executes `HoldSp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gemini_operator import naming
 from gemini_operator.events import Event, EventReason
+from gemini_operator.node_affinity import avoiding_nodes
 from gemini_operator.observed import NodeView, condition_true, controller_uid
 from gemini_operator.pod_template import merged
 from gemini_operator.render import (
@@ -188,7 +189,9 @@ def decide_spares(
     )
     create: list[Manifest] = []
     if workers_placed:
-        create = [spare_pod(job, spec, i, config) for i in range(desired) if i not in spares]
+        # Off lost nodes: the scheduler may still place pods there until the node is marked.
+        create = [avoiding_nodes(spare_pod(job, spec, i, config), sorted(lost))
+                  for i in range(desired) if i not in spares]
     action = HoldSpares(tuple(create), tuple(delete), tuple(force)) if (
         create or delete or force) else None
     status = spare_status(desired, spares, nodes) if desired or spares else None
@@ -221,21 +224,6 @@ def spare_status(desired: int, spares: Mapping[int, SpareView],
 def spare_nodes(spares: Mapping[int, SpareView], nodes: Mapping[str, NodeView]) -> list[str]:
     """The nodes a placeholder holds: where a replacement should go first."""
     return sorted(s.node_name for s in spares.values() if _holds(s, nodes))
-
-
-def prefer_nodes(manifest: Manifest, names: Sequence[str]) -> Manifest:
-    """`manifest` with a preferred node affinity for `names` (one term per node: a field
-    requirement takes one value). It steers a replacement to a spare node when several are
-    feasible; when none is, the scheduler preempts a placeholder anyway (the lowest priority)."""
-    if not names:
-        return manifest
-    node_affinity = manifest["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
-    node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
-        {"weight": 100, "preference": {"matchFields": [
-            {"key": "metadata.name", "operator": "In", "values": [name]}]}}
-        for name in names
-    ]
-    return manifest
 
 
 def priority_classes(config: RenderConfig) -> list[Manifest]:

@@ -178,19 +178,6 @@ def test_a_replan_for_newly_lost_ranks_is_confirmed_with_the_api_first() -> None
     assert not _replans(Decision(JobStatus(), (action,)))  # a new recovery: confirmed anyway
 
 
-def test_a_replacement_is_kept_off_lost_nodes_with_one_value_per_requirement() -> None:
-    from gemini_operator.recovery import _avoid_nodes
-
-    pod = _avoid_nodes({"spec": {"affinity": {"podAntiAffinity": {}}}}, ["n1", "n3"])
-    (term,) = pod["spec"]["affinity"]["nodeAffinity"][
-        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert term["matchFields"] == [
-        {"key": "metadata.name", "operator": "NotIn", "values": ["n1"]},
-        {"key": "metadata.name", "operator": "NotIn", "values": ["n3"]}]
-    assert "podAntiAffinity" in pod["spec"]["affinity"]
-    assert _avoid_nodes({"spec": {}}, []) == {"spec": {}}
-
-
 # status.recovery and status.launch as the operator wrote them before they were typed: the
 # records must read them and write back exactly the same JSON (the CRD, the kubectl plugin
 # and a restarted operator read it).

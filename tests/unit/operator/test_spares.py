@@ -9,14 +9,13 @@ from typing import Any
 from gemini_operator import naming, render
 from gemini_operator.cache import ClusterCache
 from gemini_operator.decide import JobView, Observed, decide
+from gemini_operator.node_affinity import avoiding_nodes, preferring_nodes
 from gemini_operator.observed import NodeView
-from gemini_operator.recovery import _avoid_nodes
 from gemini_operator.spares import (
     GRACE_SECONDS,
     HoldSpares,
     SpareView,
     ensure_priority_classes,
-    prefer_nodes,
     priority_classes,
     spare_nodes,
     spare_pod,
@@ -223,6 +222,19 @@ def test_fewer_spares_delete_the_highest_indices_and_lost_or_failed_ones_are_rep
     assert h.status()["spares"]["desired"] == 1
 
 
+def test_a_placeholder_made_again_stays_off_lost_nodes():
+    # The scheduler may place a pod on a lost node until its taint lands: a placeholder made
+    # again there was deleted and made again in a loop through the recovery.
+    h = _running_job(spares=1)
+    h.nodes["n5"] = NodeView("n5", False)
+    (made,) = _held(h.step()).create
+    (term,) = made["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term["matchFields"] == [
+        {"key": "metadata.name", "operator": "NotIn", "values": ["n5"]}]
+    assert "podAntiAffinity" in made["spec"]["affinity"]
+
+
 def test_a_job_without_spares_has_no_spare_status():
     h = _running_job(spares=0)
     assert _hold(h.step()) is None
@@ -238,7 +250,7 @@ def test_a_replacement_prefers_spare_nodes_and_stays_off_lost_ones():
               2: SpareView("s-2", 2, "c", "Pending")}
     assert spare_nodes(spares, nodes) == ["n1"]
     worker = render.worker_pod(JOB, _spec(), 1, 0, render.RenderConfig())
-    pod = prefer_nodes(_avoid_nodes(worker, ["n2"]), ["n1", "n3"])
+    pod = preferring_nodes(avoiding_nodes(worker, ["n2"]), ["n1", "n3"])
     affinity = pod["spec"]["affinity"]
     assert affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"] == [{"matchFields": [
@@ -246,7 +258,7 @@ def test_a_replacement_prefers_spare_nodes_and_stays_off_lost_ones():
     assert [t["preference"]["matchFields"][0]["values"] for t in affinity["nodeAffinity"][
         "preferredDuringSchedulingIgnoredDuringExecution"]] == [["n1"], ["n3"]]
     assert "podAntiAffinity" in affinity
-    assert prefer_nodes({"spec": {}}, []) == {"spec": {}}
+    assert preferring_nodes({"spec": {}}, []) == {"spec": {}}
 
 
 # --- priority classes -----------------------------------------------------------------------
