@@ -103,8 +103,8 @@ WORKERS_CANNOT_START = Reason(
 )
 ALL_WORKERS_READY = Reason(T.RUNNING, True, "AllWorkersReady", "all {total} workers are ready")
 WORKERS_FINISHING = Reason(
-    T.RUNNING, True, "WorkersFinishing", "{succeeded} of {total} workers finished training, the "
-    "others are still at work",
+    T.RUNNING, True, "WorkersFinishing", "{succeeded} of {total} workers finished training; the "
+    "job ends when every pod has",
 )
 JOB_FINISHED = Reason(T.RUNNING, False, "JobFinished", "the job has finished")
 JOB_SUSPENDED = Reason(

@@ -558,12 +558,22 @@ def _running(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: 
     workers = draft.status.workers
     if workers.ready == spec.num_nodes:
         draft.set(cond.ALL_WORKERS_READY, total=spec.num_nodes)
-    elif workers.succeeded and workers.ready + workers.succeeded == spec.num_nodes:
-        # the last steps: pods end one by one; still Running, never back to "starting"
-        draft.set(cond.WORKERS_FINISHING, succeeded=workers.succeeded, total=spec.num_nodes)
+    elif (done := sum(1 for p in current.values() if _finished_training(p))) and (
+            workers.ready + done == spec.num_nodes):
+        # the last steps: pods end one by one, each after its sidecar stops; still Running,
+        # never back to "starting"
+        draft.set(cond.WORKERS_FINISHING, succeeded=done, total=spec.num_nodes)
     elif not _cannot_start(observed, draft, current):
         draft.set(cond.WORKERS_STARTING, ready=workers.ready, total=spec.num_nodes)
     return True
+
+
+def _finished_training(pod: PodView) -> bool:
+    """The pod succeeded, or its trainer did while its sidecar is still stopping."""
+    if pod.phase == "Succeeded":
+        return True
+    exit_ = pod.trainer_exit
+    return pod.phase == "Running" and exit_ is not None and exit_.exit_code == 0
 
 
 def placement_document(

@@ -146,6 +146,27 @@ def test_workers_finishing_one_by_one_keep_the_job_running_until_all_succeeded()
     assert h.status()["state"] == "Succeeded"
 
 
+def test_trainers_done_while_their_sidecars_stop_keep_the_job_running():
+    # Every trainer ended at once; the pods stay Running until their sidecars stop. The job
+    # showed "Created" (Running False, "0 of 4 workers are ready") meanwhile.
+    h = Harness()
+    h.step()
+    h.run_pods()
+    h.step()
+    h.deliver()
+    h.step()
+    h.job["status"]["launch"] = launch_record(1, 0, h.pods, CONFIG.render).to_dict()
+    h.step()
+    for rank in h.pods:
+        h.pods[rank] = replace(h.pods[rank], ready=False,
+                               trainer_exit=ContainerExit(0, "Completed"))
+    h.step()
+    assert h.status()["state"] == "Running"
+    running = h.condition("Running")
+    assert (running["status"], running["reason"]) == ("True", "WorkersFinishing")
+    assert "4 of 4 workers finished" in running["message"]
+
+
 def test_reconciling_an_unchanged_job_writes_nothing_and_says_nothing():
     h = Harness()
     h.step()
