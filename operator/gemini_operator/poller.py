@@ -30,7 +30,7 @@ from gemini.control import Bearer, Inventory
 from gemini_operator import placement_delivery, sidecars
 from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.cache import ClusterCache, JobKey
-from gemini_operator.conditions import ConditionType, is_true
+from gemini_operator.conditions import FINISHED_TYPES, ConditionType, is_true
 from gemini_operator.decide import JobView, ReconcileConfig, training_started
 from gemini_operator.failures import Progress
 from gemini_operator.kube import KubeClient
@@ -74,6 +74,20 @@ class Findings:
     # whose process exited, with its code (the others are alive, parked).
     parked: Mapping[int, str] = field(default_factory=dict)
     exits: Mapping[int, int] = field(default_factory=dict)
+
+
+def workers_to_poll(job_uid: str, status: JobStatus, pods: Mapping[int, PodView]
+                    ) -> dict[int, PodView] | None:
+    """The job's running workers of its current attempt, whose sidecars are asked each poll;
+    None when none are to be asked: training has not started, a recovery is under way, or the
+    job finished (its pods keep their IPs, but their sidecars are gone)."""
+    if (not training_started(status) or status.recovery is not None
+            or is_true(status.conditions, ConditionType.RECOVERING)
+            or any(is_true(status.conditions, kind) for kind in FINISHED_TYPES)):
+        return None
+    return {r: p for r, p in pods.items() if p.owner_uid == job_uid
+            and p.attempt == status.restart_attempt and p.ip and not p.deleting
+            and not p.terminal}
 
 
 def complete_in_memory(inventories: Mapping[int, Mapping[str, Any]], ranks: Sequence[int]
@@ -170,15 +184,13 @@ class CheckpointPoller:
             return False
         job = JobView.from_object(snap.job)
         status = JobStatus.from_dict(job.status)
-        if (not training_started(status) or status.recovery is not None
-                or is_true(status.conditions, ConditionType.RECOVERING)):
+        pods = workers_to_poll(job.uid, status, snap.pods)
+        if pods is None:
             return False
         try:
             spec = parse_spec(job.spec, self.config.default_sidecar_image)
         except SpecError:
             return False
-        pods = {r: p for r, p in snap.pods.items() if p.owner_uid == job.uid
-                and p.attempt == status.restart_attempt and p.ip and not p.deleting}
         if len(pods) < spec.num_nodes:
             return False
         token = self._tokens.of(job.ref)

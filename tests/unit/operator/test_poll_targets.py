@@ -1,0 +1,55 @@
+"""Which workers' sidecars the checkpoint poller asks: none once the job finished (their pods
+keep their IPs; the poller retried a persist against them every 10 s for good)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from gemini_operator.poller import workers_to_poll
+from gemini_operator.status import JobStatus
+from gemini_operator.worker_calls import launch_record
+from tests.unit.operator.test_decide import CONFIG, Harness
+
+
+def _started() -> Harness:
+    h = Harness()
+    h.step()
+    h.run_pods(owner_uid="uid-1")
+    h.step()
+    h.deliver()
+    h.step()
+    h.job["status"]["launch"] = launch_record(1, 0, h.pods, CONFIG.render).to_dict()
+    h.step()
+    return h
+
+
+def _targets(h: Harness) -> set[int] | None:
+    found = workers_to_poll("uid-1", JobStatus.from_dict(h.job["status"]), h.pods)
+    return None if found is None else set(found)
+
+
+def test_running_workers_are_polled_and_finished_pods_are_not():
+    h = _started()
+    assert _targets(h) == {0, 1, 2, 3}
+    h.pods[0] = replace(h.pods[0], phase="Succeeded", ready=False)
+    h.step()
+    assert _targets(h) == {1, 2, 3}
+    h.pods[1] = replace(h.pods[1], owner_uid="another job of that name")
+    assert _targets(h) == {2, 3}
+
+
+def test_a_finished_job_is_not_polled():
+    h = _started()
+    for rank in h.pods:
+        h.pods[rank] = replace(h.pods[rank], phase="Succeeded", ready=False)
+    h.step()
+    assert h.status()["state"] == "Succeeded"
+    assert _targets(h) is None
+
+
+def test_nothing_is_polled_before_training_starts():
+    h = Harness()
+    h.step()
+    h.run_pods(owner_uid="uid-1")
+    h.step()
+    assert _targets(h) is None
