@@ -321,7 +321,7 @@ def test_pod_ips_are_distinct_and_pods_talk_over_tcp(local_cluster, namespace):
     core.create_namespaced_pod(namespace, pod("client", [
         {"name": "c", "image": "x", "command": client_script}], nodeName="node-2",
         restartPolicy="Never"))
-    wait_phase(core, namespace, "client", "Succeeded")
+    wait_phase(core, namespace, "client", "Succeeded", timeout=30)  # up to 5 s of retries
     assert kubectl(local_cluster, "-n", namespace, "logs", "client").split() == ["a", "b", "c"]
 
 
