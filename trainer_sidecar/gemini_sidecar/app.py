@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import logging
 import resource
@@ -11,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -54,9 +56,10 @@ from gemini_trainer.shm import SlotInfo
 log = logging.getLogger(__name__)
 # File descriptors this process asks for (up to the hard limit): each peer connection takes
 # two, so the default soft limit of 1024 is near the connection limits of both listeners.
+T = TypeVar("T")
 WANTED_FDS = 65536
 ACCEPT_ERROR_QUIET_S = 60.0
-UPLOAD_STOP_S = 20.0  # for the parts in flight of a stopping upload (64 MiB each by default)
+UPLOAD_STOP_S = 10.0  # for the parts in flight of a stopping upload (64 MiB each by default)
 
 
 class ApiListener:
@@ -213,6 +216,11 @@ class Sidecar:
         self._stopping.set()
         if self._uploading:  # each ends after its parts in flight
             await asyncio.wait(set(self._uploading), timeout=UPLOAD_STOP_S)
+        stuck = bool(self._uploading)
+        if stuck:
+            log.warning("stopping with an S3 upload whose parts in flight did not end within "
+                        "%.0f s; it is resumed by a later persist of that version",
+                        UPLOAD_STOP_S)
         await self.transfers.stop()
         await self.replicator.stop()
         await self.server.stop()
@@ -220,7 +228,8 @@ class Sidecar:
             await self._api.stop()
         if self._runner is not None:
             await self._runner.cleanup()
-        self.local.close()
+        if not stuck:  # else the upload may still read the slot file's mapping
+            self.local.close()
 
     # -- state -------------------------------------------------------------------------------
     def listener_health(self) -> dict[str, ListenerHealth]:
@@ -452,9 +461,10 @@ class Sidecar:
 
     async def _upload(self, store: s3mod.S3Store, info: SlotInfo, data: memoryview,
                       progress: Progress) -> uploads.Uploaded:
-        """The upload on a thread that stop() can end and wait for (its memory must stay
-        mapped until the thread is done with it)."""
-        future = asyncio.ensure_future(asyncio.to_thread(
+        """The upload on a daemon thread that stop() ends and waits for, for a while: a part
+        S3 never answers must not keep the process from exiting (the event loop's shutdown
+        joins its executor's threads, the interpreter every pool's)."""
+        future = in_daemon_thread(functools.partial(
             s3mod.persist_pinned, store, self.identity, info.version, self.cfg.rank, data,
             info.checksum, info.seq, self._upload_state_path(), progress.add, self._stopping))
         self._uploading.add(future)
@@ -532,6 +542,34 @@ class Sidecar:
         if (version, reason) not in self._refused_steps:
             self._refused_steps.add((version, reason))
             log.warning("S3 of job %s: %s", self.identity, reason)
+
+
+def in_daemon_thread(call: Callable[[], T]) -> asyncio.Future[T]:
+    """`call()` on a daemon thread of its own, as a future of the running loop."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(outcome: Callable[[], None]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            loop.call_soon_threadsafe(outcome)
+
+    def finish(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        try:
+            result, error = call(), None
+        except BaseException as err:  # handed to the awaiting coroutine
+            result, error = None, err
+        settle(functools.partial(finish, result, error))
+
+    threading.Thread(target=run, name="gemini-s3-upload", daemon=True).start()
+    return future
 
 
 def _forget(running: set[asyncio.Future[Any]]) -> Callable[[asyncio.Future[Any]], None]:

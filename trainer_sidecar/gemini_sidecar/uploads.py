@@ -19,8 +19,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -122,13 +121,48 @@ def upload(client: Any, bucket: str, key: str, data: memoryview, metadata: Mappi
         progress(len(body))
         return number, str(answer["ETag"])
 
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        done.update(pool.map(send, todo))
+    done.update(in_daemon_threads(send, todo, concurrency))
     client.complete_multipart_upload(
         Bucket=bucket, Key=key, UploadId=state.upload_id,
         MultipartUpload={"Parts": [{"PartNumber": n, "ETag": done[n]} for n in sorted(done)]})
     state_path.unlink(missing_ok=True)
     return Uploaded(key, count, len(todo))
+
+
+def in_daemon_threads(send: Callable[[int], tuple[int, str]], numbers: Sequence[int],
+                      concurrency: int) -> dict[int, str]:
+    """`send` of every number, `concurrency` at a time, on daemon threads: a part whose
+    request S3 never answers must not hold the stopping sidecar's exit, as a pool's threads
+    would (the interpreter joins those). The first error is raised once the others end."""
+    results: dict[int, str] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+    pending = iter(numbers)
+
+    def work() -> None:
+        while True:
+            with lock:
+                number = None if errors else next(pending, None)
+            if number is None:
+                return
+            try:
+                sent, etag = send(number)
+            except BaseException as err:  # raised again by the caller
+                with lock:
+                    errors.append(err)
+                return
+            with lock:
+                results[sent] = etag
+
+    workers = [threading.Thread(target=work, name=f"gemini-s3-part-{i}", daemon=True)
+               for i in range(max(1, min(concurrency, len(numbers))))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+    return results
 
 
 def _resume(client: Any, bucket: str, state_path: Path, key: str, version: int, seq: int,

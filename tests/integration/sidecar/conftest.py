@@ -100,13 +100,14 @@ async def wait_for(cond: Callable[[], bool], timeout: float = 20.0, what: str = 
 class SidecarProcess:
     """`gemini sidecar` as a real process, configured through its environment."""
 
-    def __init__(self, cfg: SidecarConfig, api_port: int) -> None:
+    def __init__(self, cfg: SidecarConfig, api_port: int,
+                 extra_env: Mapping[str, str] | None = None) -> None:
         import subprocess
         import sys
 
         self.cfg = cfg
         self.api_port = api_port
-        env = sidecar_env(cfg, api_port, {})
+        env = sidecar_env(cfg, api_port, extra_env or {})
         code = "import sys; from gemini_cli import main; sys.exit(main(['sidecar']))"
         self.proc = subprocess.Popen([sys.executable, "-c", code], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
