@@ -214,4 +214,3 @@ def _fresh(lost: set[int], reason: str) -> PlanRecord:
     """Nothing to restore: training starts over once the lost ranks are replaced."""
     return PlanRecord.from_plan(RecoveryPlan(None, MODE_FRESH, {}, tuple(sorted(lost)), {},
                                              reason), None)
-
