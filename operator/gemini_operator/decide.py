@@ -558,7 +558,7 @@ def _running(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: 
     workers = draft.status.workers
     if workers.ready == spec.num_nodes:
         draft.set(cond.ALL_WORKERS_READY, total=spec.num_nodes)
-    elif (done := sum(1 for p in current.values() if _finished_training(p))) and (
+    elif (done := sum(1 for p in current.values() if p.training_done)) and (
             workers.ready + done == spec.num_nodes):
         # the last steps: pods end one by one, each after its sidecar stops; still Running,
         # never back to "starting"
@@ -566,14 +566,6 @@ def _running(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: 
     elif not _cannot_start(observed, draft, current):
         draft.set(cond.WORKERS_STARTING, ready=workers.ready, total=spec.num_nodes)
     return True
-
-
-def _finished_training(pod: PodView) -> bool:
-    """The pod succeeded, or its trainer did while its sidecar is still stopping."""
-    if pod.phase == "Succeeded":
-        return True
-    exit_ = pod.trainer_exit
-    return pod.phase == "Running" and exit_ is not None and exit_.exit_code == 0
 
 
 def placement_document(

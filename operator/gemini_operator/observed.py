@@ -60,6 +60,14 @@ class PodView:
     def terminal(self) -> bool:
         return self.phase in ("Succeeded", "Failed")
 
+    @property
+    def training_done(self) -> bool:
+        """The pod succeeded, or its trainer did while the pod waits for its sidecar to stop."""
+        if self.phase == "Succeeded":
+            return True
+        done = self.trainer_exit
+        return self.phase == "Running" and done is not None and done.exit_code == 0
+
 
 @dataclass(frozen=True)
 class NodeView:

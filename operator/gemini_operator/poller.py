@@ -78,16 +78,17 @@ class Findings:
 
 def workers_to_poll(job_uid: str, status: JobStatus, pods: Mapping[int, PodView]
                     ) -> dict[int, PodView] | None:
-    """The job's running workers of its current attempt, whose sidecars are asked each poll;
-    None when none are to be asked: training has not started, a recovery is under way, or the
-    job finished (its pods keep their IPs, but their sidecars are gone)."""
+    """The job's running workers of its current attempt, whose sidecars are asked each poll
+    (not those done training: their sidecars are stopping); None when none are to be asked:
+    training has not started, a recovery is under way, or the job finished (its pods keep
+    their IPs, but their sidecars are gone)."""
     if (not training_started(status) or status.recovery is not None
             or is_true(status.conditions, ConditionType.RECOVERING)
             or any(is_true(status.conditions, kind) for kind in FINISHED_TYPES)):
         return None
     return {r: p for r, p in pods.items() if p.owner_uid == job_uid
             and p.attempt == status.restart_attempt and p.ip and not p.deleting
-            and not p.terminal}
+            and not p.terminal and not p.training_done}
 
 
 def complete_in_memory(inventories: Mapping[int, Mapping[str, Any]], ranks: Sequence[int]

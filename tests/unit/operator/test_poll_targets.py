@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from gemini_operator.observed import ContainerExit
 from gemini_operator.poller import workers_to_poll
 from gemini_operator.status import JobStatus
 from gemini_operator.worker_calls import launch_record
@@ -36,6 +37,11 @@ def test_running_workers_are_polled_and_finished_pods_are_not():
     assert _targets(h) == {1, 2, 3}
     h.pods[1] = replace(h.pods[1], owner_uid="another job of that name")
     assert _targets(h) == {2, 3}
+    # Its trainer is done; the pod runs on until its sidecar stops: a persist would fail.
+    h.pods[2] = replace(h.pods[2], trainer_exit=ContainerExit(0, "Completed"))
+    assert _targets(h) == {3}
+    h.pods[3] = replace(h.pods[3], trainer_exit=ContainerExit(1, "Error"))  # a failure
+    assert _targets(h) == {3}
 
 
 def test_a_finished_job_is_not_polled():
