@@ -203,9 +203,19 @@ def stop_node_agent(state_dir: Path, name: str) -> bool:
     untrack_connections(state_dir, name)
     shm_dir = Path(node_config(state_dir, name).shm_dir)
     shutil.rmtree(shm_dir, ignore_errors=True)
+    remove_pod_tmp_dirs(node_dir(state_dir, name))
     with contextlib.suppress(OSError):
         shm_dir.parent.rmdir()  # the cluster's /dev/shm folder, once its last node is gone
     return was_running
+
+
+def remove_pod_tmp_dirs(node_folder: Path) -> None:
+    """The /tmp folders of the node's pods (`<ns>_<pod>_<uid>` under pods/): an agent killed
+    with its node (a fault) could not remove them."""
+    from gemini_local.nodeagent.pod import pod_tmp_dir
+
+    for pod in (node_folder / "pods").glob("*_*_*"):
+        shutil.rmtree(pod_tmp_dir(pod.name.rsplit("_", 1)[1]), ignore_errors=True)
 
 
 def stop_all_node_agents(state_dir: Path) -> list[str]:

@@ -79,6 +79,11 @@ class NodeContext:
         return Path(self.config.node_dir)
 
 
+def pod_tmp_dir(uid: str) -> Path:
+    """The pod's containers' TMPDIR parent: short, for Unix socket paths made in it."""
+    return Path(tempfile.gettempdir()) / f"gemini-pod-{uid[:13]}"
+
+
 class PodWorker:
     def __init__(self, ctx: NodeContext, pod: Obj) -> None:
         self.ctx = ctx
@@ -89,7 +94,7 @@ class PodWorker:
         self.restart_policy = spec.get("restartPolicy", "Always")
         self.dir = ctx.node_dir / "pods" / f"{self.namespace}_{self.name}_{self.uid}"
         self.shm_dir = Path(ctx.config.shm_dir) / self.uid
-        self.tmp_dir = Path(tempfile.gettempdir()) / f"gemini-pod-{self.uid[:13]}"
+        self.tmp_dir = pod_tmp_dir(self.uid)
         self.inits = [ContainerRun(c, "sidecar" if is_sidecar(c) else "init", self.dir)
                       for c in spec.get("initContainers") or []]
         self.mains = [ContainerRun(c, "main", self.dir) for c in spec["containers"]]
