@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from gemini_trainer.shm import ShardSlots, SlotState
+from tests.fixtures.s3 import sidecar_s3_env
 from tests.fixtures.trainers import TrainingRun
 from tests.integration.datapath.harness import (
     CorruptingProxy,
@@ -56,11 +57,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TrainingRun]
 
 @pytest.fixture()
 def job(tmp_path: Path, s3_server, s3_prefix: str) -> Iterator[Job]:  # type: ignore[no-untyped-def]
-    ep = s3_server.endpoint
-    s3_env = {"GEMINI_S3_BUCKET": ep.bucket, "GEMINI_S3_ENDPOINT": ep.url,
-              "GEMINI_S3_REGION": ep.region, "GEMINI_S3_ACCESS_KEY": ep.access_key,
-              "GEMINI_S3_SECRET_KEY": ep.secret_key, "GEMINI_S3_PREFIX": s3_prefix.strip("/")}
-    j = Job(tmp_path, WORLD, 2, s3_env)
+    j = Job(tmp_path, WORLD, 2, sidecar_s3_env(s3_server, s3_prefix))
     try:
         yield j
     finally:

@@ -19,6 +19,7 @@ import pytest
 
 from gemini_local.s3 import PauseMode
 from gemini_sidecar.app import UPLOAD_STOP_S
+from tests.fixtures.s3 import sidecar_s3_env
 from tests.integration.sidecar.conftest import (
     TOKEN,
     SidecarProcess,
@@ -30,14 +31,6 @@ from tests.integration.sidecar.conftest import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.s3]
 PART = 5 << 20
-
-
-def _s3_env(s3_server: Any, prefix: str) -> dict[str, str]:
-    ep = s3_server.endpoint
-    return {"GEMINI_S3_BUCKET": ep.bucket, "GEMINI_S3_ENDPOINT": ep.url,
-            "GEMINI_S3_REGION": ep.region, "GEMINI_S3_ACCESS_KEY": ep.access_key,
-            "GEMINI_S3_SECRET_KEY": ep.secret_key, "GEMINI_S3_PREFIX": prefix.strip("/"),
-            "GEMINI_S3_PART_BYTES": str(PART), "GEMINI_S3_CONCURRENCY": "2"}
 
 
 def _persist(url: str, version: int) -> None:
@@ -55,7 +48,8 @@ def test_sigterm_ends_the_sidecar_within_seconds_while_s3_hangs_mid_upload(
     cfg = make_config(0, 1, tmp_path, {0: free_port()})
     size = 12 * PART + 5
     write_local(cfg, 3, payload(3, size), capacity=size)
-    car = SidecarProcess(cfg, free_port(), _s3_env(s3_server, s3_prefix))
+    car = SidecarProcess(cfg, free_port(), sidecar_s3_env(
+        s3_server, s3_prefix, GEMINI_S3_PART_BYTES=str(PART), GEMINI_S3_CONCURRENCY="2"))
     try:
         _persist(car.url, 3)
         time.sleep(0.5)  # the upload has begun (a multipart upload of 13 parts)

@@ -124,15 +124,21 @@ def test_ready_workers_make_the_job_running_with_a_domain_aware_placement():
     assert _of(d, DeliverPlacement)
 
 
-def test_workers_finishing_one_by_one_keep_the_job_running_until_all_succeeded():
+def training_harness(**pod_fields: object) -> Harness:
+    """A job whose workers run, have their placement and started training (epoch 1)."""
     h = Harness()
     h.step()
-    h.run_pods()
+    h.run_pods(**pod_fields)
     h.step()
     h.deliver()
     h.step()
     h.job["status"]["launch"] = launch_record(1, 0, h.pods, CONFIG.render).to_dict()
     h.step()
+    return h
+
+
+def test_workers_finishing_one_by_one_keep_the_job_running_until_all_succeeded():
+    h = training_harness()
     for rank in (0, 1):
         h.pods[rank] = replace(h.pods[rank], phase="Succeeded", ready=False)
     h.step()
@@ -149,14 +155,7 @@ def test_workers_finishing_one_by_one_keep_the_job_running_until_all_succeeded()
 def test_trainers_done_while_their_sidecars_stop_keep_the_job_running():
     # Every trainer ended at once; the pods stay Running until their sidecars stop. The job
     # showed "Created" (Running False, "0 of 4 workers are ready") meanwhile.
-    h = Harness()
-    h.step()
-    h.run_pods()
-    h.step()
-    h.deliver()
-    h.step()
-    h.job["status"]["launch"] = launch_record(1, 0, h.pods, CONFIG.render).to_dict()
-    h.step()
+    h = training_harness()
     for rank in h.pods:
         h.pods[rank] = replace(h.pods[rank], ready=False,
                                trainer_exit=ContainerExit(0, "Completed"))

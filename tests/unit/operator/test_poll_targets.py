@@ -8,20 +8,11 @@ from dataclasses import replace
 from gemini_operator.observed import ContainerExit
 from gemini_operator.poller import workers_to_poll
 from gemini_operator.status import JobStatus
-from gemini_operator.worker_calls import launch_record
-from tests.unit.operator.test_decide import CONFIG, Harness
+from tests.unit.operator.test_decide import Harness, training_harness
 
 
 def _started() -> Harness:
-    h = Harness()
-    h.step()
-    h.run_pods(owner_uid="uid-1")
-    h.step()
-    h.deliver()
-    h.step()
-    h.job["status"]["launch"] = launch_record(1, 0, h.pods, CONFIG.render).to_dict()
-    h.step()
-    return h
+    return training_harness(owner_uid="uid-1")
 
 
 def _targets(h: Harness) -> set[int] | None:
