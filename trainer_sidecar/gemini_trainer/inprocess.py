@@ -39,6 +39,7 @@ import socket
 import stat
 import sys
 import threading
+import time
 import traceback
 import urllib.parse
 from collections.abc import Callable, Mapping
@@ -78,8 +79,11 @@ def run(main: MainFunction) -> int:
                 return 0
             _say(f"training failed in epoch {os.environ.get('GEMINI_RESTART_EPOCH', '0')}; "
                  f"parked for an in-process restart: {failure.splitlines()[-1][:300]}")
+            parked = link.park(failure)  # first: the launcher's grace does not cover teardown
+            started = time.monotonic()
             teardown()
-            env = link.park(failure)
+            _say(f"tore the failed attempt down in {time.monotonic() - started:.2f} s")
+            env = link.next_epoch() if parked else None
             if env is None:
                 _say("the launcher ended the line; exiting")
                 return 1

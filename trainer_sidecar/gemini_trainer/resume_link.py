@@ -94,13 +94,19 @@ class ProcessLink:
             return None
         return cls(sock)
 
-    def park(self, error: str) -> dict[str, str] | None:
-        """Tell the launcher this process failed and waits; block until it sends the next
-        epoch's environment (returned), or None when the launcher ends the line."""
+    def park(self, error: str) -> bool:
+        """Tell the launcher this process failed and will wait for the next epoch. Sent
+        before the failed attempt is torn down (which can take seconds on a busy machine),
+        so a launcher that asked with SIGUSR1 knows at once; False when the line is gone."""
         try:
             _send(self._sock, {"parked": os.getpid(), "error": error[-ERROR_CHARS:]})
         except OSError:
-            return None
+            return False
+        return True
+
+    def next_epoch(self) -> dict[str, str] | None:
+        """Block until the launcher sends the next epoch's environment (returned), or None
+        when it ends the line."""
         message = self._lines.next()
         if message is None or not isinstance(message.get("env"), dict):
             return None

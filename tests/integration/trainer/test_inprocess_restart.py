@@ -23,12 +23,15 @@ pytestmark = pytest.mark.integration
 
 # main() appends "<pid> <epoch> <version> <calls>" to argv[1], then, on the first call of all
 # processes: "raise", "die" (exit 3 after a last word), "loop" (sleep in Python until
-# SIGUSR1), "stuck" (SIGUSR1 blocked, as in a collective that never returns); "ok" (return 0)
-# on later calls.
+# SIGUSR1), "stuck" (SIGUSR1 blocked, as in a collective that never returns), "slow" (as "loop",
+# leaving garbage whose collection in the teardown takes 2 s); "ok" (return 0) on later calls.
 CHILD = """
-import os, signal, sys, time
+import gc, os, signal, sys, time
 from gemini_trainer import run
 calls = 0
+class Slow:
+    def __del__(self):
+        time.sleep(2)
 def main():
     global calls
     calls += 1
@@ -43,7 +46,12 @@ def main():
     if mode == 'die':
         print('RuntimeError: CUDA error: out of memory', flush=True)
         os._exit(3)
-    if mode == 'loop':
+    if mode == 'slow':
+        gc.disable()  # collected by the teardown's gc.collect(), not in the loop
+        cycle = Slow()
+        cycle.me = cycle
+        del cycle
+    if mode in ('loop', 'slow'):
         while True:
             time.sleep(0.05)
     if mode == 'stuck':
@@ -112,6 +120,21 @@ def test_a_running_process_is_asked_to_park_with_sigusr1(start: Any, tmp_path: P
     time.sleep(0.3)  # connected to the launcher
     body = restart(running, 2)
     assert body["pid"] == first["pid"] and body["in_process"] == 1
+    running.thread.join(20)
+    assert running.code == 0
+    assert [c[:3] for c in calls(tmp_path)] == [[str(first["pid"]), "1", "-"],
+                                                [str(first["pid"]), "2", "7"]]
+
+
+def test_a_process_whose_teardown_outlasts_the_grace_period_still_restarts_in_place(
+        start: Any, tmp_path: Path) -> None:
+    """It says it parks before tearing the failed attempt down (DeepSpeed's state, process
+    groups, garbage): on a busy machine that took longer than the grace period."""
+    running = start("slow", park_grace_s=0.5)
+    first = running.until(lambda s: s["state"] == "running" and len(calls(tmp_path)) == 1)
+    time.sleep(0.3)
+    body = restart(running, 2)
+    assert body["pid"] == first["pid"] and body["in_process"] == 1, body
     running.thread.join(20)
     assert running.code == 0
     assert [c[:3] for c in calls(tmp_path)] == [[str(first["pid"]), "1", "-"],
