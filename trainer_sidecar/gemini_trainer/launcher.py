@@ -69,7 +69,9 @@ command the launcher keeps one pre-started interpreter that has imported torch/D
 (GEMINI_LAUNCHER_PREIMPORT) and starts the next run in it, skipping the imports; one extra
 interpreter per rank in memory. It falls back to a normal spawn when no standby is usable.
 ``status.warm`` tells whether the current process started from one, ``status.standby``
-({"pid", "ready"} or null) about the next.
+({"pid", "ready"} or null) about the next. Without the option a held launcher still warms the
+interpreter its first run starts in (GEMINI_LAUNCHER_HOLD_STANDBY, default on): the imports of
+a new or replacement pod overlap the operator's planning and fetching, at no extra memory.
 """
 
 from __future__ import annotations
@@ -178,6 +180,8 @@ class LauncherConfig:
     exit_on_failure: bool = False
     hold: bool = False  # wait for the first POST /restart before starting the command
     standby: bool = False  # keep a warm standby interpreter for python commands
+    # warm the first process while held (it becomes the training process: no extra memory)
+    hold_standby: bool = True
     preimport: tuple[str, ...] = warm.DEFAULT_PREIMPORT  # what the standby imports
     insecure_local: bool = False  # allow no or a short token, on a loopback address only
     in_process: bool = True  # offer in-process restarts (gemini_trainer.run) to the child
@@ -202,6 +206,7 @@ class LauncherConfig:
             "grace_s": float(env.get("GEMINI_LAUNCHER_GRACE_S", "10")),
             "hold": env.get("GEMINI_LAUNCHER_HOLD", "") in ("1", "true", "yes"),
             "standby": warm.enabled(env),
+            "hold_standby": warm.hold_enabled(env),
             "preimport": warm.preimport_list(env),
             "insecure_local": env.get("GEMINI_LAUNCHER_INSECURE_LOCAL", "") in (
                 "1", "true", "yes"),
@@ -247,8 +252,9 @@ class Launcher:
         self._output_lock = threading.Lock()
         # pid -> (relay thread, last output lines) of children whose output the launcher relays
         self._relays: dict[int, tuple[list[threading.Thread], deque[bytes]]] = {}
-        standby = config.standby and self._local_world == 1
-        if config.standby and not standby:
+        wanted = config.standby or (config.hold and config.hold_standby)
+        standby = wanted and self._local_world == 1
+        if wanted and not standby:
             log.info("no warm standby with %d processes per node", self._local_world)
         self._python = PythonCommand.parse(config.command) if standby else None
         self._standby: Standby | None = None
@@ -332,7 +338,8 @@ class Launcher:
                  self._epoch, "warm standby" if self._warm else "spawned")
         self._publish()
         threading.Thread(target=self._watch, args=(proc,), daemon=True).start()
-        self._arm_standby(env, busy=True)
+        if self.config.standby:
+            self._arm_standby(env, busy=True)
 
     def _spawn(self, env: Mapping[str, str]) -> Child:
         command = list(self.config.command)

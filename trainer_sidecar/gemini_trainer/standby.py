@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 ENABLE_ENV = "GEMINI_LAUNCHER_STANDBY"
+HOLD_ENV = "GEMINI_LAUNCHER_HOLD_STANDBY"
 PREIMPORT_ENV = "GEMINI_LAUNCHER_PREIMPORT"
 # torch._dynamo: every torch optimizer imports it on construction (seconds). DeepSpeed's comm
 # start-up probes every op (compiler subprocesses) and JIT-loads its shared-memory op (a ninja
@@ -70,6 +71,14 @@ def enabled(env: Mapping[str, str]) -> bool:
     """Opt-in (GEMINI_LAUNCHER_STANDBY=1): on a box that runs many pods (the local cluster,
     tests) an interpreter per rank holding torch adds up to gigabytes."""
     return env.get(ENABLE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hold_enabled(env: Mapping[str, str]) -> bool:
+    """On unless GEMINI_LAUNCHER_HOLD_STANDBY says 0/false/no/off: a held launcher (a new or
+    replacement pod waiting for its first /restart) warms the interpreter that will run the
+    training, so the imports overlap the operator's planning and fetching; it costs no more
+    memory than the training process it becomes."""
+    return env.get(HOLD_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)

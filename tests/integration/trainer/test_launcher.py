@@ -283,10 +283,12 @@ def warm_start(tmp_path: Path) -> Iterator[Any]:
     script.parent.mkdir()
     script.write_text(SCRIPT)
 
-    def _start(command: tuple[str, ...] | None = None, standby: bool = True) -> Running:
+    def _start(command: tuple[str, ...] | None = None, standby: bool = True,
+               hold_standby: bool = True) -> Running:
         config = LauncherConfig(
             command=command or (sys.executable, str(script), "first-arg"),
             port=0, token=TOKEN, grace_s=2.0, hold=True, standby=standby,
+            hold_standby=hold_standby,
             preimport=("fractions",),  # not imported by a bare interpreter
         )
         env = {**os.environ, "RECORD": str(tmp_path / "records")}
@@ -380,13 +382,32 @@ def test_without_a_usable_standby_the_restart_spawns_a_fresh_process(
     assert not running.status()["warm"] and records(tmp_path)[1]["port"] == "3333"
 
 
+def test_a_held_launcher_warms_its_first_process_even_without_the_standby_option(
+    warm_start: Any, tmp_path: Path
+) -> None:
+    """A new or replacement pod imports torch while the operator plans and fetches; once
+    training runs no second interpreter is kept (that is what warmStandby adds)."""
+    running = warm_start(standby=False)
+    standby = running.until(lambda s: (s["standby"] or {}).get("ready"))["standby"]
+    restart(running, 1, MASTER_PORT="1111")
+    running.until(lambda s: len(records(tmp_path)) == 1)
+    first = records(tmp_path)[0]
+    assert (first["pid"], first["port"], first["preimported"]) == (standby["pid"], "1111", True)
+    time.sleep(1.0)  # a standby would be armed at once
+    status = running.status()
+    assert status["warm"] and status["standby"] is None
+    restart(running, 2)
+    running.until(lambda s: len(records(tmp_path)) == 2)
+    assert not records(tmp_path)[1]["preimported"] and not running.status()["warm"]
+
+
 @pytest.mark.parametrize("standby", [False, True])
 def test_no_standby_when_disabled_or_the_command_is_not_python(
     warm_start: Any, tmp_path: Path, standby: bool
 ) -> None:
     script = tmp_path / "scripts" / "child.py"
     command = None if not standby else ("/bin/sh", "-c", f"exec {sys.executable} {script} x")
-    running = warm_start(command=command, standby=standby)
+    running = warm_start(command=command, standby=standby, hold_standby=standby)
     assert running.until(lambda s: s["state"] == "held")["standby"] is None
     restart(running, 1)
     running.until(lambda s: len(records(tmp_path)) == 1)
