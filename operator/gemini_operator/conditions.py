@@ -116,6 +116,10 @@ RECOVERY_NEEDED = Reason(T.RECOVERING, True, "RecoveryNeeded", "{cause}; {intent
 RECOVERY_FINISHED = Reason(
     T.RECOVERING, False, "RecoveryFinished", "recovered from {cause}; restored step {step}"
 )
+RECOVERY_ABANDONED = Reason(
+    T.RECOVERING, False, "RecoveryAbandoned",
+    "the job ended before the recovery finished (see the Failed or Succeeded condition)",
+)
 RECOVERY_SUSPENDED = Reason(
     T.RECOVERING, False, "RecoverySuspended",
     "the job was suspended during a recovery; resume restores the newest committed step",

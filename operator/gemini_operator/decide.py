@@ -642,6 +642,9 @@ def _finish(draft: _Draft) -> None:
     if draft.status.completion_time is None:
         draft.status = draft.status.with_changes(completion_time=draft.now)
     draft.set(cond.JOB_FINISHED)
+    if draft.is_true(ConditionType.RECOVERING):  # a finished job recovers nothing more
+        draft.set(cond.RECOVERY_ABANDONED)
+        draft.status = draft.status.with_changes(recovery=None)
 
 
 def _kind(failures: tuple[RankFailure, ...]) -> FailureKind:

@@ -33,6 +33,7 @@ from gemini_operator.conditions import (
     JOB_FINISHED,
     MAX_RESTARTS_EXCEEDED,
     PLACEMENT_DELIVERED,
+    RECOVERY_ABANDONED,
     RECOVERY_FINISHED,
     RECOVERY_NEEDED,
     SIDECARS_UNREACHABLE,
@@ -220,7 +221,7 @@ class Reconciler:
                 cause, why = outcome.unrecoverable
                 now = api_time(self._clock())
                 for reason, values in ((UNRECOVERABLE, {"cause": cause, "why": why}),
-                                       (JOB_FINISHED, {})):
+                                       (JOB_FINISHED, {}), (RECOVERY_ABANDONED, {})):
                     conditions = upsert(conditions, reason.condition(now, job.generation,
                                                                      **values))
                 new.setdefault("completionTime", now)

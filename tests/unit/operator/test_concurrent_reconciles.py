@@ -126,3 +126,39 @@ def test_two_jobs_reconciled_at_once_keep_their_own_recovery_results(
         assert kube.events[name] == [f"recovered {name}"]
         written = [p["lastRecovery"] for p in kube.patches[name] if "lastRecovery" in p]
         assert written == [{"job": name}]
+
+
+class _Unrecoverable:
+    """A recovery step that finds nothing left to restore."""
+
+    def keeping(self, keep: Any) -> _Unrecoverable:
+        return self
+
+    def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus
+                ) -> Outcome:
+        return Outcome(status={"recovery": None},
+                       unrecoverable=("rank 1: node lost", "no copy of rank 1's shard is left"))
+
+
+def test_an_unrecoverable_recovery_fails_the_job_and_ends_recovering(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(reconciler_module, "decide", _always_recover)
+    kube, cache = _Kube(), ClusterCache()
+    kube.jobs["a"]["status"] = {"state": "Recovering", "recovery": {"phase": "Planning"},
+                                "conditions": [{"type": "Recovering", "status": "True",
+                                                "reason": "RecoveryNeeded", "message": "x",
+                                                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    cache.update_job(copy.deepcopy(kube.jobs["a"]), deleted=False)
+    reconciler = Reconciler(kube, cache, ReconcileConfig(),  # type: ignore[arg-type]
+                            clock=lambda: NOW)
+    reconciler.recovery = _Unrecoverable()  # type: ignore[assignment]
+    reconciler.reconcile(("ns", "a"))
+    status = kube.jobs["a"]["status"]
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert status["state"] == "Failed" and status.get("recovery") is None  # merge: deleted
+    assert conditions["Failed"]["reason"] == "Unrecoverable"
+    assert "no copy of rank 1's shard is left" in conditions["Failed"]["message"]
+    assert (conditions["Recovering"]["status"], conditions["Recovering"]["reason"]) == (
+        "False", "RecoveryAbandoned")
+    assert any("no copy of rank 1's shard" in e for e in kube.events["a"])

@@ -345,6 +345,23 @@ def test_the_active_deadline_fails_the_job():
     assert h.condition("Failed")["reason"] == "DeadlineExceeded"
 
 
+def test_a_job_that_ends_during_a_recovery_is_no_longer_recovering():
+    h = Harness(make_job().set("activeDeadlineSeconds", 100))
+    h.step()
+    h.run_pods()
+    h.step()
+    del h.pods[1]
+    assert _of(h.step(), Recover)
+    assert h.condition("Recovering")["status"] == "True"
+    h.now += timedelta(seconds=100)
+    h.step()
+    assert h.status()["state"] == "Failed"
+    assert h.condition("Failed")["reason"] == "DeadlineExceeded"
+    recovering = h.condition("Recovering")
+    assert (recovering["status"], recovering["reason"]) == ("False", "RecoveryAbandoned")
+    assert "recovery" not in h.status()
+
+
 def test_an_invalid_spec_fails_once_with_the_fix_and_creates_nothing():
     h = Harness(make_job().set("checkpoint.memoryBudgetPerNode", "-1Gi"))
     d = h.step()
