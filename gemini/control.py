@@ -92,6 +92,7 @@ PERSIST_PATH = "/persist"  # POST PersistRequest -> PersistAnswer
 COMMIT_PATH = "/commit"  # POST CommitRequest -> CommitAnswer
 RESTORE_PATH = "/restore"  # POST RestoreRequest -> RestoreAnswer
 COMMITTED_STEPS_PATH = "/committed-steps"  # GET -> CommittedStepsAnswer
+INVENTORIES_PATH = "/inventories"  # POST InventoriesRequest -> InventoriesAnswer (a relay)
 SIDECAR_OPEN_PATHS = frozenset({HEALTHZ_PATH, METRICS_PATH})
 # What the trainer of the pod calls with the job token (reads go with it too; see may_call).
 SIDECAR_TRAINER_PATHS = frozenset({NOTIFY_PATH, COMMITTED_PATH, PROFILE_PATH})
@@ -109,6 +110,9 @@ FETCH_TARGETS = ("shm", "store")
 TRANSFER_KINDS = ("fetch", "fetch-replicas", "persist", "restore")
 MAX_WAIT_SECONDS = 60.0  # a transfer request's wait_seconds: longer would hold the call open
 MAX_RESTART_ENV = 64  # names a restart may add to the training process's environment
+MAX_RELAYED = 256  # sidecars one POST /inventories may name
+MAX_RELAYED_INVENTORY_BYTES = 64 * 1024  # one relayed inventory (they are a few KiB)
+MAX_RELAY_SECONDS = 10.0
 DEFAULT_TIMEOUT_SECONDS = 5.0
 
 Holder = int | str  # a rank (its address from the placement) or "host:port"
@@ -571,6 +575,72 @@ class Inventory:
     def copies(self) -> tuple[LocalCopy | ReplicaCopy, ...]:
         """Every shard copy this sidecar holds: its own slots, then the replicas."""
         return (*self.local, *self.replicas)
+
+
+@dataclass(frozen=True)
+class InventoriesRequest:
+    """POST /inventories (the operator's control token): the sidecar asks these sidecars of
+    its job for their GET /inventory, side by side, each within `timeout_seconds`, and
+    answers them with its own. The operator of a large job polls one sidecar per batch of
+    ranks instead of every sidecar."""
+
+    sidecars: Mapping[int, str]  # rank -> "host:port" of its API
+    timeout_seconds: float = 1.5
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sidecars": {str(r): a for r, a in sorted(self.sidecars.items())},
+                "timeout_seconds": self.timeout_seconds}
+
+    @classmethod
+    def from_json(cls, doc: object) -> InventoriesRequest:
+        f = _Fields(doc, "/inventories request")
+        sidecars = f.by_rank("sidecars")
+        if len(sidecars) > MAX_RELAYED:
+            raise f.fail("sidecars", f"at most {MAX_RELAYED} entries", f"{len(sidecars)}")
+        for rank, address in sidecars.items():
+            if not _is_address(address):
+                raise f.fail(f"sidecars.{rank}", '"host:port"', address)
+        timeout = f.number("timeout_seconds")
+        if not 0 < timeout <= MAX_RELAY_SECONDS:
+            raise f.fail("timeout_seconds", f"a number of seconds in (0, {MAX_RELAY_SECONDS:g}]",
+                         timeout)
+        return cls({r: str(a).strip() for r, a in sidecars.items()}, timeout)
+
+
+def relayed_answer_bytes(sidecars: int) -> int:
+    """The most a /inventories answer naming `sidecars` others may take (and the relay's)."""
+    return (sidecars + 1) * MAX_RELAYED_INVENTORY_BYTES
+
+
+@dataclass(frozen=True)
+class InventoriesAnswer:
+    """The inventories that came (the relay's own among them) and, per rank, why one did
+    not. An entry that is not a valid inventory of the rank it is filed under counts as
+    failed: a relay cannot vouch for another rank."""
+
+    inventories: Mapping[int, Inventory]
+    failed: Mapping[int, str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"inventories": {str(r): i.to_json() for r, i in sorted(self.inventories.items())},
+                "failed": {str(r): why for r, why in sorted(self.failed.items())}}
+
+    @classmethod
+    def from_json(cls, doc: object) -> InventoriesAnswer:
+        f = _Fields(doc, "/inventories answer")
+        failed = {r: str(why)[:500] for r, why in f.by_rank("failed", required=False).items()}
+        inventories: dict[int, Inventory] = {}
+        for rank, raw in f.by_rank("inventories").items():
+            try:
+                inventory = Inventory.from_json(raw)
+            except ValueError as err:
+                failed[rank] = f"relayed an invalid inventory: {err}"[:500]
+                continue
+            if inventory.rank != rank:
+                failed[rank] = f"relayed the inventory of rank {inventory.rank}"
+            else:
+                inventories[rank] = inventory
+        return cls(inventories, failed)
 
 
 # -- traffic profile -------------------------------------------------------------------------
@@ -1361,6 +1431,10 @@ class ControlClient:
 
     def inventory(self) -> Inventory:
         return self._typed(INVENTORY_PATH, None, Inventory.from_json)
+
+    def inventories(self, request: InventoriesRequest) -> InventoriesAnswer:
+        """Size this client's answer cap with `relayed_answer_bytes`."""
+        return self._typed(INVENTORIES_PATH, request.to_json(), InventoriesAnswer.from_json)
 
     def notify(self, request: NotifyRequest) -> NotifyAnswer:
         return self._typed(COMMITTED_PATH, request.to_json(), NotifyAnswer.from_json)

@@ -15,6 +15,7 @@ so a job's own images can cost the operator no more than that job's calls.
 
 from __future__ import annotations
 
+import math
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 
 from gemini.control import (
     COMMITTED_STEPS_PATH,
+    MAX_RELAYED,
     Bearer,
     CommitAnswer,
     CommitRequest,
@@ -32,6 +34,7 @@ from gemini.control import (
     FetchReplicasAnswer,
     FetchReplicasRequest,
     FetchRequest,
+    InventoriesRequest,
     Inventory,
     LauncherStatus,
     Peers,
@@ -42,6 +45,7 @@ from gemini.control import (
     RestoreAnswer,
     RestoreRequest,
     TransferRunning,
+    relayed_answer_bytes,
 )
 
 TIMEOUT_SECONDS = 5.0
@@ -57,6 +61,12 @@ TRANSFER_TIMEOUT_SECONDS = 120.0
 # The recovery's and the poller's transfer calls return after this at the latest with the
 # progress, and ask again (joining the transfer): no call is held for the transfer's size.
 TRANSFER_WAIT_SECONDS = 1.0
+# From this many ranks on, inventories are asked in batches, one sidecar relaying for the
+# others of its batch (POST /inventories): about sqrt(N) calls a poll instead of N.
+RELAY_MIN_RANKS = 64
+MIN_BATCH = 16
+# A relay's own calls get this share of the poll's deadline; the rest carries its answer.
+RELAY_SHARE = 0.75
 # Listing a job's committed steps costs the sidecar a listing and a marker read per step.
 LISTING_TIMEOUT_SECONDS = 10.0
 
@@ -146,6 +156,15 @@ def each(targets: Mapping[int, Target], token: Bearer, ask: Callable[[int, Contr
          ) -> tuple[dict[int, T], list[str]]:
     """`ask(rank, client)` for every rank in parallel: the answers, and the failures in
     words, in rank order."""
+    results, errors = each_by_rank(targets, token, ask, timeout, words)
+    return results, [errors[r] for r in sorted(errors)]
+
+
+def each_by_rank(targets: Mapping[int, Target], token: Bearer,
+                 ask: Callable[[int, ControlClient], T], timeout: float = TIMEOUT_SECONDS,
+                 words: Callable[[int, ControlError], str] = _in_words,
+                 ) -> tuple[dict[int, T], dict[int, str]]:
+    """`each`, with the failures by rank."""
     ranks = sorted(targets)
     results: dict[int, T] = {}
     errors: dict[int, str] = {}
@@ -159,7 +178,7 @@ def each(targets: Mapping[int, Target], token: Bearer, ask: Callable[[int, Contr
 
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(ranks)))) as pool:
         list(pool.map(one, ranks))
-    return results, [errors[r] for r in sorted(errors)]
+    return results, errors
 
 
 def every(targets: Mapping[int, Target], token: Bearer, ask: Callable[[int, ControlClient], T],
@@ -215,10 +234,53 @@ def inventories(targets: Mapping[int, Target], token: Bearer,
 
 def inventories_each(targets: Mapping[int, Target], token: Bearer,
                      timeout: float = INVENTORY_TIMEOUT_SECONDS,
+                     relay_min: int = RELAY_MIN_RANKS, min_batch: int = MIN_BATCH,
                      ) -> tuple[dict[int, Inventory], list[str]]:
     """The inventories that came, and the silent sidecars in words (not an error: a plan
-    goes on without a cut-off node's copies)."""
-    return each(targets, token, lambda _, c: c.inventory(), timeout)
+    goes on without a cut-off node's copies). From `relay_min` ranks on, one sidecar per
+    batch relays for its batch; a batch whose relay fails is asked rank by rank."""
+    if len(targets) < relay_min:
+        return each(targets, token, lambda _, c: c.inventory(), timeout)
+    batches = relay_batches(sorted(targets), min_batch)
+    relayed, _ = each_by_rank({b[0]: targets[b[0]] for b in batches}, token,
+                              _relay_ask(batches, targets, timeout), timeout)
+    found: dict[int, Inventory] = {}
+    silent: dict[int, str] = {}
+    direct: dict[int, Target] = {}
+    for batch in batches:
+        answer = relayed.get(batch[0])
+        if answer is None:  # the relay itself failed: ask its batch directly
+            direct.update({r: targets[r] for r in batch})
+            continue
+        for rank in batch:
+            if rank in answer.inventories:
+                found[rank] = answer.inventories[rank]
+            else:
+                silent[rank] = f"rank {rank}: " + answer.failed.get(
+                    rank, f"not in the answer of rank {batch[0]}'s relay")
+    if direct:
+        more, errors = each_by_rank(direct, token, lambda _, c: c.inventory(), timeout)
+        found.update(more)
+        silent.update(errors)
+    return found, [silent[r] for r in sorted(silent)]
+
+
+def relay_batches(ranks: Sequence[int], min_batch: int = MIN_BATCH) -> list[list[int]]:
+    """`ranks` in consecutive batches of about sqrt(N) (at least `min_batch`, at most
+    MAX_RELAYED + 1); the first of each relays for the rest."""
+    size = min(MAX_RELAYED + 1, max(min_batch, math.ceil(math.sqrt(len(ranks)))))
+    return [list(ranks[i:i + size]) for i in range(0, len(ranks), size)]
+
+
+def _relay_ask(batches: Sequence[Sequence[int]], targets: Mapping[int, Target],
+               timeout: float) -> Callable[[int, ControlClient], Any]:
+    by_relay = {b[0]: b for b in batches}
+
+    def ask(rank: int, client: ControlClient) -> Any:
+        others = {r: f"{targets[r][0]}:{targets[r][1]}" for r in by_relay[rank][1:]}
+        client.max_answer_bytes = relayed_answer_bytes(len(others))
+        return client.inventories(InventoriesRequest(others, round(timeout * RELAY_SHARE, 3)))
+    return ask
 
 
 def launcher_statuses(targets: Mapping[int, Target], token: Bearer,

@@ -31,6 +31,7 @@ from gemini.control import (
     FetchReplicasRequest,
     FetchRequest,
     Health,
+    InventoriesRequest,
     Inventory,
     LocalCopy,
     MemoryUse,
@@ -63,6 +64,7 @@ from gemini_sidecar.pacing import Profile
 from gemini_sidecar.peer_client import FetchFailed
 from gemini_sidecar.peer_server import address_of
 from gemini_sidecar.protocol import PeerRefused
+from gemini_sidecar.relay import relay_inventories
 from gemini_sidecar.s3 import S3Error
 from gemini_sidecar.store import StoreError
 from gemini_sidecar.transfers import outcome
@@ -205,6 +207,14 @@ async def inventory(request: web.Request) -> web.Response:
     return _answer(inventory_of(request.app[SIDECAR_KEY]))
 
 
+async def inventories(request: web.Request) -> web.Response:
+    """Other sidecars' inventories with this one's (the operator's batched poll)."""
+    sidecar = request.app[SIDECAR_KEY]
+    req = InventoriesRequest.from_json(await _body(request))
+    token = sidecar.cfg.auth_token.decode(errors="replace")
+    return _answer(await relay_inventories(inventory_of(sidecar), req, token))
+
+
 async def notify(request: web.Request) -> web.Response:
     """The trainer says: version `version` is complete in shm (`stall_seconds`: its stall)."""
     req = NotifyRequest.from_json(await _body(request))
@@ -320,6 +330,7 @@ def make_app(sidecar: Sidecar) -> web.Application:
         web.get(control.HEALTHZ_PATH, healthz),
         web.get(control.METRICS_PATH, metrics),
         web.get(control.INVENTORY_PATH, inventory),
+        web.post(control.INVENTORIES_PATH, inventories),
         web.post(control.NOTIFY_PATH, notify),
         web.post(control.COMMITTED_PATH, notify),  # the path gemini_trainer's Checkpointer uses
         web.post(control.PEERS_PATH, peers),

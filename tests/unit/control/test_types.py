@@ -21,6 +21,8 @@ from gemini.control import (
     FetchReplicasRequest,
     FetchRequest,
     Health,
+    InventoriesAnswer,
+    InventoriesRequest,
     Inventory,
     LauncherStatus,
     LocalCopy,
@@ -112,6 +114,10 @@ EXAMPLES: list[Any] = [
     dataclasses.replace(STATUS, state="parked", in_process=2, error="RuntimeError: gloo"),
     RestartAnswer("restarted", STATUS),
     RestartAnswer("already", IDLE),
+    InventoriesRequest({1: "10.0.0.1:7080", 2: "10.0.0.2:7080"}, 1.5),
+    InventoriesRequest({}),
+    InventoriesAnswer({0: INVENTORY}, {2: "10.0.0.2:7080/inventory: unreachable"}),
+    InventoriesAnswer({}, {}),
 ]
 
 
@@ -237,6 +243,13 @@ def test_the_environment_form_of_a_peer_map_is_taken() -> None:
                  id="env value not a string"),
     pytest.param(RestartRequest, {"epoch": 1, "env": {f"V{i}": "" for i in range(65)}},
                  "'env' must be an object of at most 64 names", id="env too large"),
+    pytest.param(InventoriesRequest, {"sidecars": {"1": "h"}, "timeout_seconds": 1},
+                 "'sidecars.1' must be \"host:port\"", id="relayed address"),
+    pytest.param(InventoriesRequest, {"sidecars": {}, "timeout_seconds": 0},
+                 "'timeout_seconds' must be a number of seconds in (0, 10]", id="relay timeout"),
+    pytest.param(InventoriesRequest,
+                 {"sidecars": {str(r): "h:1" for r in range(257)}, "timeout_seconds": 1},
+                 "'sidecars' must be at most 256 entries", id="relay batch"),
 ])
 def test_bad_bodies_are_refused_naming_the_field(kind: Any, doc: Any, message: str) -> None:
     with pytest.raises(ValueError) as err:
@@ -269,6 +282,15 @@ def test_launcher_answers_are_checked_too() -> None:
         RestartAnswer.from_json(STATUS.to_json() | {"result": "maybe"})
     with pytest.raises(ValueError, match=r"'progress\.age_s' is required"):
         LauncherStatus.from_json(STATUS.to_json() | {"progress": {"step": 1, "unix": 2.0}})
+
+
+def test_a_relayed_inventory_counts_only_under_its_own_rank_and_when_valid() -> None:
+    doc = {"inventories": {"0": INVENTORY.to_json(), "3": INVENTORY.to_json(),
+                           "4": {"job": "j"}}, "failed": {"5": "no answer"}}
+    answer = InventoriesAnswer.from_json(doc)
+    assert list(answer.inventories) == [0]
+    assert "inventory of rank 0" in answer.failed[3]
+    assert "invalid inventory" in answer.failed[4] and answer.failed[5] == "no answer"
 
 
 def test_fetch_replicas_answer_tells_whether_every_rank_came() -> None:

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from gemini_operator.observed import ContainerExit
 from gemini_operator.poller import workers_to_poll
+from gemini_operator.sidecars import relay_batches
 from gemini_operator.status import JobStatus
 from tests.unit.operator.test_decide import Harness, training_harness
 
@@ -50,3 +51,11 @@ def test_nothing_is_polled_before_training_starts():
     h.run_pods(owner_uid="uid-1")
     h.step()
     assert _targets(h) is None
+
+
+def test_large_jobs_are_polled_in_batches_of_about_the_square_root() -> None:
+    small = relay_batches(list(range(64)))
+    assert [len(b) for b in small] == [16] * 4  # at least 16 a batch
+    big = relay_batches(list(range(8192)))
+    assert len(big) == 91 and max(len(b) for b in big) == 91
+    assert [r for b in big for r in b] == list(range(8192))

@@ -1,0 +1,81 @@
+"""The operator's batched poll of a large job (issue 17): one sidecar per batch relays the
+inventories of the others (POST /inventories). Real sidecars on loopback, the operator's own
+client code; batches made small so that a few sidecars show every path."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from gemini import control
+from gemini_operator import sidecars as calls
+from tests.integration.sidecar.conftest import TOKEN, free_port, make_config, started
+from tests.integration.sidecar.test_api_hostile_input import _post
+
+pytestmark = pytest.mark.integration
+CONTROL = "control-token-0123456789-abcdef"
+WORLD = 5
+
+
+def _configs(tmp_path):
+    ports = {r: free_port() for r in range(WORLD)}
+    return [make_config(r, WORLD, tmp_path, ports,
+                        control_sha256=control.control_digest(CONTROL)) for r in range(WORLD)]
+
+
+async def test_batches_are_relayed_and_a_silent_sidecar_is_named(tmp_path):
+    *live, _ = _configs(tmp_path)  # rank 4 never starts: its address refuses connections
+    async with started(*live) as cars:
+        targets = {c.cfg.rank: ("127.0.0.1", c.api_port) for c in cars}
+        targets[4] = ("127.0.0.1", free_port())
+        found, silent = await asyncio.to_thread(
+            calls.inventories_each, targets, CONTROL, 2.0, 2, 3)  # batches [0 1 2] [3 4]
+    assert sorted(found) == [0, 1, 2, 3]
+    assert all(found[r].rank == r and found[r].world_size == WORLD for r in found)
+    assert len(silent) == 1 and silent[0].startswith("rank 4: ") and "unreachable" in silent[0]
+
+
+async def test_a_batch_whose_relay_is_silent_is_asked_rank_by_rank(tmp_path):
+    configs = _configs(tmp_path)
+    async with started(*(c for c in configs if c.rank != 3)) as cars:
+        targets = {c.cfg.rank: ("127.0.0.1", c.api_port) for c in cars}
+        targets[3] = ("127.0.0.1", free_port())  # the relay of batch [3 4]
+        found, silent = await asyncio.to_thread(
+            calls.inventories_each, targets, CONTROL, 2.0, 2, 3)
+    assert sorted(found) == [0, 1, 2, 4]
+    assert len(silent) == 1 and silent[0].startswith("rank 3: ")
+
+
+async def test_a_relayed_answer_for_the_wrong_rank_is_not_taken(tmp_path):
+    async with started(*_configs(tmp_path)[:2]) as cars:
+        body = json.dumps({"sidecars": {"3": f"127.0.0.1:{cars[1].api_port}"},
+                           "timeout_seconds": 1.0}).encode()
+        status, raw = await asyncio.to_thread(_post, cars[0].api_port, "/inventories", body,
+                                              b"Bearer " + CONTROL.encode())
+    assert status == 200
+    answer = control.InventoriesAnswer.from_json(json.loads(raw))
+    assert sorted(answer.inventories) == [0]
+    assert "inventory of rank 1" in answer.failed[3]
+
+
+async def test_only_the_operator_may_relay_and_bad_requests_are_refused(tmp_path):
+    async with started(*_configs(tmp_path)[:1]) as (car,):
+        port = car.api_port
+        ok = json.dumps({"sidecars": {}, "timeout_seconds": 1.0}).encode()
+        many = json.dumps({"sidecars": {str(r): "127.0.0.1:9" for r in range(300)},
+                           "timeout_seconds": 1.0}).encode()
+        bad = json.dumps({"sidecars": {"1": "http://x"}, "timeout_seconds": 1.0}).encode()
+        slow = json.dumps({"sidecars": {}, "timeout_seconds": 60}).encode()
+
+        def post(body: bytes, token: bytes) -> tuple[int, bytes]:
+            return _post(port, "/inventories", body, b"Bearer " + token)
+
+        job = (await asyncio.to_thread(post, ok, TOKEN))[0]
+        answers = [await asyncio.to_thread(post, b, CONTROL.encode()) for b in
+                   (ok, many, bad, slow)]
+    assert job == 401, "another pod of the job must not make a sidecar call out for it"
+    assert answers[0][0] == 200
+    assert [a[0] for a in answers[1:]] == [400, 400, 400]
+    assert b"at most 256" in answers[1][1] and b"host:port" in answers[2][1]

@@ -1,0 +1,66 @@
+"""POST /inventories: a sidecar asks other sidecars of its job for their inventories on the
+operator's behalf, so the operator of a large job makes one call per batch of ranks instead
+of one per rank (gemini_operator.sidecars.inventories_each).
+
+Every relayed GET goes out at once (asyncio, no thread per call), each under the request's
+deadline and size cap, with this sidecar's job token (GET /inventory takes it). Whatever did
+not answer in time, or answered something that is not an inventory of the rank asked, is
+filed under `failed` with the reason: the operator tells silence from answers per rank, as
+when it asks each sidecar itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from gemini import control
+from gemini.control import InventoriesAnswer, InventoriesRequest, Inventory
+
+# Sockets one relay call opens at once: a batch is a few dozen ranks.
+MAX_CONNECTIONS = 128
+
+
+async def relay_inventories(own: Inventory, request: InventoriesRequest, token: str
+                            ) -> InventoriesAnswer:
+    """The inventories of `request.sidecars` (this sidecar's own included as `own`)."""
+    others = {r: a for r, a in request.sidecars.items() if r != own.rank}
+    timeout = aiohttp.ClientTimeout(total=request.timeout_seconds)
+    connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, force_close=True)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector,
+                                     headers=headers) as session:
+        ranks = sorted(others)
+        answers = await asyncio.gather(*(_ask(session, others[r]) for r in ranks))
+    inventories: dict[int, Inventory] = {own.rank: own}
+    failed: dict[int, str] = {}
+    for rank, (inventory, why) in zip(ranks, answers, strict=True):
+        if inventory is None:
+            failed[rank] = f"{others[rank]}{control.INVENTORY_PATH}: {why}"
+        elif inventory.rank != rank:
+            failed[rank] = f"{others[rank]} answered with the inventory of rank {inventory.rank}"
+        else:
+            inventories[rank] = inventory
+    return InventoriesAnswer(inventories, failed)
+
+
+async def _ask(session: aiohttp.ClientSession, address: str) -> tuple[Inventory | None, str]:
+    """(the inventory, "") or (None, why not)."""
+    url = f"http://{address}{control.INVENTORY_PATH}"
+    limit = control.MAX_RELAYED_INVENTORY_BYTES
+    try:
+        async with session.get(url, allow_redirects=False) as answer:
+            body = await answer.content.read(limit + 1)
+            if answer.status != 200:
+                return None, f"answered {answer.status}"
+    except TimeoutError:
+        return None, "no answer within the deadline"
+    except (aiohttp.ClientError, OSError) as err:
+        return None, f"unreachable ({type(err).__name__}: {err})"[:300]
+    if len(body) > limit:
+        return None, f"an inventory over {limit} bytes"
+    try:
+        return Inventory.from_json(control.parse_json(body)), ""
+    except ValueError as err:
+        return None, f"not an inventory ({err})"[:300]
