@@ -130,7 +130,8 @@ async def _poll(runtime: Runtime) -> None:
     """Every few seconds, ask the running jobs' sidecars and launchers how far they are
     (checkpoint status, hang detection, persistence), every job side by side (a slow job
     waits only for itself); reconcile a job when that changed."""
-    rounds = PollRounds(runtime.reconciler.poller.poll, runtime.queue.add)
+    rounds = PollRounds(runtime.reconciler.poller.poll, runtime.queue.add,
+                        observe=runtime.reconciler.metrics.poll_seconds.observe)
     try:
         while True:
             await asyncio.sleep(POLL_SECONDS)

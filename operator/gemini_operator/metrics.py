@@ -34,6 +34,11 @@ class OperatorMetrics:
             "gemini_operator_reconcile_seconds", "Duration of one reconcile", registry=r,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
+        self.poll_seconds = Histogram(
+            "gemini_operator_poll_seconds", "Duration of one job's poll of its workers "
+            "(inventories, and persisting when due)", registry=r,
+            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16),
+        )
         self.status_writes = Counter(
             "gemini_operator_status_writes", "Status subresource writes", registry=r
         )

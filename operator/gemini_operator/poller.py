@@ -362,8 +362,9 @@ class PollRounds:
     `changed(key)` runs on the event loop for each job whose findings changed."""
 
     def __init__(self, poll: Callable[[JobKey], bool], changed: Callable[[JobKey], None],
-                 workers: int = POLL_WORKERS) -> None:
-        self._poll, self._changed = poll, changed
+                 workers: int = POLL_WORKERS,
+                 observe: Callable[[float], None] = lambda seconds: None) -> None:
+        self._poll, self._changed, self._observe = poll, changed, observe
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll")
         self._polling: set[JobKey] = set()
 
@@ -374,8 +375,15 @@ class PollRounds:
             if key in self._polling:
                 continue  # still in its last poll: it waits for itself, nobody else does
             self._polling.add(key)
-            future = loop.run_in_executor(self._pool, self._poll, key)
+            future = loop.run_in_executor(self._pool, self._timed, key)
             future.add_done_callback(partial(self._done, key))
+
+    def _timed(self, key: JobKey) -> bool:
+        started = time.monotonic()
+        try:
+            return self._poll(key)
+        finally:
+            self._observe(time.monotonic() - started)
 
     def _done(self, key: JobKey, future: asyncio.Future[bool]) -> None:
         self._polling.discard(key)

@@ -47,3 +47,21 @@ async def test_a_job_in_its_last_poll_is_skipped_while_the_others_are_polled_eac
     assert all(on_loop for _, on_loop in changed) and (SAME, True) not in changed
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == ["polling ns/x failed: 'version'"] * 3
+
+
+async def test_every_poll_is_timed_also_one_that_fails() -> None:
+    durations: list[float] = []
+
+    def poll(key: JobKey) -> bool:
+        if key == BROKEN:
+            raise KeyError("version")
+        threading.Event().wait(0.05)
+        return False
+
+    rounds = PollRounds(poll, lambda key: None, observe=durations.append)
+    try:
+        rounds.start([SAME, BROKEN])
+        await asyncio.sleep(0.3)
+    finally:
+        rounds.close()
+    assert len(durations) == 2 and max(durations) >= 0.05
