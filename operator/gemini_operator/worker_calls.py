@@ -19,7 +19,7 @@ from gemini_operator.kube import KubeClient
 from gemini_operator.observed import PodView, pod_view
 from gemini_operator.outcome import RecoveryWait, S3Unreadable
 from gemini_operator.records import LaunchRecord
-from gemini_operator.sidecars import INVENTORY_TIMEOUT_SECONDS, call_all, call_each
+from gemini_operator.sidecars import INVENTORY_TIMEOUT_SECONDS, call_all
 from gemini_operator.spec import Persistence
 from gemini_operator.tokens import JobTokens
 
@@ -134,9 +134,11 @@ class WorkerCalls:
 
     def inventories(self, pods: Mapping[int, PodView], token: Bearer
                     ) -> tuple[dict[int, dict[str, Any]], list[str]]:
-        """The inventories that answer within INVENTORY_TIMEOUT_SECONDS, and who did not."""
-        return call_each(self.sidecars(pods), "/inventory", token, {},
-                         INVENTORY_TIMEOUT_SECONDS)
+        """The inventories that answer within INVENTORY_TIMEOUT_SECONDS (checked; batched for
+        a large job, as the poller asks), and who did not."""
+        typed, silent = sidecars.inventories_each(self.sidecars(pods), token,
+                                                  INVENTORY_TIMEOUT_SECONDS)
+        return {r: inventory.to_json() for r, inventory in typed.items()}, silent
 
     def all_inventories(self, pods: Mapping[int, PodView], token: Bearer
                         ) -> dict[int, dict[str, Any]]:

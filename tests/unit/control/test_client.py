@@ -21,6 +21,8 @@ from gemini.control import (
     FetchReplicasRequest,
     FetchRequest,
     Health,
+    InventoriesAnswer,
+    InventoriesRequest,
     NotifyAnswer,
     NotifyRequest,
     PersistAnswer,
@@ -43,6 +45,8 @@ TOKEN = "job-secret"
 CALLS: list[tuple[str, Any, str, str, Any]] = [
     ("healthz", None, "/healthz", "GET", Health()),
     ("inventory", None, "/inventory", "GET", INVENTORY),
+    ("inventories", InventoriesRequest({1: "10.0.0.1:7080"}), "/inventories", "POST",
+     InventoriesAnswer({0: INVENTORY}, {1: "no answer within the deadline"})),
     ("notify", NotifyRequest(7, 0.5), "/v1/local/committed", "POST", NotifyAnswer(7)),
     ("peers", PEERS, "/peers", "POST", PEERS),
     ("profile", ProfileRequest((ProfileIteration(1.0, ((0.0, 0.5),)),)), "/profile", "POST",
