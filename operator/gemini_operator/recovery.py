@@ -19,7 +19,11 @@ reconcile plans again with that rank lost.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gemini.domain.placement import Placement
@@ -43,6 +47,7 @@ from gemini_operator.worker_calls import inventory_copies
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 0.25
+WAIT_LOG_REPEAT_S = 10.0
 PROBE_TIMEOUT_SECONDS = 1.0  # a TCP connect to a silent sidecar's and launcher's ports
 
 
@@ -64,13 +69,17 @@ class RecoveryExecutor(PhaseExecutor):
         try:
             return self._run_phases(job, snap, action, status, record)
         except SidecarError as err:  # a sidecar restarting or cut off: try again shortly
-            log.info("recovery of %s/%s waits for a sidecar: %s", job.namespace, job.name, err)
+            self._say_wait(job, f"waits for a sidecar: {err}")
         except RecoveryWait as wait:
-            log.info("recovery of %s/%s waits: %s", job.namespace, job.name, wait)
+            self._say_wait(job, f"waits: {wait}")
         except Unrecoverable as err:
             return Outcome(status={"recovery": None},
                            unrecoverable=(record.cause or "a failure", str(err)))
         return Outcome(requeue_after=WAIT_SECONDS)
+
+    def _say_wait(self, job: JobView, what: str) -> None:
+        level = _WAITS.level((job.namespace, job.name), what)
+        log.log(level, "recovery of %s/%s %s", job.namespace, job.name, what)
 
     def _run_phases(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus,
                     record: RecoveryRecord) -> Outcome:
@@ -202,6 +211,32 @@ class RecoveryExecutor(PhaseExecutor):
                 waiting.append(f"rank {rank}: replacement is {pod.phase}")
         if waiting:
             raise RecoveryWait("; ".join(waiting))
+
+
+class WaitLog:
+    """A recovery is asked again every WAIT_SECONDS while it waits: what it waits for is
+    logged at INFO when that changes (figures aside: a transfer's progress is not news) or
+    every WAIT_LOG_REPEAT_S, at DEBUG in between. Keyed by job; safe across threads."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._last: dict[tuple[str, str], tuple[str, float]] = {}
+
+    def level(self, key: tuple[str, str], message: str) -> int:
+        gist, now = _FIGURES.sub("#", message), self._clock()
+        with self._lock:
+            said, when = self._last.get(key, ("", -math.inf))
+            if gist == said and now - when < WAIT_LOG_REPEAT_S:
+                return logging.DEBUG
+            if len(self._last) > 4096:  # jobs come and go
+                self._last.clear()
+            self._last[key] = (gist, now)
+        return logging.INFO
+
+
+_FIGURES = re.compile(r"\d+(\.\d+)?")
+_WAITS = WaitLog()
 
 
 def newly_lost(action: Recover, record: RecoveryRecord) -> bool:
