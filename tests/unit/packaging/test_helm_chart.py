@@ -89,6 +89,12 @@ def test_the_operator_runs_the_real_command_with_its_real_flags(helm: Helm):
     assert args.lease_namespace == "gemini-system"
     assert args.sidecar_image == "gemini-sidecar:0.1.0"
     assert args.metrics_port == 9090
+    assert args.status_inline_bytes == 64 * 1024
+
+
+def test_the_status_inline_limit_is_a_value(helm: Helm):
+    operator = container(helm.template("--set", "operator.statusInlineBytes=0"))
+    assert "--status-inline-bytes=0" in operator["args"]
 
 
 def test_the_operator_container_is_non_root_read_only_and_probed(helm: Helm):
