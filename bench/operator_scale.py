@@ -577,11 +577,11 @@ def report(results: list[RunResult], setup: dict[str, float], error: str,
             **({"error": why} if why else {}),
         })
 
-    print(line("create", "operator_1000_rank_job_created_and_status_populated_median",
+    print(line("create", f"operator_{args.ranks}_rank_job_created_and_status_populated_median",
                "create_total_s", CREATE_TARGET_S,
                ["pods_created_s", "pods_running_s", "status_populated_s"],
                "plain_client_create_running_s"))
-    print(line("recovery", "operator_10_lost_ranks_replaced_median", "recovery_total_s",
+    print(line("recovery", f"operator_{args.lost}_lost_ranks_replaced_median", "recovery_total_s",
                RECOVERY_TARGET_S,
                ["loss_spread_s", "recovery_planned_s", "replacements_created_s",
                 "recovery_recorded_s", "replacements_running_s", "other_ranks_recreated",
