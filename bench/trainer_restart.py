@@ -10,6 +10,13 @@ the same run. No sidecar, no operator: only the launcher's and the training proc
 
     .venv/bin/python bench/trainer_restart.py [--crashes 3] [--workers 4]
 
+With --replacement, what a lost node costs the training instead: rank 1's whole launcher is
+killed and a new one started in hold mode, as in a replacement pod; after --hold-seconds (the
+operator's planning and fetching, 3 s by default) every launcher gets POST /restart. The
+figure is the time from that /restart to the first step every rank printed, with the held
+launcher warming its first interpreter (GEMINI_LAUNCHER_HOLD_STANDBY=1, the default) over the
+same without (=0); GEMINI_LAUNCHER_STANDBY=0 in both.
+
 Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
 """
 
@@ -48,8 +55,9 @@ def free_port() -> int:
 
 
 class Rank:
-    def __init__(self, work: Path, rank: int, world: int, standby: bool) -> None:
-        self.dir = work / f"rank{rank}"
+    def __init__(self, work: Path, rank: int, world: int, settings: dict[str, str],
+                 name: str = "") -> None:
+        self.dir = work / (name or f"rank{rank}")
         self.dir.mkdir(parents=True)
         self.log = self.dir / "out.log"
         self.status_file = self.dir / "status.json"
@@ -60,7 +68,7 @@ class Rank:
                "GEMINI_LAUNCHER_HOST": "127.0.0.1", "GEMINI_LAUNCHER_PORT": "0",
                "GEMINI_LAUNCHER_STATUS_FILE": str(self.status_file),
                "GEMINI_HEARTBEAT_FILE": str(self.dir / "heartbeat"), "GEMINI_AUTH_TOKEN": TOKEN,
-               "GEMINI_LAUNCHER_STANDBY": "1" if standby else "0"}
+               **settings}
         cmd = [sys.executable, "-m", "gemini_cli", "launch", "--",
                str(Path(sys.executable).parent / "python"), str(EXAMPLE), "--engine",
                "deepspeed", "--steps", "100000", *MODEL, "--step-sleep", "0.3"]
@@ -114,10 +122,32 @@ def restart_all(ranks: list[Rank], epoch: int, version: Any) -> None:
         t.join()
 
 
-def one_mode(root: Path, standby: bool, workers: int, crashes: int, between: int = 20
-             ) -> tuple[list[float], list[bool]]:
-    work = root / ("standby" if standby else "spawn")
-    ranks = [Rank(work, r, workers, standby) for r in range(workers)]
+def standby_settings(standby: bool) -> dict[str, str]:
+    return {"GEMINI_LAUNCHER_STANDBY": "1" if standby else "0"}
+
+
+def hold_settings(warm: bool) -> dict[str, str]:
+    return {"GEMINI_LAUNCHER_STANDBY": "0", "GEMINI_LAUNCHER_HOLD_STANDBY": "1" if warm else "0"}
+
+
+def replace_rank(ranks: list[Rank], work: Path, settings: dict[str, str], crash: int,
+                 hold_s: float) -> None:
+    """Rank 1's node is lost: its launcher and training process die, a new launcher starts
+    held (its shard is where the old one left it, as after a fetch), then `hold_s` passes."""
+    old = ranks[1]
+    os.killpg(old.proc.pid, signal.SIGKILL)
+    old.proc.wait(timeout=30)
+    ranks[1] = Rank(work, 1, len(ranks), settings, name=f"rank1-replacement{crash}")
+    wait(lambda: ranks[1].status_file.exists(), 120, "the replacement's launcher")
+    time.sleep(hold_s)
+
+
+def one_mode(root: Path, label: str, settings: dict[str, str], workers: int, crashes: int,
+             between: int = 20, hold_s: float | None = None) -> tuple[list[float], list[bool]]:
+    """Per crash, the seconds until every rank stepped again (from the kill, or with
+    `hold_s`, a replacement, from the /restart) and whether every process started warm."""
+    work = root / label
+    ranks = [Rank(work, r, workers, settings) for r in range(workers)]
     times, warm = [], []
     try:
         wait(lambda: all(r.status_file.exists() for r in ranks), 120, "the launchers")
@@ -128,13 +158,17 @@ def one_mode(root: Path, standby: bool, workers: int, crashes: int, between: int
             wait(lambda m=marks: min(stepped(ranks, m)) >= between, 600, "training steps")
             marks = [r.size() for r in ranks]
             start = time.monotonic()
-            os.killpg(ranks[1].status()["pid"], signal.SIGKILL)
+            if hold_s is None:
+                os.killpg(ranks[1].status()["pid"], signal.SIGKILL)
+            else:
+                replace_rank(ranks, work, settings, crash, hold_s)
+                marks[1], start = 0, time.monotonic()
             restart_all(ranks, crash + 2, "latest")
             wait(lambda m=marks: min(stepped(ranks, m)) >= 1, 600,
                  "the first step after the restart")
             times.append(time.monotonic() - start)
-            warm.append(all(r.status()["warm"] for r in ranks))
-            print(f"standby={standby} crash {crash}: {times[-1]:.2f} s (warm {warm[-1]})",
+            warm.append(ranks[1].status()["warm"])
+            print(f"{label} crash {crash}: {times[-1]:.2f} s (rank 1 warm {warm[-1]})",
                   flush=True)
     finally:
         for r in ranks:
@@ -153,20 +187,32 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps-between", type=int, default=20,
                         help="steps trained before each crash (the standby warms meanwhile)")
+    parser.add_argument("--replacement", action="store_true",
+                        help="replace rank 1's launcher (a lost node) instead of a crash")
+    parser.add_argument("--hold-seconds", type=float, default=3.0,
+                        help="with --replacement: from the new launcher's start to /restart")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gbench-restart-", dir="/tmp"))
+    hold = args.hold_seconds if args.replacement else None
+    settings = hold_settings if args.replacement else standby_settings
     with cleaning_up():  # the launchers (and their trainers) stopped, also when interrupted
-        cold, _ = one_mode(root, False, args.workers, args.crashes, args.steps_between)
-        warm, used = one_mode(root, True, args.workers, args.crashes, args.steps_between)
+        cold, _ = one_mode(root, "spawn", settings(False), args.workers, args.crashes,
+                           args.steps_between, hold)
+        warm, used = one_mode(root, "warm", settings(True), args.workers, args.crashes,
+                              args.steps_between, hold)
     shutil.rmtree(root, ignore_errors=True)  # kept when it failed, for its logs
     cold_m, warm_m = statistics.median(cold), statistics.median(warm)
-    print(f"restart to first step: standby {warm_m:.2f} s (runs {[round(t, 2) for t in warm]}),"
+    what = "replacement held, /restart" if args.replacement else "restart"
+    print(f"{what} to first step: warm {warm_m:.2f} s (runs {[round(t, 2) for t in warm]}),"
           f" fresh spawn {cold_m:.2f} s (runs {[round(t, 2) for t in cold]})")
+    metric = ("replacement_start_hold_standby_vs_spawn" if args.replacement
+              else "trainer_restart_standby_vs_spawn")
     print(json.dumps({
-        "metric": "trainer_restart_standby_vs_spawn", "value": round(warm_m / cold_m, 3),
+        "metric": metric, "value": round(warm_m / cold_m, 3),
         "target": 0.6, "better": "lower", "unit": "ratio",
         "standby_seconds": round(warm_m, 2), "spawn_seconds": round(cold_m, 2),
         "workers": args.workers, "crashes": args.crashes, "all_warm": all(used),
+        **({"hold_seconds": args.hold_seconds} if args.replacement else {}),
         "load_average": round(os.getloadavg()[0], 1),
     }))
 
