@@ -115,6 +115,11 @@ class Replicator:
         previous = self.status.notified_version
         if 0 <= previous < version:
             self.status.effective_interval = version - previous
+        if version < self.status.acknowledged_version:
+            # Training went back (a restore of an older step): the versions acknowledged in
+            # the abandoned run are no promise of the restored one's (status.checkpoint.
+            # recoverableStep is the minimum over sidecars); the next acknowledgement says.
+            self.status.acknowledged_version = -1
         self.status.notified_version = version
         self._queue(version)
 

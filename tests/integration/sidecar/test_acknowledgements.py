@@ -72,3 +72,20 @@ async def test_a_version_whose_notice_was_lost_is_still_sent(tmp_path):
         info = write_local(a.cfg, 4, payload(4, 1 << 20))  # committed; no notice follows
         await wait_for(partial(replica_complete, b, 0, 4), timeout=15, what="version 4")
         await wait_for(lambda: acknowledged(a) == info.seq, what="the acknowledgement")
+
+
+async def test_a_notice_of_an_older_version_withdraws_the_acknowledgement_of_the_abandoned_run(
+        tmp_path):
+    """After a restore of step 3 the sidecar must not go on reporting step 5 of the run that
+    was abandoned as acknowledged (the operator shows it as the recoverable step)."""
+    async with started(*pair(tmp_path)) as (a, b):
+        for version in (3, 5):
+            write_local(a.cfg, version, payload(version, 1 << 20))
+            a.notify(version, 0.0)
+            await wait_for(lambda v=version: a.replicator.status.acknowledged_version == v,
+                           what=f"version {version} acknowledged")
+        write_local(a.cfg, 4, payload(40, 1 << 20))  # the restored run's step 4
+        a.notify(4, 0.0)
+        assert a.replicator.status.acknowledged_version == -1
+        await wait_for(lambda: a.replicator.status.acknowledged_version == 4,
+                       what="the restored run's version 4 acknowledged")
