@@ -78,7 +78,7 @@ async def test_a_notice_of_an_older_version_withdraws_the_acknowledgement_of_the
         tmp_path):
     """After a restore of step 3 the sidecar must not go on reporting step 5 of the run that
     was abandoned as acknowledged (the operator shows it as the recoverable step)."""
-    async with started(*pair(tmp_path)) as (a, b):
+    async with started(*pair(tmp_path)) as (a, _b):
         for version in (3, 5):
             write_local(a.cfg, version, payload(version, 1 << 20))
             a.notify(version, 0.0)
