@@ -70,8 +70,10 @@ command the launcher keeps one pre-started interpreter that has imported torch/D
 interpreter per rank in memory. It falls back to a normal spawn when no standby is usable.
 ``status.warm`` tells whether the current process started from one, ``status.standby``
 ({"pid", "ready"} or null) about the next. Without the option a held launcher still warms the
-interpreter its first run starts in (GEMINI_LAUNCHER_HOLD_STANDBY, default on): the imports of
-a new or replacement pod overlap the operator's planning and fetching, at no extra memory.
+interpreter its first run starts in, and a launcher whose process died warms the next one at
+once (GEMINI_LAUNCHER_HOLD_STANDBY, default on): the imports of a new or replacement pod, or
+of a crashed rank, overlap the operator's detection, planning and fetching, at no extra memory
+(no training process runs meanwhile).
 """
 
 from __future__ import annotations
@@ -180,7 +182,8 @@ class LauncherConfig:
     exit_on_failure: bool = False
     hold: bool = False  # wait for the first POST /restart before starting the command
     standby: bool = False  # keep a warm standby interpreter for python commands
-    # warm the first process while held (it becomes the training process: no extra memory)
+    # warm the next process while none runs (held, or after one died): it becomes the
+    # training process, so no memory is added
     hold_standby: bool = True
     preimport: tuple[str, ...] = warm.DEFAULT_PREIMPORT  # what the standby imports
     insecure_local: bool = False  # allow no or a short token, on a loopback address only
@@ -252,7 +255,7 @@ class Launcher:
         self._output_lock = threading.Lock()
         # pid -> (relay thread, last output lines) of children whose output the launcher relays
         self._relays: dict[int, tuple[list[threading.Thread], deque[bytes]]] = {}
-        wanted = config.standby or (config.hold and config.hold_standby)
+        wanted = config.standby or config.hold_standby
         standby = wanted and self._local_world == 1
         if wanted and not standby:
             log.info("no warm standby with %d processes per node", self._local_world)
@@ -439,6 +442,8 @@ class Launcher:
                 control.write_parked(self.parked_file, control.Parked(
                     self._epoch, f"the training process exited with code {code}\n{words}",
                     time.time(), code))
+                if self.config.hold_standby:  # import while the operator detects and plans
+                    self._arm_standby(self._child_env({}), busy=False)
             self._publish()
             self._changed.notify_all()
             if not self._stopping and (code == 0 or not stays):

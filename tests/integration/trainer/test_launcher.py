@@ -401,6 +401,23 @@ def test_a_held_launcher_warms_its_first_process_even_without_the_standby_option
     assert not records(tmp_path)[1]["preimported"] and not running.status()["warm"]
 
 
+def test_a_launcher_whose_process_died_warms_the_next_one_at_once(
+    warm_start: Any, tmp_path: Path
+) -> None:
+    """A crashed rank's next process imports while the operator detects the crash and plans:
+    no training process runs meanwhile, so it costs no memory."""
+    running = warm_start(standby=False)
+    running.until(lambda s: (s["standby"] or {}).get("ready"))
+    restart(running, 1, CHILD_MODE="7")
+    running.until(lambda s: s["state"] == "exited")
+    standby = running.until(lambda s: (s["standby"] or {}).get("ready"))["standby"]
+    restart(running, 2)
+    running.until(lambda s: len(records(tmp_path)) == 2)
+    second = records(tmp_path)[1]
+    assert (second["pid"], second["epoch"], second["preimported"]) == (standby["pid"], "2", True)
+    assert running.status()["warm"]
+
+
 @pytest.mark.parametrize("standby", [False, True])
 def test_no_standby_when_disabled_or_the_command_is_not_python(
     warm_start: Any, tmp_path: Path, standby: bool
