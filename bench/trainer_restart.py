@@ -10,6 +10,11 @@ the same run. No sidecar, no operator: only the launcher's and the training proc
 
     .venv/bin/python bench/trainer_restart.py [--crashes 3] [--workers 4]
 
+With --idle, the crash with the defaults (no kept standby; the launcher whose process died
+starts warming the next one at once, GEMINI_LAUNCHER_HOLD_STANDBY=1) against no standby of
+any kind; --idle-seconds (default 2: the operator's detection and planning) pass between the
+kill and the /restart, and the figure is counted from the kill.
+
 With --replacement, what a lost node costs the training instead: rank 1's whole launcher is
 killed and a new one started in hold mode, as in a replacement pod; after --hold-seconds (the
 operator's planning and fetching, 3 s by default) every launcher gets POST /restart. The
@@ -123,7 +128,9 @@ def restart_all(ranks: list[Rank], epoch: int, version: Any) -> None:
 
 
 def standby_settings(standby: bool) -> dict[str, str]:
-    return {"GEMINI_LAUNCHER_STANDBY": "1" if standby else "0"}
+    """The kept standby (warmStandby) against no standby of any kind."""
+    return {"GEMINI_LAUNCHER_STANDBY": "1" if standby else "0",
+            "GEMINI_LAUNCHER_HOLD_STANDBY": "1" if standby else "0"}
 
 
 def hold_settings(warm: bool) -> dict[str, str]:
@@ -143,7 +150,8 @@ def replace_rank(ranks: list[Rank], work: Path, settings: dict[str, str], crash:
 
 
 def one_mode(root: Path, label: str, settings: dict[str, str], workers: int, crashes: int,
-             between: int = 20, hold_s: float | None = None) -> tuple[list[float], list[bool]]:
+             between: int = 20, hold_s: float | None = None, idle_s: float = 0.0
+             ) -> tuple[list[float], list[bool]]:
     """Per crash, the seconds until every rank stepped again (from the kill, or with
     `hold_s`, a replacement, from the /restart) and whether every process started warm."""
     work = root / label
@@ -160,6 +168,7 @@ def one_mode(root: Path, label: str, settings: dict[str, str], workers: int, cra
             start = time.monotonic()
             if hold_s is None:
                 os.killpg(ranks[1].status()["pid"], signal.SIGKILL)
+                time.sleep(idle_s)
             else:
                 replace_rank(ranks, work, settings, crash, hold_s)
                 marks[1], start = 0, time.monotonic()
@@ -187,6 +196,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--steps-between", type=int, default=20,
                         help="steps trained before each crash (the standby warms meanwhile)")
+    parser.add_argument("--idle", action="store_true",
+                        help="the default idle standby after a crash, not the kept one")
+    parser.add_argument("--idle-seconds", type=float, default=2.0,
+                        help="with --idle: from the kill to the /restart")
     parser.add_argument("--replacement", action="store_true",
                         help="replace rank 1's launcher (a lost node) instead of a crash")
     parser.add_argument("--hold-seconds", type=float, default=3.0,
@@ -194,18 +207,20 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="gbench-restart-", dir="/tmp"))
     hold = args.hold_seconds if args.replacement else None
-    settings = hold_settings if args.replacement else standby_settings
+    settings = hold_settings if args.replacement or args.idle else standby_settings
+    idle = args.idle_seconds if args.idle else 0.0
     with cleaning_up():  # the launchers (and their trainers) stopped, also when interrupted
         cold, _ = one_mode(root, "spawn", settings(False), args.workers, args.crashes,
-                           args.steps_between, hold)
+                           args.steps_between, hold, idle)
         warm, used = one_mode(root, "warm", settings(True), args.workers, args.crashes,
-                              args.steps_between, hold)
+                              args.steps_between, hold, idle)
     shutil.rmtree(root, ignore_errors=True)  # kept when it failed, for its logs
     cold_m, warm_m = statistics.median(cold), statistics.median(warm)
     what = "replacement held, /restart" if args.replacement else "restart"
     print(f"{what} to first step: warm {warm_m:.2f} s (runs {[round(t, 2) for t in warm]}),"
           f" fresh spawn {cold_m:.2f} s (runs {[round(t, 2) for t in cold]})")
     metric = ("replacement_start_hold_standby_vs_spawn" if args.replacement
+              else "trainer_restart_idle_standby_vs_spawn" if args.idle
               else "trainer_restart_standby_vs_spawn")
     print(json.dumps({
         "metric": metric, "value": round(warm_m / cold_m, 3),
