@@ -102,6 +102,9 @@ STATUS_PATH = "/status"  # GET -> LauncherStatus
 RESTART_PATH = "/restart"  # POST RestartRequest -> RestartAnswer
 STOP_PATH = "/stop"  # POST (any object) -> LauncherStatus; the launcher then exits
 LAUNCHER_OPEN_PATHS = frozenset({METRICS_PATH})
+# The operator's hint server (gemini_operator.hints), called by launchers.
+FAILURE_HINT_PATH = "/v1/hints/failure"  # POST FailureHint -> HintAnswer (202)
+MAX_HINT_BYTES = 4096
 
 RESTORE_SOURCES = ("local", "peer", "s3")
 LAUNCHER_STATES = ("starting", "held", "running", "parked", "exited", "stopped")
@@ -1044,6 +1047,42 @@ class Progress:
 
 
 @dataclass(frozen=True)
+class FailureHint:
+    """POST /v1/hints/failure, to the operator, by a launcher whose training just failed
+    (exited or parked), with the job token: "poll my job now". The operator still learns what
+    failed from its own poll; the hint only ends the wait for it, so a forged one costs no more
+    than a poll of the sender's own job."""
+
+    namespace: str
+    job: str
+    uid: str
+    rank: int
+    epoch: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"namespace": self.namespace, "job": self.job, "uid": self.uid,
+                "rank": self.rank, "epoch": self.epoch}
+
+    @classmethod
+    def from_json(cls, doc: object) -> FailureHint:
+        f = _Fields(doc, "/v1/hints/failure body")
+        return cls(namespace=f.string("namespace"), job=f.string("job"), uid=f.string("uid"),
+                   rank=f.integer("rank", 0), epoch=f.integer("epoch", 0))
+
+
+@dataclass(frozen=True)
+class HintAnswer:
+    polling: bool  # False: the job was polled moments ago, or is polled already
+
+    def to_json(self) -> dict[str, Any]:
+        return {"polling": self.polling}
+
+    @classmethod
+    def from_json(cls, doc: object) -> HintAnswer:
+        return cls(_Fields(doc, "/v1/hints/failure answer").boolean("polling"))
+
+
+@dataclass(frozen=True)
 class LauncherStatus:
     """GET /status (also the answer of POST /stop, and the launcher's status file)."""
 
@@ -1478,6 +1517,10 @@ class ControlClient:
     def stop(self) -> LauncherStatus:
         return self._typed(STOP_PATH, {},
                            lambda doc: LauncherStatus.from_json(doc, "/stop answer"))
+
+    # -- the operator's hint server -----------------------------------------------------
+    def failure_hint(self, hint: FailureHint) -> HintAnswer:
+        return self._typed(FAILURE_HINT_PATH, hint.to_json(), HintAnswer.from_json)
 
     # -- any call ------------------------------------------------------------------------
     def call_json(self, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:

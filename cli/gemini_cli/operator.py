@@ -35,6 +35,13 @@ def register(subparsers: Any) -> None:
                             "or 'default')")
     run_parser.add_argument("--metrics-port", type=int, default=None,
                             help="serve Prometheus metrics on this port")
+    run_parser.add_argument("--hint-port", type=int, default=None,
+                            help="serve launchers' failure hints on this port, so a failed "
+                            "trainer is acted on at once, not at the next poll (default: none)")
+    run_parser.add_argument("--hint-url", default=None,
+                            help="the hint server's URL as the worker pods reach it, e.g. "
+                            "http://gemini-operator-hints.gemini-system.svc:8090 (required "
+                            "with --hint-port)")
     run_parser.add_argument("--worker-priority-class", default="gemini-worker",
                             help="PriorityClass of worker pods; '' for none (default: "
                             "%(default)s)")
@@ -90,6 +97,9 @@ def run(args: argparse.Namespace) -> int:
     except (TokenKeyError, OSError) as err:
         raise CliError(f"--token-key-file / $GEMINI_OPERATOR_TOKEN_KEY: {err}",
                        exit_code=2) from err
+    if (args.hint_port is None) != (args.hint_url is None):
+        raise CliError("--hint-port and --hint-url go together: the port the operator "
+                       "listens on and the URL the worker pods call it at", exit_code=2)
     options = OperatorOptions(
         kubeconfig=args.kubeconfig,
         namespace=args.namespace,
@@ -101,10 +111,12 @@ def run(args: argparse.Namespace) -> int:
                             network_policy=args.worker_network_policy,
                             operator_pod_labels=args.operator_pod_labels,
                             operator_namespace_labels=args.operator_namespace_labels,
-                            metrics_from=args.worker_metrics_from),
+                            metrics_from=args.worker_metrics_from,
+                            hint_url=args.hint_url),
         create_priority_classes=args.create_priority_classes,
         token_key=token_key,
         status_inline_bytes=args.status_inline_bytes,
+        hint_bind=None if args.hint_port is None else ("0.0.0.0", args.hint_port),
     )
     try:
         run_operator(options)

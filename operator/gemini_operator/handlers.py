@@ -17,6 +17,7 @@ import kopf
 from gemini_operator import naming
 from gemini_operator.cache import ClusterCache, JobKey
 from gemini_operator.election import LeaderElector
+from gemini_operator.hints import HintServer
 from gemini_operator.kube import KubeClient
 from gemini_operator.metrics import OperatorMetrics
 from gemini_operator.poller import POLL_SECONDS, PollRounds
@@ -40,6 +41,10 @@ class Runtime:
     metrics: OperatorMetrics
     leading: bool = False
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    # Where launchers' failure hints are served ((host, port); None: no hint server).
+    hint_bind: tuple[str, int] | None = None
+    hint_server: HintServer | None = None
+    rounds: PollRounds | None = None
 
     def queue_all(self) -> None:
         for key in self.cache.job_keys():
@@ -55,6 +60,11 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         _configure(settings)
         runtime.queue.start()
+        runtime.rounds = PollRounds(runtime.reconciler.poller.poll, runtime.queue.add,
+                                    observe=runtime.reconciler.metrics.poll_seconds.observe)
+        if runtime.hint_bind is not None:
+            runtime.hint_server = _hint_server(runtime)
+            await runtime.hint_server.start(*runtime.hint_bind)
         runtime.tasks = [
             asyncio.create_task(_elect(runtime)), asyncio.create_task(_resync(runtime)),
             asyncio.create_task(_poll(runtime)),
@@ -65,6 +75,8 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
         for task in runtime.tasks:
             task.cancel()
         await asyncio.gather(*runtime.tasks, return_exceptions=True)
+        if runtime.hint_server is not None:
+            await runtime.hint_server.stop()
         await runtime.queue.stop()
 
     @kopf.on.login(registry=registry)
@@ -130,8 +142,8 @@ async def _poll(runtime: Runtime) -> None:
     """Every few seconds, ask the running jobs' sidecars and launchers how far they are
     (checkpoint status, hang detection, persistence), every job side by side (a slow job
     waits only for itself); reconcile a job when that changed."""
-    rounds = PollRounds(runtime.reconciler.poller.poll, runtime.queue.add,
-                        observe=runtime.reconciler.metrics.poll_seconds.observe)
+    rounds = runtime.rounds
+    assert rounds is not None
     try:
         while True:
             await asyncio.sleep(POLL_SECONDS)
@@ -139,6 +151,21 @@ async def _poll(runtime: Runtime) -> None:
                 rounds.start(runtime.cache.job_keys())
     finally:
         rounds.close()
+
+
+def _hint_server(runtime: Runtime) -> HintServer:
+    """Launchers' failure hints start a poll of their job at once (gemini_operator.hints)."""
+    def job_uid(key: JobKey) -> str | None:
+        job = runtime.cache.stored_job(key)
+        return None if job is None else (job.get("metadata") or {}).get("uid")
+
+    def poll_now(key: JobKey) -> None:
+        assert runtime.rounds is not None
+        runtime.rounds.start([key])
+
+    return HintServer(job_uid, runtime.reconciler.poller.tokens.job_token, poll_now,
+                      lambda: runtime.leading,
+                      observe=lambda result: runtime.metrics.hints.labels(result).inc())
 
 
 async def _resync(runtime: Runtime) -> None:

@@ -42,6 +42,9 @@ class OperatorOptions:
     create_priority_classes: bool = True
     token_key: bytes | None = field(default=None, repr=False)  # tokens.py: None, random ones
     status_inline_bytes: int = rank_detail.DEFAULT_INLINE_BYTES  # gemini.rank_detail
+    # Serve launchers' failure hints here ((host, port); gemini_operator.hints); the pods
+    # are told `render.hint_url`. None: no hint server (failures wait for the next poll).
+    hint_bind: tuple[str, int] | None = None
 
 
 def default_identity() -> str:
@@ -60,7 +63,8 @@ def build_runtime(options: OperatorOptions) -> handlers.Runtime:
                             options.identity or default_identity())
     queue = WorkQueue(reconciler.reconcile, elector.leads, metrics, workers=options.workers)
     reconciler.sidecar_calls.wake = queue.add_threadsafe
-    return handlers.Runtime(kube, cache, reconciler, queue, elector, metrics)
+    return handlers.Runtime(kube, cache, reconciler, queue, elector, metrics,
+                            hint_bind=options.hint_bind)
 
 
 async def run_operator(

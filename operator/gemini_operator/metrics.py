@@ -39,6 +39,11 @@ class OperatorMetrics:
             "(inventories, and persisting when due)", registry=r,
             buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16),
         )
+        self.hints = Counter(
+            "gemini_operator_failure_hints", "Failure hints from launchers, by result "
+            "(polled, throttled, unauthorized, unknown, malformed, not-leader)", ["result"],
+            registry=r,
+        )
         self.status_writes = Counter(
             "gemini_operator_status_writes", "Status subresource writes", registry=r
         )

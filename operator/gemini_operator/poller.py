@@ -151,7 +151,7 @@ class CheckpointPoller:
         self.kube, self.cache, self.config = kube, cache, config
         self._clock, self._monotonic = clock, monotonic
         self._silence: dict[JobKey, SilenceTracker] = {}
-        self._tokens = JobTokens(kube, config.token_key)
+        self.tokens = JobTokens(kube, config.token_key)
         self._found: dict[JobKey, Findings] = {}
         self._handled_request: dict[JobKey, str] = {}
         self._persist_tried: dict[JobKey, float] = {}
@@ -194,7 +194,7 @@ class CheckpointPoller:
             return False
         if len(pods) < spec.num_nodes:
             return False
-        token = self._tokens.of(job.ref)
+        token = self.tokens.of(job.ref)
         if token is None:
             return False
         before = self._found.get(key)

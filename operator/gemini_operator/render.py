@@ -62,6 +62,9 @@ class RenderConfig:
     operator_namespace_labels: Mapping[str, str] = field(default_factory=dict)
     # NetworkPolicy peers (e.g. Prometheus) admitted to the sidecar's API port for /metrics.
     metrics_from: tuple[Mapping[str, Any], ...] = ()
+    # The operator's hint server as the pods reach it (gemini_operator.hints): a launcher
+    # whose training failed calls it, so the operator polls the job at once. None: no hints.
+    hint_url: str | None = None
 
     @property
     def sidecar_api_port(self) -> int:
@@ -412,6 +415,7 @@ def _trainer_env(job: JobRef, spec: JobSpec, rank: int, config: RenderConfig) ->
         _value("GEMINI_LAUNCHER_HOLD", 1),
         *([_value("GEMINI_LAUNCHER_STANDBY", 1)] if spec.failure_policy.warm_standby else []),
         _value("GEMINI_LAUNCHER_IN_PROCESS", int(spec.failure_policy.in_process_restart)),
+        *([_value("GEMINI_OPERATOR_HINT_URL", config.hint_url)] if config.hint_url else []),
         # $(VAR) is expanded by the kubelet from the entries above.
         _value("GEMINI_SIDECAR_URL", "http://$(GEMINI_POD_IP):$(GEMINI_SIDECAR_API_PORT)"),
         _value("GEMINI_HEARTBEAT_FILE", heartbeat_path(config)),

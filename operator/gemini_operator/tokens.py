@@ -80,7 +80,7 @@ class JobTokens:
     def of(self, job: JobRef) -> Credentials | None:
         """What the operator calls the job's pods with: the control token, and the job token
         for pods made before control tokens. None when a Secret it must read is missing."""
-        token = self._job_token(job)
+        token = self.job_token(job)
         if token is None:
             return None
         if self._key is not None:
@@ -89,7 +89,8 @@ class JobTokens:
                                          naming.SECRET_TOKEN_KEY)
         return Credentials(control or token, fallback=token if control else "")
 
-    def _job_token(self, job: JobRef) -> str | None:
+    def job_token(self, job: JobRef) -> str | None:
+        """The token every pod of the job holds (None: its Secret is missing)."""
         if self._key is not None:
             return self._derive(job)
         return self.kube.secret_value(job.namespace, naming.secret_name(job.name),

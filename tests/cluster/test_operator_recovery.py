@@ -333,3 +333,39 @@ def test_suspend_saves_the_newest_step_to_s3_and_resume_restores_it(
     assert got == {step: reference[step] for step in got}
     assert "ResumedFromCheckpoint" in {e.reason for e in jobs.events("pause")}
     jobs.delete("pause")
+
+
+SLOW_POLL_SECONDS = 30.0
+
+
+def test_a_crashed_training_process_is_acted_on_at_once_not_at_the_next_poll(
+    local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The launcher of a crashed training process tells the operator (gemini_operator.hints):
+    with polls 30 s apart the recovery still starts within seconds of the crash."""
+    from gemini_demo.crash import kill_training_process
+    from gemini_operator import handlers
+
+    jobs = Jobs(kube_api, job_namespace)
+    jobs.create(training_job("hinted", 2))
+    state = local_cluster.state_dir
+    wait_for(lambda: newest_step(state, job_namespace, "hinted-worker-0") >= 3, 240,
+             "training to reach step 3")
+    monkeypatch.setattr(handlers, "POLL_SECONDS", SLOW_POLL_SECONDS)
+    time.sleep(2.5)  # the round under way at 2 s ends; the next is 30 s away
+    metric = gemini_operator.runtime.metrics.registry.get_sample_value
+    hinted = metric("gemini_operator_failure_hints_total", {"result": "polled"}) or 0.0
+    before = jobs.get("hinted")["status"]
+    kill_training_process(state, job_namespace, "hinted-worker-1")
+    killed_at = time.monotonic()
+    wait_for(lambda: (jobs.get("hinted") or {}).get("status", {}).get("recovery")
+             or _recovered_after(jobs, "hinted", before), 20, "a recovery to start")
+    started = time.monotonic() - killed_at
+    print(f"recovery started {started:.2f} s after the crash")
+    assert (metric("gemini_operator_failure_hints_total", {"result": "polled"}) or 0) > hinted
+    assert started < 5.0, f"the recovery started {started:.1f} s after the crash"
+    last = wait_for(lambda: _recovered_after(jobs, "hinted", before), 120,
+                    "the recovery to finish")
+    assert last["source"] == "Local" and last["cause"] == "software", last
+    jobs.delete("hinted")

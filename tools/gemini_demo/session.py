@@ -31,6 +31,7 @@ from gemini_demo.plan import DemoConfig
 from gemini_demo.reference import ReferenceRun, ReferenceRunError
 from gemini_demo.report import FailureRecord, failure_row, losses_match
 from gemini_local import cluster, faults
+from gemini_local.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "train_gpt_zero3.py"
@@ -304,12 +305,15 @@ class Demo:
 
     def start_operator(self) -> None:
         log = self.work / "operator.log"
+        hint_port = free_port()
         # a signal now would lose the operator's handle: it waits until the handle is kept
         with self.guard.shielded(), open(log, "wb") as out:
             self.operator = subprocess.Popen(
                 [sys.executable, "-m", "gemini_cli", "operator", "run", "--kubeconfig",
                  str(self.kubeconfig), "--namespace", plan.NAMESPACE, "--lease-namespace",
-                 plan.NAMESPACE, "--sidecar-image", "gemini:local"],
+                 plan.NAMESPACE, "--sidecar-image", "gemini:local",
+                 # launchers tell it of a failure at once (gemini_operator.hints)
+                 "--hint-port", str(hint_port), "--hint-url", f"http://127.0.0.1:{hint_port}"],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
         (self.work / "operator.pid").write_text(str(self.operator.pid))
         self.say(f"operator started (pid {self.operator.pid}, log {log})")

@@ -50,7 +50,9 @@ replaced; one parked longer than GEMINI_LAUNCHER_PARK_TIMEOUT_S (60 s) is ended.
 output and keeping the last lines. Either failure is written beside the heartbeat
 (``<heartbeat>.parked``: epoch, error or last lines, exit code), where the sidecar's
 /inventory reads it for the operator: no container restart (and no kubelet back-off) is needed
-to show it.
+to show it. With GEMINI_OPERATOR_HINT_URL (the operator renders it when it serves hints) the
+launcher also tells the operator at once (gemini_trainer.failure_hint), which then polls the
+job without waiting for its next round.
 
 Hold mode (GEMINI_LAUNCHER_HOLD=1): the command is not started until the first POST /restart,
 so the operator can hand every rank the rendezvous address of this epoch (rank 0's pod IP
@@ -103,6 +105,7 @@ from typing import Any
 from gemini import control
 from gemini_trainer import launcher_metrics, resume_link
 from gemini_trainer import standby as warm
+from gemini_trainer.failure_hint import FailureHints
 from gemini_trainer.local_group import LocalGroup, local_env, local_world_size, relay_output
 from gemini_trainer.resume_link import LinkServer
 from gemini_trainer.standby import PythonCommand, Standby
@@ -190,6 +193,7 @@ class LauncherConfig:
     in_process: bool = True  # offer in-process restarts (gemini_trainer.run) to the child
     park_grace_s: float = 1.0  # a running child asked to park (SIGUSR1) gets this long
     park_timeout_s: float = 60.0  # a parked child no restart reached by then is ended
+    hints: FailureHints | None = None  # tell the operator of a failure at once
 
     @classmethod
     def from_env(
@@ -216,6 +220,7 @@ class LauncherConfig:
             "in_process": resume_link.enabled(env),
             "park_grace_s": float(env.get("GEMINI_LAUNCHER_PARK_GRACE_S", "1")),
             "park_timeout_s": float(env.get("GEMINI_LAUNCHER_PARK_TIMEOUT_S", "60")),
+            "hints": FailureHints.from_env(env),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
@@ -442,12 +447,17 @@ class Launcher:
                 control.write_parked(self.parked_file, control.Parked(
                     self._epoch, f"the training process exited with code {code}\n{words}",
                     time.time(), code))
+                self._hint(self._epoch)
                 if self.config.hold_standby:  # import while the operator detects and plans
                     self._arm_standby(self._child_env({}), busy=False)
             self._publish()
             self._changed.notify_all()
             if not self._stopping and (code == 0 or not stays):
                 self._done.set()
+
+    def _hint(self, epoch: int) -> None:
+        if self.config.hints is not None:
+            self.config.hints.send(epoch)
 
     def _terminate(self, proc: Child) -> None:
         if proc.poll() is not None:
@@ -507,6 +517,7 @@ class Launcher:
             control.write_parked(self.parked_file, control.Parked(epoch, error, time.time()))
             self._publish()
             self._changed.notify_all()
+        self._hint(epoch)
         timer = threading.Timer(self.config.park_timeout_s, self._end_parked, (proc, epoch))
         timer.daemon = True
         timer.start()

@@ -63,6 +63,8 @@ CALLS: list[tuple[str, Any, str, str, Any]] = [
     ("restart", RestartRequest(3, 7, "peer", {"MASTER_PORT": "1"}), "/restart", "POST",
      RestartAnswer("restarted", STATUS)),
     ("stop", None, "/stop", "POST", STATUS),
+    ("failure_hint", control.FailureHint("team", "llm", "uid-1", 3, 2), "/v1/hints/failure",
+     "POST", control.HintAnswer(True)),
 ]
 
 

@@ -161,3 +161,19 @@ def test_in_process_restarts_are_on_unless_the_policy_turns_them_off():
     assert trainer_env(make_job())["GEMINI_LAUNCHER_IN_PROCESS"] == "1"
     assert trainer_env(make_job().set("failurePolicy.inProcessRestart", False))[
         "GEMINI_LAUNCHER_IN_PROCESS"] == "0"
+
+
+def test_launchers_are_told_the_hint_url_only_when_the_operator_serves_hints():
+    def trainer_env(config):
+        spec = parse_spec(make_job().spec(), "gemini:side")
+        pod = render.worker_pod(JOB, spec, 1, 0, config)
+        trainer = next(c for c in pod["spec"]["containers"] if c["name"] == "trainer")
+        return _env(trainer)
+
+    assert "GEMINI_OPERATOR_HINT_URL" not in trainer_env(CONFIG)
+    served = render.RenderConfig(hint_url="http://gemini-operator-hints.gemini-system.svc:8090")
+    env = trainer_env(served)
+    assert env["GEMINI_OPERATOR_HINT_URL"] == served.hint_url
+    # what the launcher names itself with in the hint
+    assert {"GEMINI_JOB", "GEMINI_NAMESPACE", "GEMINI_JOB_UID", "GEMINI_RANK",
+            "GEMINI_AUTH_TOKEN"} <= set(env)

@@ -50,7 +50,7 @@ def test_default_render_has_one_of_each_object_and_no_monitoring(helm: Helm):
     assert kinds == sorted([
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition",
         "Deployment", "PriorityClass", "PriorityClass", "Role", "RoleBinding", "Secret",
-        "Service", "ServiceAccount",
+        "Service", "Service", "ServiceAccount",
     ])
 
 
@@ -137,13 +137,38 @@ def test_image_tag_digest_and_sidecar_image_are_configurable(helm: Helm):
     assert "--sidecar-image=registry.example/sidecar:1.2.3" in operator["args"]
 
 
+def service_of(objects: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    found = [o for o in by_kind(objects, "Service")
+             if o["metadata"]["labels"].get("app.kubernetes.io/component") == component]
+    assert len(found) == 1, f"expected one {component} Service, rendered {len(found)}"
+    return found[0]
+
+
 def test_the_metrics_service_selects_the_operator_pods(helm: Helm):
     objects = helm.template()
-    service = one(objects, "Service")
+    service = service_of(objects, "metrics")
     pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
     port_names = {p["name"] for p in container(objects)["ports"]}
     assert service["spec"]["ports"][0]["targetPort"] in port_names
+
+
+def test_the_hints_service_reaches_the_operator_at_the_url_the_pods_are_given(helm: Helm):
+    objects = helm.template()
+    service = service_of(objects, "hints")
+    pod_labels = one(objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    ports = {p["name"]: p["containerPort"] for p in container(objects)["ports"]}
+    assert service["spec"]["ports"][0]["targetPort"] == "hints"
+    args = build_run_args(container(objects)["args"])
+    assert args.hint_port == ports["hints"] == service["spec"]["ports"][0]["port"] == 8090
+    assert args.hint_url == (f"http://{service['metadata']['name']}.gemini-system.svc:"
+                             f"{args.hint_port}")
+    objects = helm.template("--set", "failureHints.enabled=false")
+    assert [o for o in by_kind(objects, "Service")
+            if o["metadata"]["labels"].get("app.kubernetes.io/component") == "hints"] == []
+    args = build_run_args(container(objects)["args"])
+    assert args.hint_port is None and args.hint_url is None
 
 
 # --- PriorityClasses of GeminiJob pods ------------------------------------------------------------
@@ -277,7 +302,7 @@ def test_the_service_monitor_scrapes_the_metrics_service(helm: Helm):
     objects = helm.template("--set", "serviceMonitor.enabled=true",
                             "--set", "serviceMonitor.labels.release=kps",
                             "--api-versions", f"{MONITORING}/ServiceMonitor")
-    monitor, service = one(objects, "ServiceMonitor"), one(objects, "Service")
+    monitor, service = one(objects, "ServiceMonitor"), service_of(objects, "metrics")
     assert monitor["metadata"]["labels"]["release"] == "kps"
     selector = monitor["spec"]["selector"]["matchLabels"]
     assert selector.items() <= service["metadata"]["labels"].items()
