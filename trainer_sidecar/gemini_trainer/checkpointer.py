@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from gemini.control import COMMITTED_PATH, ControlClient, NotifyRequest
+from gemini_trainer import timeline
 from gemini_trainer.capture import (
     StateAdapter,
     Tree,
@@ -224,6 +225,7 @@ class Checkpointer:
         self._agreement: Any = None  # the gloo process group of the write decision
         self._device: DeviceCopier | None = None  # CUDA state: copies off the critical path
         _live.add(self)
+        timeline.mark("built (process group, model, engine)")
 
     def _make_recorder(self) -> CommRecorder | None:
         cfg = self.config
@@ -264,6 +266,7 @@ class Checkpointer:
         """Copy this rank's state as version ``step``; commit and notify in the background."""
         if self.recorder is not None:
             self.recorder.iteration_end()
+        timeline.mark("first step done")
         start = time.perf_counter()
         waited = self._wait_pending()
         if not self._agree_to_write():
@@ -475,6 +478,7 @@ class Checkpointer:
         step = self._load(slots, info)
         self._restored_seq = info.seq
         log.info("restored step %d from %s (epoch %d)", step, instr.source, instr.epoch)
+        timeline.mark(f"restored step {step}")
         if self.config.local_rank == 0:  # one process of the node cleans up
             self._drop_abandoned(slots, info.version)
         if self.recorder is not None:

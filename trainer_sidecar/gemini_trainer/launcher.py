@@ -103,7 +103,7 @@ from pathlib import Path
 from typing import Any
 
 from gemini import control
-from gemini_trainer import launcher_metrics, resume_link
+from gemini_trainer import launcher_metrics, resume_link, timeline
 from gemini_trainer import standby as warm
 from gemini_trainer.failure_hint import FailureHints
 from gemini_trainer.local_group import LocalGroup, local_env, local_world_size, relay_output
@@ -165,6 +165,7 @@ class RestartRequest:
         version = "none" if self.version is None else str(self.version)
         return {
             **dict(self.extra_env),
+            timeline.ENV: f"{time.time():.3f}",  # the trainer's restart timeline counts from it
             "GEMINI_RESTART_EPOCH": str(self.epoch),
             "GEMINI_RESTORE_VERSION": version,
             "GEMINI_RESTORE_SOURCE": self.source,
