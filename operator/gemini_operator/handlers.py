@@ -60,8 +60,7 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         _configure(settings)
         runtime.queue.start()
-        runtime.rounds = PollRounds(runtime.reconciler.poller.poll, runtime.queue.add,
-                                    observe=runtime.reconciler.metrics.poll_seconds.observe)
+        _poll_rounds(runtime)
         if runtime.hint_bind is not None:
             runtime.hint_server = _hint_server(runtime)
             await runtime.hint_server.start(*runtime.hint_bind)
@@ -142,8 +141,7 @@ async def _poll(runtime: Runtime) -> None:
     """Every few seconds, ask the running jobs' sidecars and launchers how far they are
     (checkpoint status, hang detection, persistence), every job side by side (a slow job
     waits only for itself); reconcile a job when that changed."""
-    rounds = runtime.rounds
-    assert rounds is not None
+    rounds = _poll_rounds(runtime)
     try:
         while True:
             await asyncio.sleep(POLL_SECONDS)
@@ -151,6 +149,15 @@ async def _poll(runtime: Runtime) -> None:
                 rounds.start(runtime.cache.job_keys())
     finally:
         rounds.close()
+        runtime.rounds = None  # a later start makes a new one
+
+
+def _poll_rounds(runtime: Runtime) -> PollRounds:
+    """The runtime's one PollRounds, shared by the poll loop and the hint server."""
+    if runtime.rounds is None:
+        runtime.rounds = PollRounds(runtime.reconciler.poller.poll, runtime.queue.add,
+                                    observe=runtime.reconciler.metrics.poll_seconds.observe)
+    return runtime.rounds
 
 
 def _hint_server(runtime: Runtime) -> HintServer:
@@ -160,8 +167,7 @@ def _hint_server(runtime: Runtime) -> HintServer:
         return None if job is None else (job.get("metadata") or {}).get("uid")
 
     def poll_now(key: JobKey) -> None:
-        assert runtime.rounds is not None
-        runtime.rounds.start([key])
+        _poll_rounds(runtime).start([key], again=True)
 
     return HintServer(job_uid, runtime.reconciler.poller.tokens.job_token, poll_now,
                       lambda: runtime.leading,

@@ -367,12 +367,17 @@ class PollRounds:
         self._poll, self._changed, self._observe = poll, changed, observe
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll")
         self._polling: set[JobKey] = set()
+        self._again: set[JobKey] = set()  # poll once more when the poll under way ends
 
-    def start(self, keys: Iterable[JobKey]) -> None:
-        """Start polling each of `keys` not still being polled (call on the event loop)."""
+    def start(self, keys: Iterable[JobKey], again: bool = False) -> None:
+        """Start polling each of `keys` not still being polled (call on the event loop).
+        `again`: a key still being polled is polled once more right after (a failure hint:
+        the poll under way may have read the workers before the failure)."""
         loop = asyncio.get_running_loop()
         for key in keys:
             if key in self._polling:
+                if again:
+                    self._again.add(key)
                 continue  # still in its last poll: it waits for itself, nobody else does
             self._polling.add(key)
             future = loop.run_in_executor(self._pool, self._timed, key)
@@ -388,12 +393,16 @@ class PollRounds:
     def _done(self, key: JobKey, future: asyncio.Future[bool]) -> None:
         self._polling.discard(key)
         if future.cancelled():
+            self._again.discard(key)
             return
         error = future.exception()
         if error is not None:  # one job's trouble must not stop the others' polling
             log.warning("polling %s/%s failed: %s", *key, error)
         elif future.result():
             self._changed(key)
+        if key in self._again:
+            self._again.discard(key)
+            self.start([key])
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -65,3 +65,32 @@ async def test_every_poll_is_timed_also_one_that_fails() -> None:
     finally:
         rounds.close()
     assert len(durations) == 2 and max(durations) >= 0.05
+
+
+async def test_a_job_asked_again_while_being_polled_is_polled_once_more_right_after() -> None:
+    """A failure hint during a poll that may have read the workers before the failure."""
+    release = threading.Event()
+    polled: list[JobKey] = []
+
+    def poll(key: JobKey) -> bool:
+        polled.append(key)
+        if len(polled) == 1:
+            release.wait(10)
+        return False
+
+    rounds = PollRounds(poll, lambda key: None)
+    try:
+        rounds.start([SAME])
+        await asyncio.sleep(0.05)
+        rounds.start([SAME])  # a regular round: skipped, not repeated
+        rounds.start([SAME], again=True)
+        rounds.start([SAME], again=True)  # asked twice: still one more poll
+        assert polled == [SAME]
+        release.set()
+        await asyncio.sleep(0.2)
+        assert polled == [SAME, SAME]
+        rounds.start([SAME])  # nothing left over: polled as usual
+        await asyncio.sleep(0.2)
+    finally:
+        rounds.close()
+    assert polled == [SAME, SAME, SAME]
