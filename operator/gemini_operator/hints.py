@@ -13,7 +13,6 @@ launcher tries again, and a Service in front of several replicas may pick the le
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +25,7 @@ from gemini.control import (
     MAX_HINT_BYTES,
     FailureHint,
     HintAnswer,
+    may_call,
     parse_json,
 )
 from gemini_operator.cache import JobKey
@@ -55,12 +55,6 @@ class HintGate:
             self._last = {k: t for k, t in self._last.items()
                           if now - t < self.min_interval_s}
         return True
-
-
-def bearer(header: str | None) -> str:
-    if not header or not header.startswith("Bearer "):
-        return ""
-    return header[len("Bearer "):].strip()
 
 
 class HintServer:
@@ -114,8 +108,9 @@ class HintServer:
         async with self._lookups:
             token = await asyncio.to_thread(self._job_token,
                                             JobRef(hint.job, hint.namespace, hint.uid))
-        sent = bearer(request.headers.get("Authorization"))
-        if not token or not sent or not hmac.compare_digest(sent.encode(), token.encode()):
+        sent = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        # no control digest: the job token is the credential here, as in the pods' own APIs
+        if not token or not may_call(sent, token.encode(), "", job_token_allowed=True):
             return self._answer("unauthorized", 401, {"error": "not this job's token"})
         if not self._leading():
             return self._answer("not-leader", 503, {"error": "not the leader; try again"})

@@ -50,17 +50,21 @@ class FailureHints:
 
     def _send(self, epoch: int) -> None:
         hint = FailureHint(self.namespace, self.job, self.uid, self.rank, epoch)
+        try:
+            client = ControlClient.for_url(self.url, self.token, timeout=TIMEOUT_SECONDS)
+        except ValueError as err:  # a URL that is not http(s)://host[:port]
+            log.warning("no failure hints: %s", err)
+            return
         for attempt in range(TRIES):
             try:
-                client = ControlClient.for_url(self.url, self.token, timeout=TIMEOUT_SECONDS)
                 answer = client.failure_hint(hint)
-                log.info("told the operator of the failure (epoch %d)%s", epoch,
-                         "" if answer.polling else "; it polled the job moments ago")
+            except ControlError as err:
+                if err.status in (None, 503) and attempt + 1 < TRIES:
+                    time.sleep(RETRY_SECONDS)
+                    continue
+                log.warning("could not tell the operator of the failure: %s (it finds it at "
+                            "its next poll)", err)
                 return
-            except (ControlError, ValueError) as err:
-                retry = getattr(err, "status", None) in (None, 503) and attempt + 1 < TRIES
-                if not retry:
-                    log.warning("could not tell the operator of the failure: %s (it finds "
-                                "it at its next poll)", err)
-                    return
-            time.sleep(RETRY_SECONDS)
+            log.info("told the operator of the failure (epoch %d)%s", epoch,
+                     "" if answer.polling else "; it polled the job moments ago")
+            return
