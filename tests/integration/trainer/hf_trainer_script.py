@@ -71,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.step_sleep:
         trainer.add_callback(Sleeper(args.step_sleep))
     trainer.train()
+    # The Trainer leaves its gloo group to interpreter exit, where its threads can abort the
+    # process ("terminate called without an active exception", seen under CI load).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return 0
 
 
