@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import signal
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 from gemini_local.faults import FaultError
 
@@ -55,3 +57,26 @@ def kill_training_process(state_dir: Path, namespace: str, pod: str,
                 continue
     raise FaultError(f"no training process runs under the {container!r} container of "
                      f"{namespace}/{pod} in {state_dir}")
+
+
+def launcher_gauge(core: Any, namespace: str, pod: str, name: str) -> float | None:
+    """One gauge of the pod's launcher, from its /metrics (no token needed); None while the
+    pod, its address or the gauge cannot be read."""
+    try:
+        found = core.read_namespaced_pod(pod, namespace)
+        ports = [p.container_port for c in found.spec.containers for p in c.ports or []
+                 if p.name == "launcher"]
+        if not ports or not found.status.pod_ip:
+            return None
+        url = f"http://{found.status.pod_ip}:{ports[0]}/metrics"
+        with urllib.request.urlopen(url, timeout=2) as answer:
+            text = answer.read().decode(errors="replace")
+    except Exception:  # any failure reads as "not known yet"
+        return None
+    for line in text.splitlines():
+        if line.startswith((name + "{", name + " ")):
+            try:
+                return float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                return None
+    return None

@@ -102,7 +102,10 @@ class DemoConfig:
         wait_s3 = 0
         if any(needs_s3(kind, self.replicas) for kind in self.failures):
             wait_s3 = int(self.persist_interval * 1.5 / max(self.step_sleep, 0.1))
-        return self.steps_minimum + wait_s3
+        wait_standby = 0
+        if self.warm_standby and "trainer-crash" in self.failures:
+            wait_standby = int(STANDBY_WARM_S / max(self.step_sleep, 0.1))
+        return self.steps_minimum + wait_s3 + wait_standby
 
     @property
     def world(self) -> int:
@@ -115,6 +118,10 @@ class DemoConfig:
 
 
 WARMUP_STEPS = 3
+# With --warm-standby a trainer crash waits for the target's standby to finish its imports
+# (about 15 s of training here: it imports at a low priority while training runs), so the
+# figure is that of a warm standby, as in a job failing hours in; steps for that wait.
+STANDBY_WARM_S = 40
 STEPS_BETWEEN = 4
 
 

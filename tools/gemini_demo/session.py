@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from gemini_demo import plan
-from gemini_demo.crash import kill_training_process
+from gemini_demo.crash import kill_training_process, launcher_gauge
 from gemini_demo.interrupt import DemoInterrupted, SignalGuard
 from gemini_demo.logs import StepLine, StepLog, resumption
 from gemini_demo.plan import DemoConfig
@@ -165,6 +165,7 @@ class Demo:
         self.s3: dict[str, Any] = {}
         self.events_seen: set[str] = set()
         self.timeline: list[str] = []  # what say() said, for the error report
+        self._said_standby_wait = False
         self.watch: RecoveringWatch | None = None
         self.cluster_started = False
         self.guard = SignalGuard()
@@ -384,7 +385,7 @@ class Demo:
                                            f"{START_TIMEOUT_S:.0f}s"))
             if current is None and pending and plan.ready_to_inject(
                     pending[0], newest.step if newest else None, baseline_step, status,
-                    self.config.replicas):
+                    self.config.replicas) and self.standby_warm_for(pending[0]):
                 current = self.inject(pending.pop(0), status)
             if time.monotonic() - last_print >= PRINT_EVERY_S or event:
                 last_print = time.monotonic()
@@ -406,6 +407,19 @@ class Demo:
                             f"injected: {', '.join(left + pending)}; {why}")
         self.log.poll()
         return done
+
+    def standby_warm_for(self, kind: str) -> bool:
+        """With --warm-standby, a trainer crash waits until the target's launcher reports
+        its standby ready (gemini_launcher_standby_ready); other failures need none."""
+        if kind != "trainer-crash" or not self.config.warm_standby:
+            return True
+        pod = f"{plan.JOB_NAME}-worker-{plan.trainer_crash_target(self.config.workers)}"
+        ready = launcher_gauge(self.core, plan.NAMESPACE, pod,
+                               "gemini_launcher_standby_ready") == 1
+        if not ready and not self._said_standby_wait:
+            self._said_standby_wait = True
+            self.say(f"waiting for the warm standby of {pod} to finish its imports")
+        return ready
 
     def inject(self, kind: str, status: dict[str, Any]) -> Injected:
         placement = status["placement"]

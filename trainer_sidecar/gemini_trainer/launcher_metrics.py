@@ -52,6 +52,9 @@ def gauge_values(s: Mapping[str, Any]) -> dict[str, tuple[str, float]]:
         "gemini_launcher_warm_start": (
             "1 if the current training process started from the warm standby",
             int(bool(s.get("warm")))),
+        "gemini_launcher_standby_ready": (
+            "1 while a warm standby has done its imports and waits for the next restart",
+            int(bool((s.get("standby") or {}).get("ready")))),
         "gemini_launcher_start_seconds": (
             "seconds from the current process's start to its first heartbeat",
             start_seconds(s)),

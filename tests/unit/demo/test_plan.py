@@ -184,3 +184,12 @@ def test_the_slow_link_is_healed_after_its_steps() -> None:
     assert not plan.slow_link_over(10, 10 + plan.SLOW_LINK_STEPS - 1)
     assert plan.slow_link_over(10, 10 + plan.SLOW_LINK_STEPS)
     assert plan.slow_link_over(None, plan.SLOW_LINK_STEPS)  # injected before any step printed
+
+
+def test_a_warm_standby_crash_gets_steps_to_wait_for_the_standby() -> None:
+    cold = DemoConfig(failures=("trainer-crash",))
+    warm = DemoConfig(failures=("trainer-crash",), warm_standby=True)
+    assert warm.steps_needed - cold.steps_needed == int(plan.STANDBY_WARM_S / warm.step_sleep)
+    # a node loss does not wait for a standby
+    assert DemoConfig(failures=("node-loss",), warm_standby=True).steps_needed == DemoConfig(
+        failures=("node-loss",)).steps_needed

@@ -23,13 +23,14 @@ def _samples(status: dict[str, Any]) -> dict[str, float]:
 
 def test_a_running_restarted_process_is_reported_with_its_start_up_time() -> None:
     got = _samples({"state": "running", "epoch": 3, "restarts": 2, "exit_code": 1,
-                    "warm": True, "started_at": 100.0,
+                    "warm": True, "started_at": 100.0, "standby": {"pid": 9, "ready": True},
                     "progress": {"step": 7, "unix": 104.5, "age_s": 0.25}})
     assert got["gemini_launcher_restarts_total"] == 2
     assert got["gemini_launcher_epoch"] == 3
     assert got["gemini_launcher_training_running"] == 1
     assert got["gemini_launcher_last_exit_code"] == 1
     assert got["gemini_launcher_warm_start"] == 1
+    assert got["gemini_launcher_standby_ready"] == 1
     assert got["gemini_launcher_start_seconds"] == 4.5
     assert got["gemini_launcher_progress_step"] == 7
     assert got["gemini_launcher_heartbeat_age_seconds"] == 0.25
@@ -39,6 +40,7 @@ def test_before_any_heartbeat_or_exit_the_unknowns_are_nan() -> None:
     got = _samples({"state": "held", "epoch": 0, "restarts": 0, "exit_code": None,
                     "warm": False, "started_at": None, "progress": None})
     assert got["gemini_launcher_training_running"] == 0
+    assert got["gemini_launcher_standby_ready"] == 0
     for name in ("last_exit_code", "start_seconds", "progress_step", "heartbeat_age_seconds"):
         assert math.isnan(got[f"gemini_launcher_{name}"]), name
 
