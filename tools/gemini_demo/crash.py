@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from gemini_local.faults import FaultError
+from gemini_trainer.standby import STANDBY_NAME
 
 
 def children(pid: int) -> list[int]:
@@ -26,18 +27,28 @@ def children(pid: int) -> list[int]:
 
 def group_leaders_below(pid: int) -> list[int]:
     """Descendants of `pid` that lead a process group of their own (the launcher starts
-    training that way), nearest first; robust to a wrapper between container and launcher."""
+    training that way), nearest first, but a launcher's waiting warm standby (also a group
+    leader, named STANDBY_NAME until it takes a run); robust to a wrapper between container
+    and launcher."""
     found, queue = [], children(pid)
     while queue:
         child = queue.pop(0)
         try:
             if os.getpgid(child) == child:
-                found.append(child)
+                if not is_waiting_standby(child):
+                    found.append(child)
                 continue
         except ProcessLookupError:
             continue
         queue += children(child)
     return found
+
+
+def is_waiting_standby(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip() == STANDBY_NAME
+    except OSError:
+        return False
 
 
 def kill_training_process(state_dir: Path, namespace: str, pod: str,

@@ -57,6 +57,7 @@ DEFAULT_PREIMPORT = ("torch", "torch._dynamo", "deepspeed", "deepspeed.ops:__com
                      "deepspeed.runtime.zero.stage3",
                      "deepspeed.runtime.zero.muon.muon_optimizer")
 MODULES_FILE = "standby-modules.json"
+STANDBY_NAME = "gemini-standby"  # the process name (comm) of a standby until it takes a run
 BUSY_NICE = 10  # while a training process runs on the same CPUs
 READY, STARTED = b"r", b"s"
 # Read while the interpreter or the preimported modules start: a change needs a fresh process.
@@ -227,6 +228,7 @@ def serve() -> None:
     names = [n for n in sys.argv[5].split(",") if n]
     if nice:
         _autogroup_nice(nice)
+    _set_name(STANDBY_NAME)  # ps, top and fault tools tell a waiting standby from training
     stop = _Stop()
     worker = threading.Thread(target=_warm, args=(names, modules_file, nice, status_fd, stop),
                               name="standby-preimport", daemon=True)
@@ -249,6 +251,7 @@ def serve() -> None:
     # launcher (only the preimport thread's current module may still finish first)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     _parent_death_signal(signal.SIGKILL)
+    _set_name(os.path.basename(sys.executable))  # what a spawned interpreter is called
     if stop.terminated:  # the SIGTERM came with the order: it was meant for the run
         worker.join()
         os._exit(0)
@@ -276,6 +279,14 @@ def _parent_death_signal(sig: int) -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG (Linux)
+
+
+def _set_name(name: str) -> None:
+    """The process's name (/proc/<pid>/comm, 15 bytes) on Linux; nothing elsewhere."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15] + b"\0", 0, 0, 0)
 
 
 def _autogroup_nice(nice: int) -> None:

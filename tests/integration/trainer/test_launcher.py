@@ -323,6 +323,8 @@ def test_a_restart_runs_in_the_warm_standby_like_a_fresh_python_process(
     }
     status = running.status()
     assert status["warm"] and status["pid"] == standby["pid"] and status["state"] == "running"
+    # named as a spawned interpreter once it runs the script (a fault tool kills it then)
+    assert Path(f"/proc/{status['pid']}/comm").read_text().strip() == Path(sys.executable).name
     # re-armed: the next restart also starts warm, with that epoch's environment
     next_standby = running.until(lambda s: (s["standby"] or {}).get("ready"))["standby"]
     assert next_standby["pid"] != standby["pid"]

@@ -1,4 +1,6 @@
-"""A standby whose launcher is killed gets EOF on its control pipe and SIGTERM (its
+"""How a standby process looks from outside, and how it ends.
+
+A standby whose launcher is killed gets EOF on its control pipe and SIGTERM (its
 parent-death signal) at once, and must exit. A SIGTERM handler that took a lock the main
 thread held while it handled the EOF (Event.set) hung 4 of 8 such standbys for good, each an
 orphaned interpreter (with torch, 0.7 GB) outliving its pod on the local cluster."""
@@ -15,6 +17,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+from gemini_demo.crash import group_leaders_below
+from gemini_trainer.standby import STANDBY_NAME
 
 pytestmark = pytest.mark.integration
 
@@ -84,3 +89,14 @@ def test_the_standby_of_a_killed_launcher_exits(tmp_path: Path) -> None:
             hung.append(standby)
             os.kill(standby, signal.SIGKILL)
     assert not hung, f"{len(hung)} of {ROUNDS} standbys outlived their killed launcher"
+
+
+def test_a_waiting_standby_is_named_so_and_fault_tools_pass_it_over(tmp_path: Path) -> None:
+    launcher, standby = launcher_with_a_ready_standby(tmp_path / "named")
+    try:
+        assert Path(f"/proc/{standby}/comm").read_text().strip() == STANDBY_NAME
+        training = [p for p in children(launcher.pid) if p != standby]
+        assert group_leaders_below(launcher.pid) == training  # what a trainer crash kills
+    finally:
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait()
