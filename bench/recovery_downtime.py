@@ -33,7 +33,7 @@ def one_run(args: argparse.Namespace, cleanup: Cleanup) -> dict[str, Any]:
     extra = {NODE_GRACE_ENV: str(args.node_grace)} if args.node_grace is not None else {}
     return demo_report(
         ["--workers", str(args.workers), "--replicas", str(args.replicas), "--failures",
-         args.failures, *(["--warm-standby"] if args.warm_standby else [])],
+         args.failures, "--warm-standby" if args.warm_standby else "--no-warm-standby"],
         cleanup, args.tmp_dir, extra)
 
 
@@ -46,8 +46,9 @@ def main() -> None:
     parser.add_argument("--node-grace", type=int, default=None,
                         help="the controller manager's --node-monitor-grace-period in seconds "
                         "(default 8; 40 is Kubernetes' own)")
-    parser.add_argument("--warm-standby", action="store_true",
-                        help="run the demo with the launchers' warm standby")
+    parser.add_argument("--warm-standby", action=argparse.BooleanOptionalAction, default=True,
+                        help="the launchers' warm standby (on by default, as in a GeminiJob); "
+                        "--no-warm-standby measures a crash whose replacement imports torch")
     parser.add_argument("--tmp-dir", default="/tmp",
                         help="where each run's state directory (gbench-*) is made")
     args = parser.parse_args()

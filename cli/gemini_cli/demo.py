@@ -50,9 +50,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="the example's training stack (default deepspeed: ZeRO-3; "
                         "zero1, zero2: "
                         "DeepSpeed ZeRO-1/2)")
-    parser.add_argument("--warm-standby", action="store_true",
+    parser.add_argument("--warm-standby", action=argparse.BooleanOptionalAction, default=True,
                         help="launchers keep a pre-imported Python (torch, DeepSpeed) ready, "
-                        "so in-place restarts skip the imports (0.3-0.7 GB more per worker)")
+                        "so a crashed process's replacement skips the imports (the default, "
+                        "failurePolicy.warmStandby; about 0.45 GB more per worker); a trainer "
+                        "crash then waits for the target's standby to be ready")
     parser.add_argument("--persist-interval", type=int, default=PERSIST_INTERVAL_SECONDS,
                         help="persistence.intervalSeconds: seconds from one S3 upload's end to "
                         f"the next's start (default {PERSIST_INTERVAL_SECONDS}; 1: back to back)")

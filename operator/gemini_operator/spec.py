@@ -155,7 +155,8 @@ class FailurePolicy:
     hang_timeout_seconds: int = 600
     spare_nodes: int = 0
     rules: tuple[FailureRule, ...] = ()
-    warm_standby: bool = False  # launchers keep a pre-imported interpreter for restarts
+    # Launchers keep a pre-imported interpreter for the next restart (single-process workers).
+    warm_standby: bool = True
     # Survivors of a failure restart inside their training process (gemini_trainer.run).
     in_process_restart: bool = True
 
@@ -370,7 +371,7 @@ def _failure_policy(raw: Mapping[str, Any]) -> FailurePolicy:
         ),
         spare_nodes=_int(raw, "spareNodes", "spec.failurePolicy.spareNodes", 0, minimum=0),
         rules=tuple(_rule(item, i) for i, item in enumerate(raw.get("rules") or ())),
-        warm_standby=_flag(raw, "warmStandby", "spec.failurePolicy.warmStandby"),
+        warm_standby=_flag(raw, "warmStandby", "spec.failurePolicy.warmStandby", default=True),
         in_process_restart=_flag(raw, "inProcessRestart", "spec.failurePolicy.inProcessRestart",
                                  default=True),
     )

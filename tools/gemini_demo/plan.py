@@ -52,7 +52,7 @@ class DemoConfig:
     failures: tuple[str, ...] = DEFAULT_FAILURES
     step_sleep: float = 0.5  # idle per step: stretches the run so failures land mid-training
     seed: int = 1234
-    warm_standby: bool = False  # launchers keep a pre-imported interpreter for restarts
+    warm_standby: bool = True  # launchers keep a pre-imported interpreter for restarts
     procs_per_node: int = 1  # training processes per worker pod (numProcPerNode)
     engine: str = "deepspeed"
     persist_interval: int = PERSIST_INTERVAL_SECONDS  # persistence.intervalSeconds
@@ -105,7 +105,8 @@ class DemoConfig:
         wait_standby = 0
         if self.warm_standby and "trainer-crash" in self.failures:
             wait_standby = int(STANDBY_WARM_S / max(self.step_sleep, 0.1))
-        return self.steps_minimum + wait_s3 + wait_standby
+        # both count from the start: the S3 checkpoint is made while the standby warms
+        return self.steps_minimum + max(wait_s3, wait_standby)
 
     @property
     def world(self) -> int:
@@ -119,9 +120,9 @@ class DemoConfig:
 
 WARMUP_STEPS = 3
 # With --warm-standby a trainer crash waits for the target's standby to finish its imports
-# (about 15 s of training here: it imports at a low priority while training runs), so the
+# (10-15 s of training here: it imports at a low priority while training runs), so the
 # figure is that of a warm standby, as in a job failing hours in; steps for that wait.
-STANDBY_WARM_S = 40
+STANDBY_WARM_S = 30
 STEPS_BETWEEN = 4
 
 

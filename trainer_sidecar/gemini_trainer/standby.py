@@ -20,7 +20,8 @@ runs, the standby imports at a low priority so it takes only idle CPU: its sessi
 at nice +10 (the scheduler weighs sessions, not processes, when autogroup is on; set back to 0,
 which needs no privilege, when it takes over) and the importing thread at nice +10 (cgroups
 without autogroup; Linux nice values are per thread, so the main thread, which runs the
-script, keeps its priority). Opt-in: ``GEMINI_LAUNCHER_STANDBY=1``.
+script, keeps its priority). Opt-in for the launcher (``GEMINI_LAUNCHER_STANDBY=1``); the
+operator asks for it unless a GeminiJob says ``failurePolicy.warmStandby: false``.
 The launcher falls back to a normal spawn when the command is not ``python ...``, the standby
 died, or the new environment changes a start-up setting (PATH, PYTHON*, OMP_*, LD_*, ...).
 """
@@ -74,7 +75,8 @@ _LEARN_LIMIT_S = 600.0
 
 
 def enabled(env: Mapping[str, str]) -> bool:
-    """Opt-in (GEMINI_LAUNCHER_STANDBY=1): on a box that runs many pods (the local cluster,
+    """Opt-in for a bare launcher (GEMINI_LAUNCHER_STANDBY=1; the operator sets it unless the
+    job's failurePolicy.warmStandby is false): on a box that runs many pods (the local cluster,
     tests) an interpreter per rank holding torch adds up to gigabytes."""
     return env.get(ENABLE_ENV, "0").strip().lower() in ("1", "true", "yes", "on")
 

@@ -35,7 +35,7 @@ def test_a_bad_configuration_is_refused_with_what_to_change(
 
 
 def test_the_default_step_count_leaves_room_for_every_failure_and_the_s3_wait() -> None:
-    crash_only = DemoConfig(failures=("trainer-crash",))
+    crash_only = DemoConfig(failures=("trainer-crash",), warm_standby=False)
     everything = DemoConfig()
     assert crash_only.total_steps == plan.WARMUP_STEPS + 2 * plan.STEPS_BETWEEN
     # The group loss waits for a checkpoint in S3 (persisted every 30 s at the earliest).
@@ -45,8 +45,8 @@ def test_the_default_step_count_leaves_room_for_every_failure_and_the_s3_wait() 
     s3_only = DemoConfig(replicas=1, failures=("node-loss",), persist_interval=4)
     idle_steps = s3_only.total_steps - plan.WARMUP_STEPS - 2 * plan.STEPS_BETWEEN
     assert idle_steps * s3_only.step_sleep >= 4
-    assert DemoConfig(replicas=1, failures=("trainer-crash",)).total_steps == \
-        crash_only.total_steps
+    assert DemoConfig(replicas=1, failures=("trainer-crash",), warm_standby=False
+                      ).total_steps == crash_only.total_steps
 
 
 def test_the_persist_interval_reaches_the_manifest() -> None:
@@ -95,13 +95,13 @@ def test_the_job_checkpoints_every_iteration_and_persists_to_the_local_s3() -> N
     assert spec["failurePolicy"]["spareNodes"] == 3
 
 
-def test_the_warm_standby_is_turned_on_only_when_asked() -> None:
+def test_the_warm_standby_is_on_unless_turned_off() -> None:
     def policy(config: DemoConfig) -> dict[str, object]:
         job = plan.job_manifest(config, "/s.py", "http://s3", "b", "p")
         return dict(job["spec"]["failurePolicy"])
 
-    assert policy(DemoConfig())["warmStandby"] is False
-    assert policy(DemoConfig(warm_standby=True))["warmStandby"] is True
+    assert policy(DemoConfig())["warmStandby"] is True
+    assert policy(DemoConfig(warm_standby=False))["warmStandby"] is False
 
 
 def test_failure_targets_come_from_the_placement() -> None:
@@ -187,9 +187,9 @@ def test_the_slow_link_is_healed_after_its_steps() -> None:
 
 
 def test_a_warm_standby_crash_gets_steps_to_wait_for_the_standby() -> None:
-    cold = DemoConfig(failures=("trainer-crash",))
-    warm = DemoConfig(failures=("trainer-crash",), warm_standby=True)
+    cold = DemoConfig(failures=("trainer-crash",), warm_standby=False)
+    warm = DemoConfig(failures=("trainer-crash",))
     assert warm.steps_needed - cold.steps_needed == int(plan.STANDBY_WARM_S / warm.step_sleep)
     # a node loss does not wait for a standby
-    assert DemoConfig(failures=("node-loss",), warm_standby=True).steps_needed == DemoConfig(
-        failures=("node-loss",)).steps_needed
+    assert DemoConfig(failures=("node-loss",)).steps_needed == DemoConfig(
+        failures=("node-loss",), warm_standby=False).steps_needed

@@ -143,14 +143,14 @@ def test_peer_secret_holds_the_job_token_and_only_a_digest_of_the_control_token(
     assert base64.b64decode(kept["data"]["token"]).decode() == "c0ntrol-token-0123456789"
 
 
-def test_the_warm_standby_is_asked_of_the_launcher_only_when_the_policy_says_so():
+def test_the_warm_standby_is_asked_of_the_launcher_unless_the_policy_turns_it_off():
     def trainer_env(builder):
         trainer = next(c for c in _pod(builder)["spec"]["containers"] if c["name"] == "trainer")
         return _env(trainer)
 
-    assert "GEMINI_LAUNCHER_STANDBY" not in trainer_env(make_job())
-    assert trainer_env(make_job().set("failurePolicy.warmStandby", True))[
-        "GEMINI_LAUNCHER_STANDBY"] == "1"
+    assert trainer_env(make_job())["GEMINI_LAUNCHER_STANDBY"] == "1"
+    assert "GEMINI_LAUNCHER_STANDBY" not in trainer_env(
+        make_job().set("failurePolicy.warmStandby", False))
 
 
 def test_in_process_restarts_are_on_unless_the_policy_turns_them_off():

@@ -153,8 +153,10 @@ def test_every_example_parses(path):
         assert parse_spec(body["spec"], IMAGE).num_nodes >= 1
 
 
-def test_warm_standby_defaults_off_and_must_be_a_boolean():
-    assert parse_spec(make_job().spec(), "img").failure_policy.warm_standby is False
+def test_warm_standby_defaults_on_and_must_be_a_boolean():
+    assert parse_spec(make_job().spec(), "img").failure_policy.warm_standby is True
+    assert parse_spec(make_job().set("failurePolicy.warmStandby", False).spec(),
+                      "img").failure_policy.warm_standby is False
     with pytest.raises(SpecError) as info:
         parse_spec(make_job().set("failurePolicy.warmStandby", "yes").spec(), "img")
     assert str(info.value) == "spec.failurePolicy.warmStandby: must be true or false, got 'yes'"
