@@ -195,7 +195,7 @@ def test_valid_minimal_manifest_gets_the_defaults(
         "trafficScheduling": "Interleaved",
     }
     assert spec["failurePolicy"] == {"maxRestarts": 10, "hangTimeoutSeconds": 600, "spareNodes": 0,
-                                     "warmStandby": False, "inProcessRestart": True}
+                                     "warmStandby": True, "inProcessRestart": True}
     assert "imagePullPolicy" not in spec["template"]  # the operator's default, in any shape
     assert "persistence" not in spec
 
