@@ -103,10 +103,15 @@ class DemoConfig:
         if any(needs_s3(kind, self.replicas) for kind in self.failures):
             wait_s3 = int(self.persist_interval * 1.5 / max(self.step_sleep, 0.1))
         wait_standby = 0
-        if self.warm_standby and "trainer-crash" in self.failures:
+        if self.standby_expected and "trainer-crash" in self.failures:
             wait_standby = int(STANDBY_WARM_S / max(self.step_sleep, 0.1))
         # both count from the start: the S3 checkpoint is made while the standby warms
         return self.steps_minimum + max(wait_s3, wait_standby)
+
+    @property
+    def standby_expected(self) -> bool:
+        """Launchers keep a warm standby only for one process per pod (not with several)."""
+        return self.warm_standby and self.procs_per_node == 1
 
     @property
     def world(self) -> int:

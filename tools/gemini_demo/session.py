@@ -165,7 +165,7 @@ class Demo:
         self.s3: dict[str, Any] = {}
         self.events_seen: set[str] = set()
         self.timeline: list[str] = []  # what say() said, for the error report
-        self._said_standby_wait = False
+        self._standby_wait_since: float | None = None
         self.watch: RecoveringWatch | None = None
         self.cluster_started = False
         self.guard = SignalGuard()
@@ -409,17 +409,24 @@ class Demo:
         return done
 
     def standby_warm_for(self, kind: str) -> bool:
-        """With --warm-standby, a trainer crash waits until the target's launcher reports
-        its standby ready (gemini_launcher_standby_ready); other failures need none."""
-        if kind != "trainer-crash" or not self.config.warm_standby:
+        """With the warm standby, a trainer crash waits until the target's launcher reports
+        its standby ready (gemini_launcher_standby_ready), for STANDBY_WARM_S at most; other
+        failures, and pods with several processes (no standby), need none."""
+        if kind != "trainer-crash" or not self.config.standby_expected:
             return True
         pod = f"{plan.JOB_NAME}-worker-{plan.trainer_crash_target(self.config.workers)}"
-        ready = launcher_gauge(self.core, plan.NAMESPACE, pod,
-                               "gemini_launcher_standby_ready") == 1
-        if not ready and not self._said_standby_wait:
-            self._said_standby_wait = True
+        if launcher_gauge(self.core, plan.NAMESPACE, pod, "gemini_launcher_standby_ready") == 1:
+            self._standby_wait_since = None
+            return True
+        if self._standby_wait_since is None:
+            self._standby_wait_since = self.now()
             self.say(f"waiting for the warm standby of {pod} to finish its imports")
-        return ready
+        elif self.now() - self._standby_wait_since > plan.STANDBY_WARM_S:
+            self.say(f"the warm standby of {pod} was not ready after {plan.STANDBY_WARM_S} s; "
+                     "crashing anyway (the replacement pays the rest of the imports)")
+            self._standby_wait_since = None
+            return True
+        return False
 
     def inject(self, kind: str, status: dict[str, Any]) -> Injected:
         placement = status["placement"]
