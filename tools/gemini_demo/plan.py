@@ -193,6 +193,10 @@ def trainer_crash_target(workers: int) -> int:
     return 1 if workers > 1 else 0
 
 
+def trainer_crash_pod(workers: int) -> str:
+    return f"{JOB_NAME}-worker-{trainer_crash_target(workers)}"
+
+
 def node_loss_target(placement: Mapping[str, Any], workers: int) -> str:
     """The node of the last rank (lost, cut off by a partition, or slowed)."""
     return str(placement["nodes"][str(workers - 1)])

@@ -414,7 +414,7 @@ class Demo:
         failures, and pods with several processes (no standby), need none."""
         if kind != "trainer-crash" or not self.config.standby_expected:
             return True
-        pod = f"{plan.JOB_NAME}-worker-{plan.trainer_crash_target(self.config.workers)}"
+        pod = plan.trainer_crash_pod(self.config.workers)
         if launcher_gauge(self.core, plan.NAMESPACE, pod, "gemini_launcher_standby_ready") == 1:
             self._standby_wait_since = None
             return True
@@ -433,8 +433,7 @@ class Demo:
         generation = self.log.generation
         at, wall = self.now(), time.time()  # the failure happens with the first signal
         if kind == "trainer-crash":
-            rank = plan.trainer_crash_target(self.config.workers)
-            pod = f"{plan.JOB_NAME}-worker-{rank}"
+            pod = plan.trainer_crash_pod(self.config.workers)
             kill_training_process(self.state_dir, plan.NAMESPACE, pod)
             target = pod
         elif kind == "node-loss":

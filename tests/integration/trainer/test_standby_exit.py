@@ -18,26 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from gemini_demo.crash import group_leaders_below
+from gemini_demo.crash import children, group_leaders_below, is_waiting_standby
 from gemini_trainer.standby import STANDBY_NAME
 
 pytestmark = pytest.mark.integration
 
 ROUNDS = 20  # the old handler hung 1 in 12 here, 1 in 2 from a shell: a race
-
-
-def children(pid: int) -> list[int]:
-    found: list[int] = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        found += [int(p) for p in task.read_text().split()]
-    return found
-
-
-def is_standby(pid: int) -> bool:
-    try:
-        return b"gemini_trainer.standby" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
 
 
 def alive(pid: int) -> bool:
@@ -71,7 +57,7 @@ def launcher_with_a_ready_standby(tmp_path: Path) -> tuple[subprocess.Popen[byte
         assert time.monotonic() < deadline, "the launcher's standby did not get ready"
         assert launcher.poll() is None, "the launcher exited"
         time.sleep(0.05)
-    standbys = [p for p in children(launcher.pid) if is_standby(p)]
+    standbys = [p for p in children(launcher.pid) if is_waiting_standby(p)]
     assert len(standbys) == 1, standbys
     return launcher, standbys[0]
 
