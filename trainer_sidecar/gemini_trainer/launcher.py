@@ -64,18 +64,19 @@ numProcPerNode): the launcher starts that many copies of the command, each with 
 environment of its rank (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, NODE_RANK; MASTER_ADDR
 and MASTER_PORT as for one), and supervises them as one (gemini_trainer.local_group): the first
 to fail stops the others, a restart restarts all. The command is the training script itself,
-not torchrun. No warm standby then.
+not torchrun. A warm standby (below) then means one per local rank.
 
 Warm standby (gemini_trainer.standby; opt-in, GEMINI_LAUNCHER_STANDBY=1): for a ``python ...``
-command the launcher keeps one pre-started interpreter that has imported torch/DeepSpeed
-(GEMINI_LAUNCHER_PREIMPORT) and starts the next run in it, skipping the imports; one extra
-interpreter per rank in memory. It falls back to a normal spawn when no standby is usable.
-``status.warm`` tells whether the current process started from one, ``status.standby``
-({"pid", "ready"} or null) about the next. Without the option a held launcher still warms the
-interpreter its first run starts in, and a launcher whose process died warms the next one at
-once (GEMINI_LAUNCHER_HOLD_STANDBY, default on): the imports of a new or replacement pod, or
-of a crashed rank, overlap the operator's detection, planning and fetching, at no extra memory
-(no training process runs meanwhile).
+command the launcher keeps one pre-started interpreter per local rank that has imported
+torch/DeepSpeed (GEMINI_LAUNCHER_PREIMPORT) and starts the next run in it, skipping the
+imports; one extra interpreter per rank in memory. A rank whose standby is not usable is
+spawned normally (the others still start warm). ``status.warm`` tells whether the current
+process (every one of a local group) started from one, ``status.standby`` ({"pid" of the
+first, "ready": all ready} or null) about the next. Without the option a held launcher still
+warms the interpreters its first run starts in, and a launcher whose processes died warms
+the next ones at once (GEMINI_LAUNCHER_HOLD_STANDBY, default on): the imports of a new or
+replacement pod, or of a crashed rank, overlap the operator's detection, planning and
+fetching, at no extra memory (no training process runs meanwhile).
 """
 
 from __future__ import annotations
@@ -261,12 +262,11 @@ class Launcher:
         self._output_lock = threading.Lock()
         # pid -> (relay thread, last output lines) of children whose output the launcher relays
         self._relays: dict[int, tuple[list[threading.Thread], deque[bytes]]] = {}
+        # the last output lines of this node's local group, whichever process printed them
+        self._group_tail: deque[bytes] = deque(maxlen=TAIL_LINES)
         wanted = config.standby or config.hold_standby
-        standby = wanted and self._local_world == 1
-        if wanted and not standby:
-            log.info("no warm standby with %d processes per node", self._local_world)
-        self._python = PythonCommand.parse(config.command) if standby else None
-        self._standby: Standby | None = None
+        self._python = PythonCommand.parse(config.command) if wanted else None
+        self._standbys: list[Standby] = []  # one per local rank, or none
         self._warm = False
         # next to the heartbeat: on the pod's memory volume, it outlives a container restart
         self._modules_file = self.heartbeat_file.parent / warm.MODULES_FILE
@@ -335,10 +335,7 @@ class Launcher:
         env = self._child_env(extra_env)
         self.heartbeat_file.unlink(missing_ok=True)
         self.parked_file.unlink(missing_ok=True)
-        proc: Child | None = self._from_standby(env)
-        self._warm = proc is not None
-        if proc is None:
-            proc = self._spawn(env)
+        proc = self._start_processes(env)
         self._proc = proc
         self._state = "running"
         self._exit_code, self._exited_at = None, None
@@ -350,28 +347,44 @@ class Launcher:
         if self.config.standby:
             self._arm_standby(env, busy=True)
 
-    def _spawn(self, env: Mapping[str, str]) -> Child:
-        command = list(self.config.command)
-        if self._local_world == 1:
-            return self._spawn_one(command, env)
+    def _start_processes(self, env: Mapping[str, str]) -> Child:
+        """The node's training process, or its local group of one process per local rank:
+        each from its warm standby where one is usable, else spawned."""
+        standbys, self._standbys = self._standbys, []
+        self._group_tail.clear()
         procs: list[subprocess.Popen[bytes]] = []
-        lock = self._output_lock  # one line at a time on the launcher's output
-        tail: deque[bytes] = deque(maxlen=TAIL_LINES)
-        relays = []
+        warm_ranks = 0
         try:
             for local_rank in range(self._local_world):
-                child_env = local_env(env, local_rank, self._local_world)
-                proc = self._spawner.spawn(command, child_env, stdout=subprocess.PIPE,
-                                           stderr=subprocess.STDOUT)
-                procs.append(proc)
-                relays.append(relay_output(proc, f"[rank{child_env['RANK']}]: ".encode(), lock,
-                                           tail=tail))
+                rank_env = self._rank_env(env, local_rank)
+                proc = _activate(standbys[local_rank], rank_env) if standbys else None
+                warm_ranks += proc is not None
+                procs.append(proc or self._spawn_rank(list(self.config.command), rank_env))
         except BaseException:
             LocalGroup(procs, 0.0).signal_groups(signal.SIGKILL)
             raise
-        group = LocalGroup(procs, self.config.grace_s)
-        self._relays[group.pid] = (relays, tail)
-        return group
+        self._warm = warm_ranks == self._local_world
+        if self._local_world == 1:
+            return procs[0]
+        return LocalGroup(procs, self.config.grace_s)
+
+    def _rank_env(self, env: Mapping[str, str], local_rank: int) -> Mapping[str, str]:
+        if self._local_world == 1:
+            return env
+        return local_env(env, local_rank, self._local_world)
+
+    def _spawn_rank(self, command: list[str], env: Mapping[str, str], **popen: Any
+                    ) -> subprocess.Popen[bytes]:
+        """One process of the node (or its standby): alone as ``_spawn_one``; in a local group
+        its output merged, each line prefixed with its rank as torchrun does."""
+        if self._local_world == 1:
+            return self._spawn_one(command, env, **popen)
+        proc = self._spawner.spawn(command, env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, **popen)
+        relay = relay_output(proc, f"[rank{env['RANK']}]: ".encode(), self._output_lock,
+                             tail=self._group_tail)
+        self._relays[proc.pid] = ([relay], self._group_tail)
+        return proc
 
     def _spawn_one(self, command: list[str], env: Mapping[str, str], **popen: Any
                    ) -> subprocess.Popen[bytes]:
@@ -390,46 +403,33 @@ class Launcher:
         return proc
 
     def _last_words(self, proc: Child) -> str:
-        relay = self._relays.pop(proc.pid, None)
-        if relay is None:
-            return ""
-        for thread in relay[0]:
-            thread.join(1.0)  # the pipes' last lines may still be on their way
-        return b"".join(relay[1]).decode(errors="replace")
+        procs = proc.procs if isinstance(proc, LocalGroup) else [proc]
+        relays = [r for p in procs if (r := self._relays.pop(p.pid, None)) is not None]
+        for threads, _ in relays:
+            for thread in threads:
+                thread.join(1.0)  # the pipes' last lines may still be on their way
+        return b"".join(relays[0][1]).decode(errors="replace") if relays else ""
 
     # -- warm standby ------------------------------------------------------------------------
 
     def _arm_standby(self, env: Mapping[str, str], busy: bool) -> None:
-        """Pre-start the interpreter for the next run (``busy``: training runs alongside, so
-        it imports at a low priority)."""
-        if self._python is None or self._standby is not None:
+        """Pre-start the interpreters for the next run, one per local rank (``busy``: training
+        runs alongside, so they import at a low priority)."""
+        if self._python is None or self._standbys:
             return
+        nice = warm.BUSY_NICE if busy else 0
         try:
-            self._standby = Standby(self._python, env, self._spawn_one,
-                                    self.config.preimport, self._modules_file,
-                                    warm.BUSY_NICE if busy else 0)
+            for local_rank in range(self._local_world):
+                self._standbys.append(Standby(
+                    self._python, self._rank_env(env, local_rank), self._spawn_rank,
+                    self.config.preimport, self._modules_file, nice))
         except OSError as err:
-            log.warning("no warm standby (%s): restarts spawn a fresh process", err)
-
-    def _from_standby(self, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
-        standby, self._standby = self._standby, None
-        if standby is None:
-            return None
-        # Even one still importing is a head start: taking over sets its session's autogroup
-        # back to nice 0, so the rest runs at full priority (without autogroup, only the
-        # module in progress finishes at the importing thread's nice +10).
-        if standby.proc.poll() is None:
-            proc = standby.activate(env, os.getcwd())
-            if proc is not None:
-                return proc
-            log.info("the warm standby was not usable (%s); spawning",
-                     ", ".join(warm.startup_changes(standby.env, env)) or "it ended")
-        standby.discard()
-        return None
+            log.warning("no warm standby (%s): restarts spawn fresh processes", err)
+            self._discard_standby()
 
     def _discard_standby(self) -> None:
-        standby, self._standby = self._standby, None
-        if standby is not None:
+        standbys, self._standbys = self._standbys, []
+        for standby in standbys:
             standby.discard()
 
     def _watch(self, proc: Child) -> None:
@@ -599,13 +599,13 @@ class Launcher:
 
     def status_answer(self) -> control.LauncherStatus:
         with self._lock:
-            proc, standby = self._proc, self._standby
+            proc, standbys = self._proc, self._standbys
             return control.LauncherStatus(
                 state=self._state, pid=proc.pid if proc is not None else None,
                 epoch=self._epoch, restarts=self._restarts, exit_code=self._exit_code,
                 exited_at=self._exited_at, started_at=self._started_at, warm=self._warm,
-                standby=None if standby is None else control.StandbyState(
-                    standby.proc.pid, standby.ready()),
+                standby=None if not standbys else control.StandbyState(
+                    standbys[0].proc.pid, all(standby.ready() for standby in standbys)),
                 restore=self._restore, progress=self.heartbeat(), port=self.port,
                 in_process=self._in_process, error=self._parked_error or None,
             )
@@ -727,6 +727,21 @@ def _die_with_parent() -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _activate(standby: Standby, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
+    """The standby's process running this run, or None (then discarded). Even one still
+    importing is a head start: taking over sets its session's autogroup back to nice 0, so
+    the rest runs at full priority (without autogroup, only the module in progress finishes
+    at the importing thread's nice +10)."""
+    if standby.proc.poll() is None:
+        proc = standby.activate(env, os.getcwd())
+        if proc is not None:
+            return proc
+        log.info("a warm standby was not usable (%s); spawning",
+                 ", ".join(warm.startup_changes(standby.env, env)) or "it ended")
+    standby.discard()
+    return None
 
 
 def _signal_group(proc: Child, sig: signal.Signals) -> None:

@@ -359,8 +359,8 @@ def test_stop_ends_a_warm_started_process_and_the_standby(warm_start: Any, tmp_p
 def test_sigterm_ends_an_idle_standby_quietly(warm_start: Any) -> None:
     running = warm_start()
     pid = running.until(lambda s: (s["standby"] or {}).get("ready"))["standby"]["pid"]
-    standby = running.launcher._standby
-    assert standby is not None and standby.proc.pid == pid
+    [standby] = running.launcher._standbys
+    assert standby.proc.pid == pid
     os.kill(pid, 15)
     assert standby.proc.wait(10) == 0, "SIGTERM must let it exit on its own"
 

@@ -61,10 +61,17 @@ class Node:
         except (OSError, ValueError):
             return {}
 
+    def live_status(self) -> dict[str, Any]:
+        """GET /status: unlike the file, it tells how far the standbys are."""
+        return self._call("GET", "/status")
+
     def restart(self, epoch: int, version: int) -> dict[str, Any]:
         body = json.dumps({"epoch": epoch, "version": version, "source": "local"}).encode()
+        return self._call("POST", "/restart", body)
+
+    def _call(self, method: str, path: str, body: bytes | None = None) -> dict[str, Any]:
         req = urllib.request.Request(
-            f"http://127.0.0.1:{self.status()['port']}/restart", data=body, method="POST",
+            f"http://127.0.0.1:{self.status()['port']}{path}", data=body, method=method,
             headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as answer:
             return dict(json.loads(answer.read()))
@@ -138,6 +145,9 @@ def test_a_crashed_process_restarts_its_node_and_every_rank_resumes_bit_exactly(
     os.kill(victim, signal.SIGKILL)
     until(lambda: nodes[1].status().get("state") == "exited", "node 1's group exited", nodes)
     assert nodes[1].status()["exit_code"] == -signal.SIGKILL
+    # the launcher warms one interpreter per local rank while it waits for the restart
+    until(lambda: (nodes[1].live_status().get("standby") or {}).get("ready") is True,
+          "node 1's standbys ready", nodes)
 
     versions = []
     for n, node in enumerate(nodes):
@@ -149,8 +159,9 @@ def test_a_crashed_process_restarts_its_node_and_every_rank_resumes_bit_exactly(
             versions.append({i.version for i in slots.slot_info() if i.complete})
     version = max(set.intersection(*versions))
     before = {r: len(got) for r, got in lines().items()}
-    for node in nodes:
-        assert node.restart(1, version)["result"] == "restarted"
+    answers = [node.restart(1, version) for node in nodes]
+    assert [a["result"] for a in answers] == ["restarted", "restarted"]
+    assert answers[1]["warm"] is True, answers[1]  # both of node 1's processes from standbys
     until(lambda: all(n.proc.poll() is not None for n in nodes), "both launchers ending", nodes)
     assert [n.proc.returncode for n in nodes] == [0, 0], "training did not finish"
 
