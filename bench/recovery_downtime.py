@@ -32,8 +32,9 @@ TARGETS = {"trainer-crash": 4.0, "node-loss": 10.0, "group-loss": 12.0}
 def one_run(args: argparse.Namespace, cleanup: Cleanup) -> dict[str, Any]:
     extra = {NODE_GRACE_ENV: str(args.node_grace)} if args.node_grace is not None else {}
     return demo_report(
-        ["--workers", str(args.workers), "--replicas", str(args.replicas), "--failures",
-         args.failures, "--warm-standby" if args.warm_standby else "--no-warm-standby"],
+        ["--workers", str(args.workers), "--replicas", str(args.replicas), "--procs-per-node",
+         str(args.procs_per_node), "--failures", args.failures,
+         "--warm-standby" if args.warm_standby else "--no-warm-standby"],
         cleanup, args.tmp_dir, extra)
 
 
@@ -42,6 +43,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--replicas", type=int, default=2)
+    parser.add_argument("--procs-per-node", type=int, default=1,
+                        help="training processes per worker pod (numProcPerNode)")
     parser.add_argument("--failures", default="trainer-crash,node-loss,group-loss")
     parser.add_argument("--node-grace", type=int, default=None,
                         help="the controller manager's --node-monitor-grace-period in seconds "

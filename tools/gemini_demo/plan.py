@@ -110,8 +110,8 @@ class DemoConfig:
 
     @property
     def standby_expected(self) -> bool:
-        """Launchers keep a warm standby only for one process per pod (not with several)."""
-        return self.warm_standby and self.procs_per_node == 1
+        """Launchers keep a warm standby per training process (with several per pod too)."""
+        return self.warm_standby
 
     @property
     def world(self) -> int:

@@ -190,8 +190,9 @@ def test_a_warm_standby_crash_gets_steps_to_wait_for_the_standby() -> None:
     cold = DemoConfig(failures=("trainer-crash",), warm_standby=False)
     warm = DemoConfig(failures=("trainer-crash",))
     assert warm.steps_needed - cold.steps_needed == int(plan.STANDBY_WARM_S / warm.step_sleep)
-    # a node loss does not wait for a standby, nor pods with several processes (they have none)
-    assert DemoConfig(failures=("trainer-crash",), procs_per_node=2).steps_needed == DemoConfig(
+    # pods with several processes keep a standby per process: they wait as well
+    assert DemoConfig(failures=("trainer-crash",), procs_per_node=2).steps_needed > DemoConfig(
         failures=("trainer-crash",), procs_per_node=2, warm_standby=False).steps_needed
+    # a node loss does not wait for a standby
     assert DemoConfig(failures=("node-loss",)).steps_needed == DemoConfig(
         failures=("node-loss",), warm_standby=False).steps_needed
