@@ -362,6 +362,8 @@ class Launcher:
                 procs.append(proc or self._spawn_rank(list(self.config.command), rank_env))
         except BaseException:
             LocalGroup(procs, 0.0).signal_groups(signal.SIGKILL)
+            for unused in standbys[len(procs):]:  # discarding twice is harmless
+                unused.discard()
             raise
         self._warm = warm_ranks == self._local_world
         if self._local_world == 1:

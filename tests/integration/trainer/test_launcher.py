@@ -256,7 +256,7 @@ SCRIPT = (
     "import json, os, sys, time\n"
     "record = {'name': __name__, 'argv': sys.argv, 'cwd': os.getcwd(), 'path0': sys.path[0],\n"
     "          'epoch': os.environ['GEMINI_RESTART_EPOCH'],\n"
-    "          'port': os.environ.get('MASTER_PORT'),\n"
+    "          'port': os.environ.get('MASTER_PORT'), 'rank': os.environ.get('RANK'),\n"
     "          'pid': os.getpid(), 'leader': os.getpgid(0) == os.getpid(),\n"
     "          'preimported': 'fractions' in sys.modules}\n"
     "with open(os.environ['RECORD'], 'a') as f:\n"
@@ -284,14 +284,15 @@ def warm_start(tmp_path: Path) -> Iterator[Any]:
     script.write_text(SCRIPT)
 
     def _start(command: tuple[str, ...] | None = None, standby: bool = True,
-               hold_standby: bool = True) -> Running:
+               hold_standby: bool = True, procs: int = 1) -> Running:
         config = LauncherConfig(
             command=command or (sys.executable, str(script), "first-arg"),
             port=0, token=TOKEN, grace_s=2.0, hold=True, standby=standby,
             hold_standby=hold_standby,
             preimport=("fractions",),  # not imported by a bare interpreter
         )
-        env = {**os.environ, "RECORD": str(tmp_path / "records")}
+        env = {**os.environ, "RECORD": str(tmp_path / "records"),
+               "GEMINI_NUM_PROC_PER_NODE": str(procs)}
         running = Running(Launcher(config, env=env))
         started.append(running)
         return running
@@ -472,3 +473,27 @@ def test_a_warm_run_exits_with_the_scripts_code_and_prints_to_the_launchers_outp
     assert proc.returncode == code, err.decode()
     assert b"hello from epoch 1" in out and stderr.encode() in err
     assert records(tmp_path)[0]["preimported"]
+
+
+def test_each_local_process_starts_in_its_own_standby_and_one_without_is_spawned(
+    warm_start: Any, tmp_path: Path
+) -> None:
+    """numProcPerNode 2: a standby per local rank; a rank whose standby died is spawned
+    while the other still starts warm."""
+    running = warm_start(procs=2)
+    running.until(lambda s: (s["standby"] or {}).get("ready"))
+    first = [standby.proc.pid for standby in running.launcher._standbys]
+    restart(running, 1)
+    running.until(lambda s: len(records(tmp_path)) == 2)
+    got = sorted((r["rank"], r["pid"], r["preimported"]) for r in records(tmp_path))
+    assert got == [("0", first[0], True), ("1", first[1], True)]
+    assert running.status()["warm"]
+    running.until(lambda s: (s["standby"] or {}).get("ready"))  # re-armed beside training
+    second = [standby.proc.pid for standby in running.launcher._standbys]
+    os.kill(second[1], 9)
+    restart(running, 2)
+    running.until(lambda s: len(records(tmp_path)) == 4)
+    latest = {r["rank"]: r for r in records(tmp_path)[2:]}
+    assert (latest["0"]["pid"], latest["0"]["preimported"]) == (second[0], True)
+    assert latest["1"]["pid"] != second[1] and not latest["1"]["preimported"]
+    assert not running.status()["warm"]
