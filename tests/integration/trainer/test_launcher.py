@@ -320,7 +320,7 @@ def test_a_restart_runs_in_the_warm_standby_like_a_fresh_python_process(
     assert first == {
         "name": "__main__", "argv": [str(script), "first-arg"], "cwd": os.getcwd(),
         "path0": str(script.parent), "epoch": "1", "port": "1111", "pid": standby["pid"],
-        "leader": True, "preimported": True,
+        "leader": True, "preimported": True, "rank": os.environ.get("RANK"),
     }
     status = running.status()
     assert status["warm"] and status["pid"] == standby["pid"] and status["state"] == "running"
