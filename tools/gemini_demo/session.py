@@ -410,8 +410,8 @@ class Demo:
 
     def standby_warm_for(self, kind: str) -> bool:
         """With the warm standby, a trainer crash waits until the target's launcher reports
-        its standby ready (gemini_launcher_standby_ready), for STANDBY_WARM_S at most; other
-        failures, and pods with several processes (no standby), need none."""
+        its standbys ready (gemini_launcher_standby_ready: all of the pod's processes'), for
+        STANDBY_WARM_S at most; other failures need none."""
         if kind != "trainer-crash" or not self.config.standby_expected:
             return True
         pod = plan.trainer_crash_pod(self.config.workers)
