@@ -82,6 +82,7 @@ fetching, at no extra memory (no training process runs meanwhile).
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import ipaddress
 import json
@@ -262,8 +263,8 @@ class Launcher:
         self._output_lock = threading.Lock()
         # pid -> (relay thread, last output lines) of children whose output the launcher relays
         self._relays: dict[int, tuple[list[threading.Thread], deque[bytes]]] = {}
-        # the last output lines of this node's local group, whichever process printed them
-        self._group_tail: deque[bytes] = deque(maxlen=TAIL_LINES)
+        # the last output lines of the standbys' processes, shared by their local group
+        self._standby_tail: deque[bytes] = deque(maxlen=TAIL_LINES)
         wanted = config.standby or config.hold_standby
         self._python = PythonCommand.parse(config.command) if wanted else None
         self._standbys: list[Standby] = []  # one per local rank, or none
@@ -351,7 +352,7 @@ class Launcher:
         """The node's training process, or its local group of one process per local rank:
         each from its warm standby where one is usable, else spawned."""
         standbys, self._standbys = self._standbys, []
-        self._group_tail.clear()
+        tail = self._standby_tail if standbys else deque(maxlen=TAIL_LINES)
         procs: list[subprocess.Popen[bytes]] = []
         warm_ranks = 0
         try:
@@ -359,7 +360,7 @@ class Launcher:
                 rank_env = self._rank_env(env, local_rank)
                 proc = _activate(standbys[local_rank], rank_env) if standbys else None
                 warm_ranks += proc is not None
-                procs.append(proc or self._spawn_rank(list(self.config.command), rank_env))
+                procs.append(proc or self._spawn_rank(list(self.config.command), rank_env, tail))
         except BaseException:
             LocalGroup(procs, 0.0).signal_groups(signal.SIGKILL)
             for unused in standbys[len(procs):]:  # discarding twice is harmless
@@ -375,17 +376,18 @@ class Launcher:
             return env
         return local_env(env, local_rank, self._local_world)
 
-    def _spawn_rank(self, command: list[str], env: Mapping[str, str], **popen: Any
-                    ) -> subprocess.Popen[bytes]:
+    def _spawn_rank(self, command: list[str], env: Mapping[str, str], tail: deque[bytes],
+                    **popen: Any) -> subprocess.Popen[bytes]:
         """One process of the node (or its standby): alone as ``_spawn_one``; in a local group
-        its output merged, each line prefixed with its rank as torchrun does."""
+        its output merged, each line prefixed with its rank as torchrun does, the last lines
+        in the group's ``tail``."""
         if self._local_world == 1:
             return self._spawn_one(command, env, **popen)
         proc = self._spawner.spawn(command, env, stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, **popen)
         relay = relay_output(proc, f"[rank{env['RANK']}]: ".encode(), self._output_lock,
-                             tail=self._group_tail)
-        self._relays[proc.pid] = ([relay], self._group_tail)
+                             tail=tail)
+        self._relays[proc.pid] = ([relay], tail)
         return proc
 
     def _spawn_one(self, command: list[str], env: Mapping[str, str], **popen: Any
@@ -420,10 +422,13 @@ class Launcher:
         if self._python is None or self._standbys:
             return
         nice = warm.BUSY_NICE if busy else 0
+        # their own tail: what a standby prints while it waits is not the running group's
+        self._standby_tail = deque(maxlen=TAIL_LINES)
+        spawn = functools.partial(self._spawn_rank, tail=self._standby_tail)
         try:
             for local_rank in range(self._local_world):
                 self._standbys.append(Standby(
-                    self._python, self._rank_env(env, local_rank), self._spawn_rank,
+                    self._python, self._rank_env(env, local_rank), spawn,
                     self.config.preimport, self._modules_file, nice))
         except OSError as err:
             log.warning("no warm standby (%s): restarts spawn fresh processes", err)

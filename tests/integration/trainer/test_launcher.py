@@ -284,16 +284,17 @@ def warm_start(tmp_path: Path) -> Iterator[Any]:
     script.write_text(SCRIPT)
 
     def _start(command: tuple[str, ...] | None = None, standby: bool = True,
-               hold_standby: bool = True, procs: int = 1) -> Running:
+               hold_standby: bool = True, procs: int = 1,
+               preimport: tuple[str, ...] = ("fractions",), **env: str) -> Running:
         config = LauncherConfig(
             command=command or (sys.executable, str(script), "first-arg"),
             port=0, token=TOKEN, grace_s=2.0, hold=True, standby=standby,
             hold_standby=hold_standby,
-            preimport=("fractions",),  # not imported by a bare interpreter
+            preimport=preimport,  # fractions: not imported by a bare interpreter
         )
-        env = {**os.environ, "RECORD": str(tmp_path / "records"),
-               "GEMINI_NUM_PROC_PER_NODE": str(procs)}
-        running = Running(Launcher(config, env=env))
+        running = Running(Launcher(config, env={
+            **os.environ, "RECORD": str(tmp_path / "records"),
+            "GEMINI_NUM_PROC_PER_NODE": str(procs), **env}))
         started.append(running)
         return running
 
@@ -497,3 +498,27 @@ def test_each_local_process_starts_in_its_own_standby_and_one_without_is_spawned
     assert (latest["0"]["pid"], latest["0"]["preimported"]) == (second[0], True)
     assert latest["1"]["pid"] != second[1] and not latest["1"]["preimported"]
     assert not running.status()["warm"]
+
+
+
+def test_a_failed_group_reports_its_own_last_lines_not_what_its_standbys_printed(
+    warm_start: Any, tmp_path: Path
+) -> None:
+    """The standbys armed beside a running group print as they import (here a module that
+    prints its pid); the group's failure message has the group's own lines only."""
+    modules = tmp_path / "modules"
+    modules.mkdir()
+    (modules / "noisy.py").write_text("import os\nprint(f'standby noise {os.getpid()}')\n")
+    running = warm_start(procs=2, preimport=("noisy",), PYTHONPATH=str(modules),
+                         PYTHONUNBUFFERED="1")
+    running.until(lambda s: (s["standby"] or {}).get("ready"))
+    restart(running, 1)
+    running.until(lambda s: len(records(tmp_path)) == 2)
+    running.until(lambda s: (s["standby"] or {}).get("ready"))  # the next ones printed too
+    beside = [standby.proc.pid for standby in running.launcher._standbys]
+    os.kill(records(tmp_path)[0]["pid"], 9)
+    running.until(lambda s: s["state"] == "exited")
+    parked = control.read_parked(running.launcher.parked_file)
+    assert parked is not None and "hello from epoch 1" in parked.error, parked
+    for pid in beside:
+        assert f"standby noise {pid}" not in parked.error, parked.error
