@@ -12,8 +12,10 @@ What it imports: ``GEMINI_LAUNCHER_PREIMPORT`` (comma-separated module names; ``
 also reads a lazy attribute, ``module:attr()`` calls it), default ``DEFAULT_PREIMPORT`` (torch
 and DeepSpeed; missing ones are skipped), plus every module the previous
 training process had loaded once it committed its first snapshot (recorded next to the
-heartbeat file, so the list survives a container restart). Modules of the script's own
-directory are never preimported: they may read the epoch's environment at import time.
+heartbeat file, so the list survives a container restart). Once that record exists, default
+entries from packages the previous run never imported are dropped (no DeepSpeed for FSDP).
+Modules of the script's own directory are never preimported: they may read the epoch's
+environment at import time.
 
 Cost: one extra interpreter per rank (torch + DeepSpeed: 0.5-0.7 GB of RSS). While training
 runs, the standby imports at a low priority so it takes only idle CPU: its session's autogroup
@@ -317,7 +319,7 @@ def _warm(names: list[str], modules_file: Path | None, nice: int, status_fd: int
     if nice:
         with contextlib.suppress(OSError):
             os.nice(nice)  # this thread only (Linux): the main thread keeps its priority
-    for name in names:
+    for name in drop_unused_defaults(names, _learned(modules_file)):
         if stop.is_set():
             return
         _preimport(name)
@@ -337,6 +339,28 @@ def _warm(names: list[str], modules_file: Path | None, nice: int, status_fd: int
             if isinstance(name, str) and name not in sys.modules:
                 _preimport(name)
         stop.wait(1.0)  # the current run writes its list once it committed a snapshot
+
+
+def drop_unused_defaults(names: Sequence[str], learned: Sequence[str] | None) -> list[str]:
+    """The preimport list once a previous run's modules are known: an entry of the default
+    list whose top-level package that run never imported is dropped (an FSDP script needs no
+    DeepSpeed, whose Muon import alone costs seconds of CPU); entries a user listed stay."""
+    if not learned:
+        return list(names)
+    packages = {name.partition(".")[0] for name in learned}
+    return [spec for spec in names
+            if spec not in DEFAULT_PREIMPORT or spec.partition(":")[0].split(".")[0] in packages]
+
+
+def _learned(modules_file: Path | None) -> list[str] | None:
+    """The modules a previous run had imported (None: no run recorded them yet)."""
+    if modules_file is None:
+        return None
+    try:
+        names = json.loads(modules_file.read_text())
+    except (OSError, ValueError):
+        return None
+    return [n for n in names if isinstance(n, str)] if isinstance(names, list) else None
 
 
 def _preimport(spec: str) -> None:

@@ -18,6 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gemini import control
+from gemini_trainer import standby as warm
 from gemini_trainer.launcher import Launcher, LauncherConfig
 
 pytestmark = pytest.mark.integration
@@ -258,7 +259,7 @@ SCRIPT = (
     "          'epoch': os.environ['GEMINI_RESTART_EPOCH'],\n"
     "          'port': os.environ.get('MASTER_PORT'), 'rank': os.environ.get('RANK'),\n"
     "          'pid': os.getpid(), 'leader': os.getpgid(0) == os.getpid(),\n"
-    "          'preimported': 'fractions' in sys.modules}\n"
+    "          'preimported': 'fractions' in sys.modules, 'torch': 'torch' in sys.modules}\n"
     "with open(os.environ['RECORD'], 'a') as f:\n"
     "    f.write(json.dumps(record) + '\\n')\n"
     "print(f\"hello from epoch {record['epoch']}\", flush=True)\n"
@@ -285,11 +286,12 @@ def warm_start(tmp_path: Path) -> Iterator[Any]:
 
     def _start(command: tuple[str, ...] | None = None, standby: bool = True,
                hold_standby: bool = True, procs: int = 1,
-               preimport: tuple[str, ...] = ("fractions",), **env: str) -> Running:
+               preimport: tuple[str, ...] = ("fractions",), heartbeat: Path | None = None,
+               **env: str) -> Running:
         config = LauncherConfig(
             command=command or (sys.executable, str(script), "first-arg"),
             port=0, token=TOKEN, grace_s=2.0, hold=True, standby=standby,
-            hold_standby=hold_standby,
+            hold_standby=hold_standby, heartbeat_file=heartbeat,
             preimport=preimport,  # fractions: not imported by a bare interpreter
         )
         running = Running(Launcher(config, env={
@@ -321,7 +323,7 @@ def test_a_restart_runs_in_the_warm_standby_like_a_fresh_python_process(
     assert first == {
         "name": "__main__", "argv": [str(script), "first-arg"], "cwd": os.getcwd(),
         "path0": str(script.parent), "epoch": "1", "port": "1111", "pid": standby["pid"],
-        "leader": True, "preimported": True, "rank": os.environ.get("RANK"),
+        "leader": True, "preimported": True, "rank": os.environ.get("RANK"), "torch": False,
     }
     status = running.status()
     assert status["warm"] and status["pid"] == standby["pid"] and status["state"] == "running"
@@ -522,3 +524,22 @@ def test_a_failed_group_reports_its_own_last_lines_not_what_its_standbys_printed
     assert parked is not None and "hello from epoch 1" in parked.error, parked
     for pid in beside:
         assert f"standby noise {pid}" not in parked.error, parked.error
+
+
+@pytest.mark.parametrize("learned", [None, ["json", "fractions"]])
+def test_a_standby_drops_default_imports_the_previous_run_never_made(
+    warm_start: Any, tmp_path: Path, learned: list[str] | None
+) -> None:
+    """With no record of a previous run the default list (torch, DeepSpeed) is imported; once
+    a run recorded its modules (here no torch), the defaults it never used are dropped."""
+    heartbeat = tmp_path / "memory" / "heartbeat"
+    heartbeat.parent.mkdir()
+    if learned is not None:
+        (heartbeat.parent / warm.MODULES_FILE).write_text(json.dumps(learned))
+    running = warm_start(preimport=warm.DEFAULT_PREIMPORT, heartbeat=heartbeat)
+    standby = running.until(lambda s: (s["standby"] or {}).get("ready"), 120)["standby"]
+    restart(running, 1)
+    running.until(lambda s: len(records(tmp_path)) == 1)
+    first = records(tmp_path)[0]
+    assert first["pid"] == standby["pid"]
+    assert first["torch"] is (learned is None)

@@ -81,3 +81,16 @@ def test_the_scripts_own_modules_are_not_learned() -> None:
     assert not standby._learnable("__main__", "/elsewhere/x.py", "/job")
     assert not standby._learnable("sys", None, "/job")
     assert standby._learnable("jobs", "/jobs/x.py", "/job"), "a sibling directory is another"
+
+
+def test_defaults_of_packages_the_previous_run_never_imported_are_dropped() -> None:
+    defaults = standby.DEFAULT_PREIMPORT
+    assert standby.drop_unused_defaults(defaults, None) == list(defaults)  # nothing learned yet
+    assert standby.drop_unused_defaults(defaults, []) == list(defaults)
+    fsdp = ["torch", "torch.distributed.fsdp", "numpy"]
+    assert standby.drop_unused_defaults(defaults, fsdp) == ["torch", "torch._dynamo"]
+    zero = [*fsdp, "deepspeed", "deepspeed.runtime.engine"]
+    assert standby.drop_unused_defaults(defaults, zero) == list(defaults)
+    # what a user listed stays, even from a package the run did not import
+    assert standby.drop_unused_defaults(("torch", "transformers"), fsdp) == [
+        "torch", "transformers"]
