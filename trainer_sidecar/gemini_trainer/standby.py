@@ -325,19 +325,16 @@ def _warm(names: list[str], modules_file: Path | None, nice: int, status_fd: int
         _preimport(name)
     with contextlib.suppress(OSError):
         os.write(status_fd, READY)
-    learned_mtime = 0.0
+    seen_mtime = 0.0
     while modules_file is not None and not stop.is_set():
-        try:
-            mtime = modules_file.stat().st_mtime
-            learned = json.loads(modules_file.read_text()) if mtime != learned_mtime else []
-            learned_mtime = mtime
-        except (OSError, ValueError):
-            learned = []
-        for name in learned if isinstance(learned, list) else []:
-            if stop.is_set():
-                return
-            if isinstance(name, str) and name not in sys.modules:
-                _preimport(name)
+        mtime = _mtime(modules_file)
+        if mtime != seen_mtime:
+            seen_mtime = mtime
+            for name in _learned(modules_file) or ():
+                if stop.is_set():
+                    return
+                if name not in sys.modules:
+                    _preimport(name)
         stop.wait(1.0)  # the current run writes its list once it committed a snapshot
 
 
@@ -347,9 +344,20 @@ def drop_unused_defaults(names: Sequence[str], learned: Sequence[str] | None) ->
     DeepSpeed, whose Muon import alone costs seconds of CPU); entries a user listed stay."""
     if not learned:
         return list(names)
-    packages = {name.partition(".")[0] for name in learned}
-    return [spec for spec in names
-            if spec not in DEFAULT_PREIMPORT or spec.partition(":")[0].split(".")[0] in packages]
+    packages = {_package(name) for name in learned}
+    return [spec for spec in names if spec not in DEFAULT_PREIMPORT or _package(spec) in packages]
+
+
+def _package(spec: str) -> str:
+    """The top-level package of a module name or preimport entry (``deepspeed.comm:f()``)."""
+    return spec.partition(":")[0].partition(".")[0]
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 def _learned(modules_file: Path | None) -> list[str] | None:
