@@ -346,6 +346,7 @@ def _sidecar(
     env = [
         *_common_env(job, spec, rank, config),
         _value("GEMINI_TRAFFIC_MODE", spec.checkpoint.traffic_scheduling.value.lower()),
+        _value("GEMINI_PEER_ENCRYPTION", "on" if spec.checkpoint.peer_encryption else "off"),
         _value("GEMINI_HEARTBEAT_FILE", heartbeat_path(config)),  # reported by /inventory
     ]
     env += _assignment_env(assignment)

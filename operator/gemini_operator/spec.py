@@ -125,6 +125,7 @@ class CheckpointPolicy:
     interval_iterations: int = 1
     traffic_scheduling: TrafficScheduling = TrafficScheduling.INTERLEAVED
     memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES  # unset: sidecar memory limit
+    peer_encryption: bool = False  # payloads between sidecars encrypted (GEMINI_PEER_ENCRYPTION)
 
 
 @dataclass(frozen=True)
@@ -314,6 +315,7 @@ def _checkpoint(raw: Mapping[str, Any], default_sidecar_image: str | None) -> Ch
             raw, "trafficScheduling", TrafficScheduling, TrafficScheduling.INTERLEAVED
         ),
         memory_budget_bytes=DEFAULT_MEMORY_BUDGET_BYTES if budget is None else _budget(budget),
+        peer_encryption=_flag(raw, "peerEncryption", "spec.checkpoint.peerEncryption"),
     )
 
 

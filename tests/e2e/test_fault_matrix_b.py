@@ -156,6 +156,7 @@ def test_losing_a_whole_zone_recovers_every_rank_from_its_peer_in_the_other_zone
     jobs = Jobs(kube_api, job_namespace)
     job = training_job("zones", 4)
     job["spec"]["template"]["command"] = _sleep_args(1.0)
+    job["spec"]["checkpoint"]["peerEncryption"] = True  # replicas and peer fetches encrypted
     jobs.create(job)
     # The full status: the session's operator keeps the per-rank maps in a ConfigMap.
     placement = wait_for(lambda: jobs.status("zones").get("placement"), 240,
@@ -183,9 +184,10 @@ def test_losing_a_whole_zone_recovers_every_rank_from_its_peer_in_the_other_zone
     # The survivors' training processes may die first (their collectives broke): also failed.
     assert set(lost_ranks) <= set(last["failedRanks"]), last
     assert last["stepsLost"] <= 1, last
-    nodes = {p.metadata.name: p.spec.node_name for p in jobs.pods("zones")
-             if not p.metadata.deletion_timestamp}
+    pods = [p for p in jobs.pods("zones") if not p.metadata.deletion_timestamp]
+    nodes = {p.metadata.name: p.spec.node_name for p in pods}
     assert {nodes[f"zones-worker-{r}"] for r in lost_ranks} <= set(spares), nodes
+    assert {_env(p, naming.SIDECAR_CONTAINER, "GEMINI_PEER_ENCRYPTION") for p in pods} == {"on"}
     _wait_finished(jobs, "zones", state)
     assert jobs.get("zones")["status"]["state"] == "Succeeded", jobs.get("zones")["status"]
     got, conflicts = losses(state, job_namespace, "zones-worker-0")
@@ -193,6 +195,14 @@ def test_losing_a_whole_zone_recovers_every_rank_from_its_peer_in_the_other_zone
     assert got == reference4
     jobs.delete("zones")
     print(f"zone-loss case: {time.monotonic() - started:.0f} s")
+
+
+def _env(pod: Any, container: str, name: str) -> str | None:
+    """The value of `name` in the environment of `container` (native sidecars included)."""
+    for c in [*(pod.spec.init_containers or []), *pod.spec.containers]:
+        if c.name == container:
+            return next((e.value for e in c.env or [] if e.name == name), None)
+    return None
 
 
 def _sidecar_pid(state: Path, namespace: str, pod: str) -> int:

@@ -173,7 +173,7 @@ class Sidecar:
                 metrics=self.metrics, hold_ranks=lambda: self.placement.hold_ranks,
                 peer_of=lambda rank: self.placement.peers.get(rank),
                 on_change=self._refresh_gauges, limits=cfg.limits,
-                check_senders=cfg.check_senders,
+                check_senders=cfg.check_senders, encrypt=cfg.peer_encryption,
             )
         )
         self.s3 = s3mod.open_store(cfg.s3) if cfg.s3 else None
@@ -208,9 +208,10 @@ class Sidecar:
         await self._runner.setup()
         self._api = ApiListener(self._runner, self.cfg.limits, self.metrics)
         self.api_port = await self._api.start(self.cfg.bind_host, self.cfg.api_port)
-        log.info("sidecar rank %d of job %s: peers on %s:%d, API on %s:%d", self.cfg.rank,
-                 self.cfg.job, self.cfg.bind_host, self.peer_port, self.cfg.bind_host,
-                 self.api_port)
+        log.info("sidecar rank %d of job %s: peers on %s:%d (%s), API on %s:%d", self.cfg.rank,
+                 self.cfg.job, self.cfg.bind_host, self.peer_port,
+                 "encrypted" if self.cfg.peer_encryption else "not encrypted",
+                 self.cfg.bind_host, self.api_port)
 
     async def stop(self) -> None:
         self._stopping.set()
@@ -300,7 +301,8 @@ class Sidecar:
     ) -> Fetched:
         """Pull (rank, version) from holders into local shm (own rank) or the replica store."""
         req = FetchRequest(self.cfg.job, self.cfg.auth_token, self.cfg.max_frame_bytes, rank,
-                           version, holders, self.cfg.chunk_bytes)
+                           version, holders, self.cfg.chunk_bytes,
+                           encrypt=self.cfg.peer_encryption)
         progress = progress if progress is not None else Progress()
         started = time.perf_counter()
         if into == "shm":

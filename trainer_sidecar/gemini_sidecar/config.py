@@ -107,6 +107,9 @@ class SidecarConfig:
     # hand without them keeps its checkpoints under namespace "default" and uid "no-uid".
     namespace: str = "default"
     job_uid: str = ""
+    # GEMINI_PEER_ENCRYPTION (on | off): payloads between sidecars encrypted (protocol.py);
+    # on, this sidecar's peer server also refuses peers that do not encrypt
+    peer_encryption: bool = False
 
 
 def _control_digest(env: Mapping[str, str]) -> str:
@@ -114,6 +117,13 @@ def _control_digest(env: Mapping[str, str]) -> str:
         return control_digest_setting(env)
     except ValueError as err:
         raise ConfigError(str(err)) from err
+
+
+def _peer_encryption(env: Mapping[str, str]) -> bool:
+    mode = env.get("GEMINI_PEER_ENCRYPTION", "off").strip()
+    if mode not in ("on", "off"):
+        raise ConfigError(f"GEMINI_PEER_ENCRYPTION must be on or off, got {mode!r}")
+    return mode == "on"
 
 
 def _sender_check(env: Mapping[str, str]) -> bool:
@@ -286,4 +296,5 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
         control_sha256=_control_digest(env),
         namespace=env.get("GEMINI_NAMESPACE", "").strip() or "default",
         job_uid=env.get("GEMINI_JOB_UID", "").strip(),
+        peer_encryption=_peer_encryption(env),
     )

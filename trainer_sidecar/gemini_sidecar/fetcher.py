@@ -58,6 +58,7 @@ class FetchRequest:
     holders: Sequence[PeerAddress]
     chunk_bytes: int = 16 << 20
     window: int = 8
+    encrypt: bool = False  # GEMINI_PEER_ENCRYPTION
 
 
 async def _info(chan: Channel, rank: int, version: int | None) -> tuple[int, int, int]:
@@ -138,7 +139,8 @@ async def _fetch_once(
     used: list[str] = []
     for holder in order:
         try:
-            chan = await connect(holder, req.job, req.token, req.max_payload, REPLY_SILENCE_S)
+            chan = await connect(holder, req.job, req.token, req.max_payload, REPLY_SILENCE_S,
+                                 encrypt=req.encrypt)
         except (PeerRefused, OSError, TimeoutError) as err:
             metrics.fetch_failures.inc()
             log.warning("holder %s unreachable: %s", holder, err)

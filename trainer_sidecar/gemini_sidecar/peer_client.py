@@ -50,11 +50,13 @@ class PlannedChunk:
 
 
 async def connect(addr: PeerAddress, job: str, token: bytes, max_payload: int,
-                  bulk_timeout: float = BULK_TIMEOUT_S, source: str | None = None) -> Channel:
+                  bulk_timeout: float = BULK_TIMEOUT_S, source: str | None = None,
+                  encrypt: bool = False) -> Channel:
     """Open an authenticated channel to a peer sidecar; PeerRefused if it turns us away.
     A bulk payload received on it fails after `bulk_timeout` seconds without a byte.
     `source`: this sidecar's own address, to connect from (holders accept a rank's replica
-    only from that rank's address); a wildcard or another family is left to the kernel."""
+    only from that rank's address); a wildcard or another family is left to the kernel.
+    `encrypt`: payloads encrypted both ways (protocol.py; the peer must agree)."""
     loop = asyncio.get_running_loop()
     family = socket.AF_INET6 if ":" in addr.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -63,8 +65,11 @@ async def connect(addr: PeerAddress, job: str, token: bytes, max_payload: int,
         _bind_source(sock, source, addr.host)
         await asyncio.wait_for(loop.sock_connect(sock, (addr.host, addr.port)), CONNECT_TIMEOUT_S)
         chan = Channel(sock, token, max_payload, server=False, bulk_timeout=bulk_timeout,
-                       peer=str(addr))
+                       peer=str(addr), encrypt=encrypt)
         await asyncio.wait_for(chan.client_handshake(job), CONNECT_TIMEOUT_S)
+    except PeerRefused as err:  # it said why
+        sock.close()
+        raise PeerRefused(f"{addr} refused the handshake: {err}") from err
     except (ConnectionError, ProtocolError) as err:
         sock.close()
         raise PeerRefused(f"{addr} refused the handshake (wrong job or token?): {err}") from err

@@ -177,6 +177,7 @@ class ServerContext:
     on_change: Callable[[], None]  # the replica store changed (refresh gauges)
     limits: ServerLimits = field(default_factory=ServerLimits)
     check_senders: bool = True  # a rank's replica only from that rank's address (senders.py)
+    encrypt: bool = False  # GEMINI_PEER_ENCRYPTION: refuse peers that do not encrypt
 
 
 class PeerServer:
@@ -304,7 +305,7 @@ class PeerServer:
         try:
             chan = Channel(conn, self.ctx.token, self.ctx.max_payload, server=True,
                            pools=self._pools, read_timeout=self.ctx.limits.read_timeout_s,
-                           peer=peer)
+                           peer=peer, encrypt=self.ctx.encrypt)
         except OSError as err:  # no file descriptor left for its duplicate
             conn.close()
             self._release(peer)

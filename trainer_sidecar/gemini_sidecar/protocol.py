@@ -16,6 +16,17 @@ Poly1305 holds the GIL, so on a thread of its own it would delay every return fr
 receive syscall by up to a switch interval (measured: 0.79 x raw TCP that way, ~1.0 in line).
 The CRC-32s stay: they are what the trainer's slot header, the replica store and S3 keep
 (checksum.py).
+
+Optional encryption (GEMINI_PEER_ENCRYPTION=on, spec.checkpoint.peerEncryption): the HELLO
+and WELCOME then carry ephemeral X25519 public keys (authenticated like every frame), and
+every payload after the handshake is encrypted with AES-256-CTR under a one-time key derived
+from the token and the connection's shared secret (forward secrecy: a token learnt later does
+not open recorded traffic); the Poly1305 tag is then over the ciphertext (encrypt-then-MAC).
+A server that requires it refuses a client that does not encrypt, with an ERROR saying so;
+one that does not require it still accepts encrypted clients. Headers (rank, version, offset,
+lengths, checksums) and the job name stay readable. TLS was not used: Python's ssl has no
+pre-shared keys (a CA and a certificate per pod), and its sockets cannot move bulk payloads
+on the duplicate socket of a worker thread while the event loop reads acknowledgements.
 """
 
 from __future__ import annotations
@@ -31,6 +42,8 @@ import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
 from gemini_sidecar.checksum import crc32
@@ -45,6 +58,9 @@ HEADER_BYTES = _FIELDS.size + _MAC_BYTES
 CHALLENGE_BYTES = len(CHALLENGE_MAGIC) + NONCE_BYTES
 TAG_BYTES = 16  # the Poly1305 tag after every payload
 _PAYLOAD_KEYS = b"gemini peer payload keys"
+_CIPHER_KEYS = b"gemini peer cipher keys"
+PUBLIC_KEY_BYTES = 32  # X25519
+_CTR_START = bytes(16)  # every payload has a key of its own: its counter can start at 0
 
 
 def wire_payload_bytes(length: int) -> int:
@@ -69,6 +85,9 @@ class FrameType(enum.IntEnum):
 FLAG_COMPLETE = 1  # INFO/ACK: the version is complete
 FLAG_EXACT = 2  # GET_INFO: the version field names the version wanted (else: newest)
 FLAG_CORRUPT = 4  # ERROR to PUT_END: the chunks do not add up to the CRC-32; resend bad ones
+FLAG_ENCRYPT = 8  # HELLO/WELCOME: the payload has an X25519 key; payloads after are encrypted
+PLAINTEXT_REFUSED = ("this sidecar takes only encrypted peer traffic: set GEMINI_PEER_ENCRYPTION=on"
+                     " on every sidecar of the job (spec.checkpoint.peerEncryption)")
 _CLIENT_TO_SERVER = 0
 _SERVER_TO_CLIENT = 1
 
@@ -193,12 +212,14 @@ class Channel:
     `read_timeout` (servers): once a frame has started, its header and small payloads must
     arrive within it; waiting for the next frame is not limited (an authenticated peer keeps
     its connection between versions). A bulk payload fails after `bulk_timeout` without a byte.
+    `encrypt`: a client asks for encrypted payloads; a server requires them.
     Raises OSError (no file descriptor left for the duplicate); the caller closes `sock`.
     """
 
     def __init__(self, sock: socket.socket, token: bytes, max_payload: int, server: bool,
                  pools: ChannelPools = CLIENT_POOLS, read_timeout: float | None = None,
-                 bulk_timeout: float = BULK_TIMEOUT_S, peer: str = "") -> None:
+                 bulk_timeout: float = BULK_TIMEOUT_S, peer: str = "",
+                 encrypt: bool = False) -> None:
         sock.setblocking(False)
         if sock.family in (socket.AF_INET, socket.AF_INET6):  # acks must not wait for Nagle
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -215,6 +236,8 @@ class Channel:
         self._recv_dir = 1 - self._send_dir
         self._payload_keys = hmac.new(token, _PAYLOAD_KEYS, hashlib.sha256).digest()
         self._nonces = b""
+        self._encrypt = encrypt
+        self._cipher_keys: bytes | None = None  # set once the handshake agreed on encryption
         self._send_seq = 0
         self._recv_seq = 0
         self._loop = asyncio.get_running_loop()
@@ -255,47 +278,79 @@ class Channel:
         label = self._nonces + bytes([direction]) + seq.to_bytes(8, "big")
         return hmac.new(self._payload_keys, label, hashlib.sha256).digest()
 
+    @property
+    def encrypted(self) -> bool:
+        """Whether payloads on this connection are encrypted (known after the handshake)."""
+        return self._cipher_keys is not None
+
+    def _cipher(self, direction: int, seq: int) -> CipherContext | None:
+        """The one-time AES-256-CTR stream of the payload of frame `seq` in `direction` (CTR
+        encrypts and decrypts alike); None on a connection without encryption."""
+        if self._cipher_keys is None:
+            return None
+        label = self._nonces + bytes([direction]) + seq.to_bytes(8, "big")
+        key = hmac.new(self._cipher_keys, label, hashlib.sha256).digest()
+        return Cipher(algorithms.AES(key), modes.CTR(_CTR_START)).encryptor()
+
+    def _start_encryption(self, own: X25519PrivateKey, theirs: bytes) -> None:
+        try:
+            shared = own.exchange(X25519PublicKey.from_public_bytes(theirs))
+        except ValueError as err:  # a low-order point: no shared secret
+            raise AuthError(f"unusable peer key: {err}") from err
+        self._cipher_keys = hmac.new(self._token, _CIPHER_KEYS + shared, hashlib.sha256).digest()
+
     async def send(self, frame: Frame, payload: memoryview | bytes | None = None) -> None:
         """Send `frame`, and its payload (exactly `frame.length` bytes) with its tag."""
         size = 0 if payload is None else len(payload)
         if payload is not None and size != frame.length:
             raise ValueError(f"{frame.type.name} says {frame.length} payload bytes, got {size}")
         key = self._payload_key(self._send_dir, self._send_seq)
+        cipher = self._cipher(self._send_dir, self._send_seq)
         head = self.seal(frame)
         if payload is None or not size:
             await self._loop.sock_sendall(self.sock, head)
         elif size < BULK_BYTES:  # small: one tag call holds the GIL for microseconds
-            tag = Poly1305.generate_tag(key, payload)
-            await self._loop.sock_sendall(self.sock, head + bytes(payload) + tag)
+            body = bytes(payload) if cipher is None else cipher.update(payload)
+            tag = Poly1305.generate_tag(key, body)
+            await self._loop.sock_sendall(self.sock, head + body + tag)
         else:
             await self._loop.run_in_executor(self._pools.send, self._send_bulk, head, payload,
-                                             key)
+                                             key, cipher)
 
-    def _send_bulk(self, head: bytes, payload: memoryview | bytes, key: bytes) -> None:
+    def _send_bulk(self, head: bytes, payload: memoryview | bytes, key: bytes,
+                   cipher: CipherContext | None) -> None:
         """Send head, payload and tag, tagging each piece right after it went into the socket
         buffer: the kernel keeps sending meanwhile (and Poly1305 holds the GIL, so on another
         thread it would hold up every syscall return of this send by up to a switch
-        interval)."""
+        interval). Encrypted pieces go through a scratch piece: the payload is the caller's."""
         self._bulk.sendall(head)
         mac, view = Poly1305(key), memoryview(payload)
+        scratch = memoryview(bytearray(CRC_PIECE_BYTES)) if cipher is not None else None
         for start in range(0, len(view), CRC_PIECE_BYTES):
             piece = view[start : start + CRC_PIECE_BYTES]
+            if cipher is not None and scratch is not None:
+                sealed = scratch[: len(piece)]
+                cipher.update_into(piece, sealed)
+                piece = sealed
             self._bulk.sendall(piece)
             mac.update(piece)
         self._bulk.sendall(mac.finalize())
 
-    def _recv_bulk(self, view: memoryview, key: bytes) -> tuple[int, bytes, bytes]:
+    def _recv_bulk(self, view: memoryview, key: bytes,
+                   cipher: CipherContext | None) -> tuple[int, bytes, bytes]:
         """Receive into `view` and the tag after it on a worker thread; returns (its CRC-32,
-        its Poly1305 tag, the tag received). Each piece is checked as soon as it landed,
-        still in cache, while the kernel buffers what comes next."""
+        its Poly1305 tag, the tag received). Each piece is checked (and decrypted in place)
+        as soon as it landed, still in cache, while the kernel buffers what comes next."""
         crc, mac = 0, Poly1305(key)
         got = checked = 0
         while got < len(view):
             got = self._recv_bulk_into(view, got)
             if got - checked >= CRC_PIECE_BYTES or got == len(view):
                 piece = view[checked:got]
+                mac.update(piece)  # the tag is over what travelled
+                if cipher is not None:
+                    cipher.update_into(piece, piece)
                 crc = crc32(piece, crc)
-                mac.update(piece)
                 checked = got
         received, got = memoryview(bytearray(TAG_BYTES)), 0
         while got < TAG_BYTES:
@@ -342,13 +397,17 @@ class Channel:
         if not frame.length:
             return crc32(view)
         key = self._payload_key(self._recv_dir, self._recv_seq - 1)  # the header just read
+        cipher = self._cipher(self._recv_dir, self._recv_seq - 1)
         if len(view) < BULK_BYTES:
             await self._recv_within(view)
-            crc, tag = crc32(view), Poly1305.generate_tag(key, view)
+            tag = Poly1305.generate_tag(key, view)
+            if cipher is not None:
+                cipher.update_into(view, view)
+            crc = crc32(view)
             received = await self.recv_bytes(TAG_BYTES)
         else:
             crc, tag, received = await self._loop.run_in_executor(
-                self._pools.receive, self._recv_bulk, view, key)
+                self._pools.receive, self._recv_bulk, view, key, cipher)
         if not hmac.compare_digest(tag, received):
             raise PayloadTampered(frame)
         return crc
@@ -391,11 +450,12 @@ class Channel:
         frame, seq = _unpack(raw)
         if frame.type != FrameType.HELLO or seq != 0:
             raise ProtocolError(f"expected HELLO, got {frame.type.name}")
-        if not NONCE_BYTES < frame.length <= NONCE_BYTES + MAX_JOB_NAME_BYTES:
+        fixed = NONCE_BYTES + (PUBLIC_KEY_BYTES if frame.flags & FLAG_ENCRYPT else 0)
+        if not fixed < frame.length <= fixed + MAX_JOB_NAME_BYTES:
             raise ProtocolError(f"HELLO payload of {frame.length} bytes")
         payload = await self.recv_bytes(frame.length)
         tag = await self.recv_bytes(TAG_BYTES)
-        peer_job = payload[NONCE_BYTES:].decode(errors="replace")
+        peer_job = payload[fixed:].decode(errors="replace")
         if peer_job != job:
             raise AuthError(f"peer of job {peer_job!r} refused (this sidecar serves {job!r})")
         expected = _mac(self._token, self._nonces, self._recv_dir, raw[: _FIELDS.size])
@@ -406,7 +466,18 @@ class Channel:
             raise AuthError(f"peer claiming job {job!r} failed authentication (wrong token)")
         self._recv_seq = 1
         self._nonces = server_nonce + payload[:NONCE_BYTES]
-        await self.send(Frame(FrameType.WELCOME))
+        if fixed == NONCE_BYTES:
+            if self._encrypt:
+                await self.send_error(PLAINTEXT_REFUSED)
+                raise AuthError("refused a peer that does not encrypt (GEMINI_PEER_ENCRYPTION"
+                                " is on here)")
+            await self.send(Frame(FrameType.WELCOME))
+            return
+        own = X25519PrivateKey.generate()
+        public = own.public_key().public_bytes_raw()
+        await self.send(Frame(FrameType.WELCOME, length=len(public), checksum=crc32(public),
+                              flags=FLAG_ENCRYPT), public)
+        self._start_encryption(own, payload[NONCE_BYTES:fixed])
 
     async def client_handshake(self, job: str) -> None:
         challenge = await self.recv_bytes(CHALLENGE_BYTES)
@@ -416,9 +487,12 @@ class Channel:
                                 f"expected {CHALLENGE_MAGIC!r})")
         server_nonce = challenge[len(CHALLENGE_MAGIC) :]
         client_nonce = os.urandom(NONCE_BYTES)
-        payload = client_nonce + job.encode()
+        own = X25519PrivateKey.generate() if self._encrypt else None
+        public = own.public_key().public_bytes_raw() if own is not None else b""
+        payload = client_nonce + public + job.encode()
         self._nonces = server_nonce
-        hello = Frame(FrameType.HELLO, length=len(payload), checksum=crc32(payload))
+        hello = Frame(FrameType.HELLO, length=len(payload), checksum=crc32(payload),
+                      flags=FLAG_ENCRYPT if own is not None else 0)
         await self.send(hello, payload)
         self._nonces = server_nonce + client_nonce
         reply = await self.recv()
@@ -426,6 +500,11 @@ class Channel:
             raise PeerRefused((await self.recv_payload(reply)).decode(errors="replace"))
         if reply.type != FrameType.WELCOME:
             raise ProtocolError(f"expected WELCOME, got {reply.type.name}")
+        if own is None:
+            return
+        if not reply.flags & FLAG_ENCRYPT or reply.length != PUBLIC_KEY_BYTES:
+            raise ProtocolError("the peer did not agree to encrypt (an older sidecar?)")
+        self._start_encryption(own, await self.recv_payload(reply))
 
     def close(self) -> None:
         # Wakes a worker thread blocked in a bulk send or receive (OSError: not connected).

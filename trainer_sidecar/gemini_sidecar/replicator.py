@@ -235,7 +235,7 @@ class Replicator:
                 raise PeerRefused(f"no address for rank {rank} in the placement")
             addr = peers[rank]
             chan = await connect(addr, self.cfg.job, self.cfg.auth_token, self.cfg.max_frame_bytes,
-                                 source=self.cfg.bind_host)
+                                 source=self.cfg.bind_host, encrypt=self.cfg.peer_encryption)
             self._channels[rank] = chan
         return chan
 

@@ -1,6 +1,7 @@
 """Replicated chunks are checked end to end: a chunk changed on the path (even with its
-CRC-32 kept) fails its keyed MAC and is resent, corruption at rest in the sender's shared
-memory is never replicated as a good version."""
+CRC-32 kept, and with encryption on, where CTR lets an on-path XOR through to the plaintext)
+fails its keyed MAC and is resent, corruption at rest in the sender's shared memory is never
+replicated as a good version."""
 
 from __future__ import annotations
 
@@ -11,11 +12,10 @@ from functools import partial
 import pytest
 
 from gemini_sidecar.app import Sidecar
-from gemini_sidecar.protocol import HEADER_BYTES, NONCE_BYTES, FrameType, wire_payload_bytes
+from gemini_sidecar.protocol import HEADER_BYTES, FrameType, wire_payload_bytes
 from gemini_trainer.shm import ShardSlots, shard_path
 from tests.fixtures.tamper import CRC_NEUTRAL, xor_in_place
 from tests.integration.sidecar.conftest import (
-    JOB,
     free_port,
     make_config,
     payload,
@@ -40,9 +40,6 @@ class _FlipFirstChunk:
     async def _client_to_server(self, reader: asyncio.StreamReader,
                                 writer: asyncio.StreamWriter) -> None:
         try:
-            hello_bytes = HEADER_BYTES + wire_payload_bytes(NONCE_BYTES + len(JOB))
-            hello = await reader.readexactly(hello_bytes)
-            writer.write(hello)
             while True:
                 head = await reader.readexactly(HEADER_BYTES)
                 length = struct.unpack_from(">Q", head, _LENGTH_AT)[0]
@@ -64,16 +61,19 @@ class _FlipFirstChunk:
                              relay(server_r, client_w))
 
 
+@pytest.mark.parametrize("encrypt", [False, True], ids=["plain", "encrypted"])
 @pytest.mark.parametrize("pattern", [b"\x08", CRC_NEUTRAL], ids=["bit-flip", "crc32-kept"])
 async def test_a_chunk_changed_on_the_way_is_caught_by_its_mac_and_resent(tmp_path, caplog,
-                                                                          pattern):
+                                                                          pattern, encrypt):
     a_port, b_port = free_port(), free_port()
-    b = Sidecar(make_config(1, 2, tmp_path, {0: a_port, 1: b_port}, hold=(0,)))
+    b = Sidecar(make_config(1, 2, tmp_path, {0: a_port, 1: b_port}, hold=(0,),
+                            peer_encryption=encrypt))
     await b.start()
     flipper = _FlipFirstChunk(b.peer_port, 123_457, pattern)
     proxy = await asyncio.start_server(flipper.handle, "127.0.0.1", 0)
     proxy_port = proxy.sockets[0].getsockname()[1]
-    a = Sidecar(make_config(0, 2, tmp_path, {0: a_port, 1: proxy_port}, send_to=(1,)))
+    a = Sidecar(make_config(0, 2, tmp_path, {0: a_port, 1: proxy_port}, send_to=(1,),
+                            peer_encryption=encrypt))
     await a.start()
     try:
         data = payload(4, 3 * (1 << 20) + 40)  # four chunks of 1 MiB (the last one short)
@@ -85,7 +85,9 @@ async def test_a_chunk_changed_on_the_way_is_caught_by_its_mac_and_resent(tmp_pa
         assert b.store.get(0, 4)[0].checksum == info.checksum
         assert "resending" in caplog.text and "failed its keyed MAC" in caplog.text
         assert "127.0.0.1:" in caplog.text  # the refusal names the peer
-        assert a.replicator.status.peers[1].acked_version == 4
+        # the holder completes the version before its acknowledgement reaches the sender
+        await wait_for(lambda: a.replicator.status.peers[1].acked_version == 4,
+                       what="v4 acknowledged to rank 0")
     finally:
         await a.stop()
         await b.stop()

@@ -112,6 +112,12 @@ def test_placement_assignment_goes_into_the_sidecar_env():
     assert "GEMINI_PEERS" not in _env(_pod()["spec"]["initContainers"][0])
 
 
+def test_peer_encryption_reaches_the_sidecar():
+    sidecar_env = [_env(_pod(builder)["spec"]["initContainers"][0]) for builder in (
+        make_job(), make_job().set("checkpoint.peerEncryption", True))]
+    assert [env["GEMINI_PEER_ENCRYPTION"] for env in sidecar_env] == ["off", "on"]
+
+
 def test_persistence_settings_and_credentials_reach_the_sidecar():
     builder = make_job().set("persistence", {"bucketURI": "s3://ckpt/run", "keep": 4,
                                              "endpoint": "http://s3:80",

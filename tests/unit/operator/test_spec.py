@@ -50,6 +50,7 @@ def test_minimal_spec_gets_the_schema_defaults():
     assert spec.checkpoint.placement is PlacementStrategy.DOMAIN_AWARE
     assert spec.checkpoint.traffic_scheduling is TrafficScheduling.INTERLEAVED
     assert spec.checkpoint.memory_budget_bytes == DEFAULT_MEMORY_BUDGET_BYTES
+    assert not spec.checkpoint.peer_encryption
     assert spec.checkpoint.sidecar.image == IMAGE
     assert spec.failure_policy.max_restarts == 10
     assert spec.persistence is None
@@ -63,6 +64,7 @@ def test_full_spec_is_typed():
             "name": "B", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}])
         .set("checkpoint.placement", "Mixed")
         .set("checkpoint.memoryBudgetPerNode", "1Gi")
+        .set("checkpoint.peerEncryption", True)
         .set("checkpoint.sidecar", {"image": "side:1", "resources": {"limits": {"memory": "2Gi"}}})
         .set("persistence", {"bucketURI": "s3://ckpt/run/1/",
                              "credentialsSecretRef": {"name": "s3"}})
@@ -75,6 +77,7 @@ def test_full_spec_is_typed():
     assert spec.template.env[1].to_manifest()["valueFrom"]["secretKeyRef"]["key"] == "k"
     assert spec.checkpoint.placement is PlacementStrategy.MIXED
     assert spec.checkpoint.memory_budget_bytes == 1 << 30
+    assert spec.checkpoint.peer_encryption
     assert spec.checkpoint.sidecar.resources.limits == {"memory": "2Gi"}
     assert spec.persistence is not None
     assert (spec.persistence.bucket, spec.persistence.prefix) == ("ckpt", "run/1")
@@ -114,6 +117,8 @@ REFUSED = [
                                 {"bucketURI": "s3://ckpt/run", "intervalSeconds": 0}),
                  "spec.persistence.intervalSeconds", id="uploads without a pause between"),
     pytest.param(make_job().drop("template"), "spec.template: is required", id="no template"),
+    pytest.param(make_job().set("checkpoint.peerEncryption", "yes"),
+                 "spec.checkpoint.peerEncryption: must be true or false", id="encryption as text"),
 ]
 
 

@@ -28,6 +28,8 @@ def test_a_complete_environment_parses_into_a_config():
     assert cfg.traffic_mode == "interleaved" and cfg.s3 is None
     assert cfg.check_senders  # a rank's replica only from its own address, unless turned off
     assert not from_env(dict(BASE, GEMINI_PEER_SENDER_CHECK="off")).check_senders
+    assert not cfg.peer_encryption  # off unless the job asks (spec.checkpoint.peerEncryption)
+    assert from_env(dict(BASE, GEMINI_PEER_ENCRYPTION="on")).peer_encryption
     assert "secret" not in repr(cfg)
 
 
@@ -55,6 +57,7 @@ def test_json_peer_maps_and_s3_settings_are_accepted():
         ({"GEMINI_HOLD_RANKS": "9"}, "GEMINI_HOLD_RANKS must be between 0 and 3"),
         ({"GEMINI_TRAFFIC_MODE": "burst"}, "interleaved or immediate"),
         ({"GEMINI_PEER_SENDER_CHECK": "token"}, "GEMINI_PEER_SENDER_CHECK must be address or"),
+        ({"GEMINI_PEER_ENCRYPTION": "yes"}, "GEMINI_PEER_ENCRYPTION must be on or off"),
         ({"GEMINI_MEMORY_BUDGET_BYTES": "-1"}, "GEMINI_MEMORY_BUDGET_BYTES must be >= 0"),
         ({"GEMINI_S3_BUCKET": "b", "GEMINI_S3_PART_BYTES": "1024"}, "GEMINI_S3_PART_BYTES"),
         ({"GEMINI_CHUNK_BYTES": str(128 << 20)}, "GEMINI_CHUNK_BYTES must be between 4096 and"),
