@@ -207,8 +207,7 @@ class Demo:
             return "nothing was running yet"
         if self.options.keep:
             self.say("left running (--keep); explore with:\n" + self.explore_hint())
-            return (f"left running (--keep): gemini local --state-dir {self.state_dir} down"
-                    + (f" && kill {self.operator.pid}" if self.operator else ""))
+            return f"left running (--keep): gemini local --state-dir {self.state_dir} down"
         return self.teardown()
 
     def _run(self) -> dict[str, Any]:
@@ -317,6 +316,8 @@ class Demo:
                  "--hint-port", str(hint_port), "--hint-url", f"http://127.0.0.1:{hint_port}"],
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
         (self.work / "operator.pid").write_text(str(self.operator.pid))
+        # `gemini local down` stops it too (after --keep, or a demo killed with SIGKILL)
+        cluster.attach(self.state_dir, "demo-operator", self.operator.pid, sys.executable)
         self.say(f"operator started (pid {self.operator.pid}, log {log})")
 
     def submit(self) -> None:
@@ -618,8 +619,7 @@ class Demo:
             f"  {kubectl} -n {plan.NAMESPACE} logs {plan.JOB_NAME}-worker-0 -c trainer",
             f"  {kubectl} get nodes -L topology.kubernetes.io/zone",
             f"  operator log: {self.work / 'operator.log'}",
-            f"  tear down: gemini local --state-dir {self.state_dir} down"
-            + (f" && kill {self.operator.pid}" if self.operator else ""),
+            f"  tear down (the operator too): gemini local --state-dir {self.state_dir} down",
         ])
 
     def teardown(self) -> str:

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gemini_local import controlplane
+from gemini_local import controlplane, processes
 from gemini_local.controlplane import ControlPlane, ControlPlaneError
+
+ATTACHED_PREFIX = "attached-"  # pid files of processes `down` stops first (see attach)
 
 
 def default_state_dir() -> Path:
@@ -87,11 +89,26 @@ def _start_s3(state_dir: Path) -> dict[str, Any]:
     return s3.start_s3(state_dir / "s3").to_dict()
 
 
+def attach(state_dir: Path, name: str, pid: int, executable: str) -> None:
+    """Have `down` stop a process that uses the cluster (e.g. a demo's operator left running
+    by `gemini demo --keep`) before the cluster itself. It must lead its own session."""
+    processes.record(ATTACHED_PREFIX + name, pid, executable, state_dir / "pids")
+
+
+def _stop_attached(state_dir: Path) -> list[str]:
+    pid_dir = state_dir / "pids"
+    names = sorted(p.stem for p in pid_dir.glob(f"{ATTACHED_PREFIX}*.pid"))
+    return [name.removeprefix(ATTACHED_PREFIX) for name in names
+            if processes.stop(name, pid_dir)]
+
+
 def down(state_dir: Path) -> list[str]:
-    """Stop everything started in `state_dir`; return what was running (empty: nothing was)."""
+    """Stop everything started in `state_dir` (and the processes attached to it); return what
+    was running (empty: nothing was)."""
     from gemini_local import nodes, s3
 
-    stopped = [f"node-agent {n}" for n in nodes.stop_all_node_agents(state_dir) or []]
+    stopped = _stop_attached(state_dir)
+    stopped += [f"node-agent {n}" for n in nodes.stop_all_node_agents(state_dir) or []]
     if (state_dir / "s3").exists() and s3.stop_s3(state_dir / "s3"):
         stopped.append("s3")
     stopped += controlplane.stop_control_plane(state_dir)

@@ -29,8 +29,15 @@ def spawn(
             list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True, env=dict(env) if env is not None else None,
         )
-    (pid_dir / f"{name}.pid").write_text(f"{proc.pid}\n{argv[0]}\n")
+    record(name, proc.pid, argv[0], pid_dir)
     return proc.pid
+
+
+def record(name: str, pid: int, executable: str, pid_dir: Path) -> None:
+    """Remember process `pid` (the leader of its own session, running `executable`) as daemon
+    `name`, for `running_pid` and `stop`."""
+    pid_dir.mkdir(parents=True, exist_ok=True)
+    (pid_dir / f"{name}.pid").write_text(f"{pid}\n{executable}\n")
 
 
 def running_pid(name: str, pid_dir: Path) -> int | None:
