@@ -5,8 +5,8 @@ Typed calls, one per API call, each to every rank given in parallel: `inventorie
 `committed_steps` (the first of a job's sidecars to answer),
 and the placement (`peers_bodies`, `deliver_peers`, `deliver_placement`). The order they must
 come in (placement before fetches, memory before restarts, persist before commit) is stated
-in gemini.control. The untyped `call`, `call_all` and `call_each` (JSON dicts) remain for
-call sites not moved yet. Addresses are pod IPs, which work with or without cluster DNS.
+in gemini.control. The untyped `call` and `call_all` (JSON dicts) remain for call sites
+not moved yet. Addresses are pod IPs, which work with or without cluster DNS.
 
 Every timeout here is a call's whole deadline (gemini.control.ControlClient): a worker that
 answers a byte at a time is cut off at it, and answers are size-capped and strictly parsed,
@@ -457,10 +457,3 @@ def call_all(
     """`call` for every rank in parallel; raise one SidecarError naming every failure."""
     return every(targets, token, lambda r, c: c.call_json(path, bodies.get(r)), timeout)
 
-
-def call_each(
-    targets: Mapping[int, tuple[str, int]], path: str, token: Bearer,
-    bodies: Mapping[int, Mapping[str, Any] | None], timeout: float = TIMEOUT_SECONDS,
-) -> tuple[dict[int, dict[str, Any]], list[str]]:
-    """`call` for every rank in parallel: the answers, and the failures in words."""
-    return each(targets, token, lambda r, c: c.call_json(path, bodies.get(r)), timeout)
