@@ -6,6 +6,8 @@
 #       DeepSpeed, transformers and accelerate whose entrypoint is the launcher
 #       (`gemini launch --`): extend it with your training code and set CMD to your training
 #       command (e.g. CMD ["python", "train.py"]).
+#   docker build --target examples -t gemini-examples:0.1.0 .   the trainer image with the
+#       example training scripts in /app/examples (what examples/geminijob-*.yaml run)
 # The dev tools (tools/: local cluster, demo) and their `tools` extra stay out of every image.
 # Dependencies come only from requirements.lock (used as pip constraints, so every package is
 # the locked version and nothing else is installed); tests/unit/packaging checks this file.
@@ -60,3 +62,6 @@ COPY --from=build-trainer /opt/gemini /opt/gemini
 USER 65532:65532
 # `gemini launch -- CMD` runs the training command and restarts it in place after a failure.
 ENTRYPOINT ["gemini", "launch", "--"]
+
+FROM trainer AS examples
+COPY examples/train_gpt_zero3.py examples/train_fsdp.py /app/examples/

@@ -10,6 +10,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.unit.packaging import dockerfile as df
 from tests.unit.packaging.commands import unknown_part
@@ -25,7 +26,9 @@ TARGETS = {
     "operator": ["gemini", "operator", "run"],
     "sidecar": ["gemini", "sidecar"],
     "trainer": ["gemini", "launch", "--"],
+    "examples": ["gemini", "launch", "--"],  # the trainer image with the example scripts
 }
+EXAMPLE_IMAGE = "gemini-examples"  # what `docker build --target examples -t` names it
 
 
 def context_copies() -> list[tuple[str, str]]:
@@ -48,6 +51,21 @@ def test_every_copied_file_exists_and_is_in_the_build_context(stage, source):
     assert (ROOT / source).exists(), f"stage {stage} copies {source}, which does not exist"
     assert not df.dockerignore_excludes(IGNORE, source), (
         f"stage {stage} copies {source}, but .dockerignore leaves it out of the build context")
+
+
+@pytest.mark.parametrize("manifest", sorted((ROOT / "examples").glob("geminijob-*.yaml")),
+                         ids=lambda p: p.name)
+def test_each_example_job_runs_an_image_and_script_the_dockerfile_builds(manifest):
+    job = yaml.safe_load(manifest.read_text())
+    [trainer] = [c for c in job["spec"]["template"]["spec"]["containers"]
+                 if c["name"] == "trainer"]
+    version = yaml.safe_load((ROOT / "helm/gemini-operator/Chart.yaml").read_text())["appVersion"]
+    assert trainer["image"] == f"{EXAMPLE_IMAGE}:{version}"
+    assert f"-t {EXAMPLE_IMAGE}:{version}" in TEXT  # the build line in the header says so
+    copied = {f"/app/examples/{Path(src).name}" for ins in BY_NAME["examples"].all("COPY")
+              for src in ins.words()[:-1]}
+    scripts = [word for word in trainer["command"] if word.startswith("/app/")]
+    assert scripts and set(scripts) <= copied, f"{scripts} not among {sorted(copied)}"
 
 
 def test_copies_from_other_stages_name_earlier_stages():
