@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager and kube-scheduler from Go modules into a
-# cache outside the clone, keyed by version. Does nothing when the binaries are already there.
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and kubelet from
+# Go modules into a cache outside the clone, keyed by version. Does nothing when the binaries are
+# already there; a cache from before kubelet was added keeps its binaries and only gains kubelet.
 # Usage: hack/build-binaries.sh            (prints the bin directory on its last line)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -8,7 +9,7 @@ K8S_VERSION=v1.35.4
 ETCD_VERSION=v3.6.16
 source "$here/lib.sh"
 bin="$cache/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
-k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet)
 
 have_all() {
   for b in etcd "${k8s_cmds[@]}"; do [[ -x "$bin/$b" ]] || return 1; done

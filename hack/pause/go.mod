@@ -1,0 +1,3 @@
+module gemini.local/pause
+
+go 1.25
