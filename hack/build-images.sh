@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Builds the Dockerfile's images here, without a Docker daemon: buildah (chroot isolation, vfs
+# storage: no daemon, no overlay mounts needed) over a Python base made with mmdebstrap from
+# Debian's own packages (no registry is reachable here; Debian bookworm's python3.11, given to
+# the Dockerfile as PYTHON_IMAGE in place of python:3.11.14-slim-bookworm).
+#
+# Usage: hack/build-images.sh [TARGET...]      (default: operator sidecar; also trainer, examples)
+#        hack/build-images.sh --oci-dir DIR ... also writes each image as DIR/<target>.tar, an
+#                                               OCI archive `ctr images import` takes
+# Prints one line per image: "<target> <name> <bytes> <seconds>". Needs root (apt, buildah).
+# The host's CA bundle and pip configuration are mounted into the build steps: where PyPI is
+# reached through a TLS-intercepting proxy (as on these machines) pip inside needs them.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+source "$here/lib.sh"
+
+oci_dir=""
+if [[ ${1:-} == --oci-dir ]]; then oci_dir=$2; shift 2; mkdir -p "$oci_dir"; fi
+targets=("$@")
+((${#targets[@]})) || targets=(operator sidecar)
+version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$root/helm/gemini-operator/Chart.yaml")
+base=localhost/gemini-python:3.11-bookworm
+storage=(--storage-driver vfs)
+missing=()
+for p in buildah mmdebstrap; do command -v "$p" >/dev/null || missing+=("$p"); done
+if ((${#missing[@]})); then
+  step "installing ${missing[*]} (Debian)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
+fi
+
+if ! buildah "${storage[@]}" inspect --type image "$base" >/dev/null 2>&1; then
+  step "base image $base: Debian bookworm minbase + python3.11 (mmdebstrap, about 20 s)"
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  # No documentation, manual pages or translations: nothing in the images reads them.
+  mmdebstrap --variant=minbase --include=python3.11,python3.11-venv,python-is-python3,ca-certificates \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/locale/locale.alias' \
+    bookworm "$work/base.tar" >&2 2>"$work/mmdebstrap.log" || { cat "$work/mmdebstrap.log" >&2; exit 1; }
+  ctr=$(buildah "${storage[@]}" from scratch)
+  buildah "${storage[@]}" add "$ctr" "$work/base.tar" / >/dev/null
+  buildah "${storage[@]}" config --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    --cmd python3 "$ctr"
+  buildah "${storage[@]}" commit -q --rm "$ctr" "$base" >/dev/null
+fi
+
+mounts=()
+for f in /etc/ssl/certs/ca-certificates.crt /etc/pip.conf; do
+  [[ -f $f ]] && mounts+=(-v "$f:$f:ro")
+done
+for target in "${targets[@]}"; do
+  name="gemini-$target:$version"
+  step "image $name: buildah bud --target $target"
+  started=$EPOCHREALTIME
+  buildah "${storage[@]}" bud --isolation chroot --network host --layers=false -q \
+    "${mounts[@]}" --build-arg "PYTHON_IMAGE=$base" --target "$target" -t "$name" \
+    -f "$root/Dockerfile" "$root" >&2
+  seconds=$(awk -v a="$started" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+  # the unpacked size, as `docker images` shows it: the bytes of its root file system
+  ctr=$(buildah "${storage[@]}" from -q "localhost/$name")
+  size=$(du -sb "$(buildah "${storage[@]}" mount "$ctr")" | cut -f1)
+  buildah "${storage[@]}" rm "$ctr" >/dev/null
+  if [[ -n $oci_dir ]]; then
+    buildah "${storage[@]}" push -q "localhost/$name" "oci-archive:$oci_dir/$target.tar:$name" >&2
+  fi
+  echo "$target $name $size $seconds"
+done
