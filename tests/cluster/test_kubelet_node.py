@@ -26,14 +26,14 @@ from gemini_local.kubelet import (
     start_kubelet_node,
     stop_kubelet_node,
 )
-from gemini_local.kubelet.node import (
-    BRIDGE,
+from gemini_local.kubelet.host import (
     FIXED_PATHS,
     SYSCTLS,
     cgroup_dirs,
     iptables_chains,
     nft_tables,
 )
+from gemini_local.kubelet.node import BRIDGE
 from tests.fixtures.nodes import wait_until
 
 pytestmark = pytest.mark.cluster

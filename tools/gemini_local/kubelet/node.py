@@ -38,6 +38,8 @@ from typing import Any
 
 from gemini_local import processes
 from gemini_local.controlplane import REPO_ROOT, ControlPlane, binaries_dir
+from gemini_local.kubelet import host
+from gemini_local.kubelet.host import CGROUP_ROOT
 from gemini_local.kubelet.oci import write_image
 
 PAUSE_IMAGE = "gemini.local/pause:1"
@@ -45,14 +47,7 @@ PAUSE_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-pause.sh"
 NODE_ADDRESS = "127.0.50.1"
 BRIDGE = "gmkubelet0"
 POD_SUBNET = "10.250.50.0/24"
-CGROUP_ROOT = "/gemini-kubelet"
-CGROUP_FS = Path("/sys/fs/cgroup")
 CNI_BIN_DIR = Path("/usr/lib/cni")
-SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward")
-# Fixed paths containerd 1.6 and the kubelet create whatever their configuration says.
-FIXED_PATHS = (Path("/run/containerd"), Path("/var/lib/cni"), Path("/var/lib/kubelet"),
-               Path("/var/log/containers"), Path("/run/netns"))
-NETNS_DIR = Path("/run/netns")
 _CONTAINERD, _KUBELET = "containerd", "kubelet"
 
 
@@ -116,9 +111,9 @@ def start_kubelet_node(plane: ControlPlane, state_dir: Path, timeout: float = 12
     pause = pause_binary()
     node = KubeletNode(NODE_ADDRESS, state_dir)
     state_dir.mkdir(parents=True, exist_ok=True)
-    _record_host(node)
+    host.record(node.state_dir)
     try:
-        _make_cgroup_root()
+        host.make_cgroup_root()
         _write_cni_config(node)
         processes.spawn(_CONTAINERD, ["containerd", f"--config={_write_containerd_config(node)}"],
                         node.pid_dir, node.log_dir)
@@ -179,107 +174,6 @@ def _node_ready(plane: ControlPlane, name: str) -> bool:
     except client.ApiException:
         return False
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-
-
-# --- host state: recorded before, put back after ----------------------------------------------
-
-def _record_host(node: KubeletNode) -> None:
-    path = node.state_dir / "host.json"
-    if path.exists():  # a start after a failed teardown: keep the first record
-        return
-    path.write_text(json.dumps({
-        "sysctls": {s: (Path("/proc/sys") / s).read_text().strip() for s in SYSCTLS},
-        "existing": [str(p) for p in FIXED_PATHS if p.exists()],
-        "netns": sorted(p.name for p in NETNS_DIR.glob("*")) if NETNS_DIR.exists() else [],
-        "iptables_chains": sorted(iptables_chains()),
-        "nft_tables": sorted(nft_tables()),
-    }))
-
-
-# The kubelet's own iptables chains (kubelet_network_linux.go), in every table it makes them.
-_KUBELET_CHAINS = (("mangle", "KUBE-IPTABLES-HINT"), ("mangle", "KUBE-KUBELET-CANARY"),
-                   ("nat", "KUBE-KUBELET-CANARY"), ("filter", "KUBE-KUBELET-CANARY"),
-                   ("filter", "KUBE-FIREWALL"))
-_IPTABLES = {"iptables": "ip", "ip6tables": "ip6"}  # command -> nftables family
-
-
-def iptables_chains() -> set[str]:
-    """`<command>/<table>/<chain>` of every chain the kubelet makes that exists now."""
-    found = set()
-    for cmd in _IPTABLES:
-        if shutil.which(cmd) is None:
-            continue
-        for table in ("mangle", "nat", "filter"):
-            out = subprocess.run([cmd, "-w", "-t", table, "-S"], capture_output=True, text=True,
-                                 check=False).stdout
-            found |= {f"{cmd}/{table}/{line.split()[1]}" for line in out.splitlines()
-                      if line.startswith("-N KUBE-")}
-    return found
-
-
-def nft_tables() -> set[str]:
-    """The `ip` and `ip6` nftables tables (iptables-nft's; the node agents' are `inet`)."""
-    if shutil.which("nft") is None:
-        return set()
-    out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True,
-                         check=False).stdout
-    return {" ".join(line.split()[1:3]) for line in out.splitlines()
-            if line.startswith(("table ip ", "table ip6 "))}
-
-
-def _remove_iptables(host: dict[str, Any], problems: list[str]) -> None:
-    """Remove the kubelet's chains (and the nftables tables iptables-nft made for them when
-    they hold no other rule) that were not there before the start."""
-    before = set(host.get("iptables_chains", []))
-    for cmd, family in _IPTABLES.items():
-        if shutil.which(cmd) is None:
-            continue
-        for table, chain in _KUBELET_CHAINS:
-            if f"{cmd}/{table}/{chain}" in before:
-                continue
-            rules = subprocess.run([cmd, "-w", "-t", table, "-S"], capture_output=True,
-                                   text=True, check=False).stdout.splitlines()
-            for rule in rules:  # the jumps into the chain first, then the chain itself
-                if rule.startswith("-A ") and rule.endswith(f"-j {chain}"):
-                    _run([cmd, "-w", "-t", table, "-D", *rule.split()[1:]], problems)
-            if f"-N {chain}" in rules:
-                _run([cmd, "-w", "-t", table, "-F", chain], problems)
-                _run([cmd, "-w", "-t", table, "-X", chain], problems)
-        for table in ("mangle", "nat", "filter"):
-            if f"{family} {table}" in host.get("nft_tables", []):
-                continue
-            rules = subprocess.run([cmd, "-w", "-t", table, "-S"], capture_output=True,
-                                   text=True, check=False).stdout.splitlines()
-            if f"{family} {table}" in nft_tables() and not any(
-                    r.startswith(("-A ", "-N ")) for r in rules):
-                _run(["nft", "delete", "table", family, table], problems)
-
-
-def _cgroup_mounts() -> list[tuple[Path, str]]:
-    """(mount point, filesystem type) of every cgroup hierarchy: each v1 controller and the
-    unified one (`/sys/fs/cgroup/unified` on hybrid hosts, `/sys/fs/cgroup` on pure v2)."""
-    mounts = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        fstype = fields[fields.index("-") + 1]
-        if fstype in ("cgroup", "cgroup2") and fields[4].startswith(str(CGROUP_FS)):
-            mounts.append((Path(fields[4]), fstype))
-    return sorted(set(mounts))
-
-
-def cgroup_dirs() -> list[Path]:
-    """The node's cgroup root in every cgroup hierarchy."""
-    return [point / CGROUP_ROOT.lstrip("/") for point, _ in _cgroup_mounts()]
-
-
-def _make_cgroup_root() -> None:
-    for point, fstype in _cgroup_mounts():
-        d = point / CGROUP_ROOT.lstrip("/")
-        d.mkdir(exist_ok=True)
-        if fstype == "cgroup" and (point / "cpuset.cpus").exists():
-            # A new v1 cpuset has no CPUs or memory nodes of its own: give it its parent's.
-            for f in ("cpuset.cpus", "cpuset.mems"):
-                (d / f).write_text((point / f).read_text())
 
 
 def _write_cni_config(node: KubeletNode) -> None:
@@ -417,25 +311,15 @@ def stop_kubelet_node(plane: ControlPlane, node: KubeletNode) -> list[str]:
         _kill_tasks(node, problems)
     processes.stop(_CONTAINERD, node.pid_dir, grace_seconds=10)
     _kill_shims(node)
-    _unmount_under(node.state_dir, problems)
-    host = _load_host(node)
-    _remove_netns(set(host.get("netns", [])), problems)
+    host.unmount_under(node.state_dir, problems)
+    state = host.load(node.state_dir)
+    host.remove_netns(set(state.get("netns", [])), problems)
     if Path(f"/sys/class/net/{BRIDGE}").exists():
-        _run(["ip", "link", "delete", BRIDGE], problems)
-    _remove_cgroups(problems)
-    if host:
-        _remove_iptables(host, problems)
-    for name, value in host.get("sysctls", {}).items():
-        path = Path("/proc/sys") / name
-        try:
-            if path.read_text().strip() != value:
-                path.write_text(value)
-        except OSError as err:
-            problems.append(f"sysctl {name}={value}: {err}")
-    existing = set(host.get("existing", []))
-    for path in FIXED_PATHS:
-        if host and str(path) not in existing and path.exists():
-            shutil.rmtree(path, ignore_errors=True)
+        host.run(["ip", "link", "delete", BRIDGE], problems)
+    host.remove_cgroups(problems)
+    if state:
+        host.remove_iptables(state, problems)
+    host.restore(state, problems)
     with contextlib.suppress(Exception):
         from kubernetes import client
 
@@ -444,20 +328,6 @@ def stop_kubelet_node(plane: ControlPlane, node: KubeletNode) -> list[str]:
         client.RbacAuthorizationV1Api(core.api_client).delete_cluster_role_binding(
             f"gemini-kubelet-{node.name}")
     return problems
-
-
-def _load_host(node: KubeletNode) -> dict[str, Any]:
-    try:
-        return dict(json.loads((node.state_dir / "host.json").read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
-def _run(argv: list[str], problems: list[str]) -> bool:
-    result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=60)
-    if result.returncode != 0:
-        problems.append(f"{' '.join(argv)}: {result.stderr.strip()}")
-    return result.returncode == 0
 
 
 def _delete_pods(plane: ControlPlane, node: KubeletNode, problems: list[str]) -> None:
@@ -517,79 +387,3 @@ def _kill_shims(node: KubeletNode) -> None:
                 os.kill(int(proc.name), 9)
 
 
-def mounts_under(directory: Path) -> list[str]:
-    """Mount points at or below `directory`, deepest first."""
-    prefix = str(directory.resolve())
-    points = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        point = line.split()[4].replace("\\040", " ")
-        if point == prefix or point.startswith(prefix + "/"):
-            points.append(point)
-    return sorted(points, key=lambda p: p.count("/"), reverse=True)
-
-
-def _unmount_under(directory: Path, problems: list[str]) -> None:
-    for _ in range(3):  # a bind mount may hide another one below it
-        points = mounts_under(directory)
-        if not points:
-            return
-        for point in points:
-            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
-    left = mounts_under(directory)
-    if left:
-        problems.append(f"mounts left under {directory}: {left}")
-
-
-def _remove_netns(before: set[str], problems: list[str]) -> None:
-    if not NETNS_DIR.exists():
-        return
-    for ns in NETNS_DIR.iterdir():
-        if ns.name in before or not ns.name.startswith("cni-"):
-            continue
-        subprocess.run(["umount", "-l", str(ns)], capture_output=True, check=False)
-        try:
-            ns.unlink()
-        except OSError as err:
-            problems.append(f"netns {ns}: {err}")
-
-
-def _kill_cgroup_processes(timeout: float = 15.0) -> None:
-    """SIGKILL every process left in the node's cgroups (containers whose kubelet, containerd
-    and shim died without cleaning up), and wait until they are gone."""
-    deadline = time.monotonic() + timeout
-    while True:
-        pids = set()
-        for root in cgroup_dirs():
-            for procs in root.rglob("cgroup.procs") if root.exists() else ():
-                with contextlib.suppress(OSError, ValueError):
-                    pids |= {int(p) for p in procs.read_text().split()}
-        alive = [p for p in pids if processes.is_alive(p)]
-        if not alive or time.monotonic() > deadline:
-            return
-        for pid in alive:
-            with contextlib.suppress(OSError):
-                os.kill(pid, 9)
-        time.sleep(0.2)
-
-
-def _remove_cgroups(problems: list[str]) -> None:
-    _kill_cgroup_processes()
-    left = []
-    for root in cgroup_dirs():
-        if not root.exists():
-            continue
-        dirs = sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: len(p.parts),
-                      reverse=True)
-        for d in [*dirs, root]:
-            for attempt in range(100):  # a just-killed process may hold its cgroup a while
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    if attempt == 99:
-                        left.append(str(d))
-                    time.sleep(0.1)
-    if left:
-        problems.append(f"{len(left)} cgroups left, e.g. {left[0]}")
