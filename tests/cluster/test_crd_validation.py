@@ -192,7 +192,7 @@ def test_valid_minimal_manifest_gets_the_defaults(
     assert spec["suspend"] is False
     assert spec["checkpoint"] == {
         "replicas": 2, "placement": "DomainAware", "intervalIterations": 1,
-        "trafficScheduling": "Interleaved",
+        "trafficScheduling": "Interleaved", "peerEncryption": False,
     }
     assert spec["failurePolicy"] == {"maxRestarts": 10, "hangTimeoutSeconds": 600, "spareNodes": 0,
                                      "warmStandby": True, "inProcessRestart": True}
