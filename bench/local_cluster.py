@@ -6,11 +6,17 @@ Starts its own control plane and 4 nodes in a temporary directory, then measures
 - node lost (all its processes SIGKILLed) -> Node Ready condition Unknown/False seen through
   the API (target <= 10 s; KCM's node-monitor-grace-period is 8 s).
 The last line is the JSON summary for pod -> Running; the line before it is node lost.
+
+`--kubelet`: the same pod measure on one real kubelet node (kubelet, containerd, runc, bridge
+CNI: gemini_local.kubelet) instead of the node agents, target <= 3 s (issue 15), next to the
+baseline of the container runtime alone starting the same image (`ctr run -d` on the node's
+containerd: no sandbox, no network, no API server). Needs root.
 Ctrl-C or SIGTERM (a timeout) stops it cleanly: what it started is torn down (exit 130/143).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import statistics
@@ -93,10 +99,76 @@ def node_lost(plane, core: client.CoreV1Api, index: int) -> float:
     return time.monotonic() - start
 
 
+def kubelet_pod_to_running(core: client.CoreV1Api, node: Any, i: int) -> float:
+    """Pod created -> its container running (seen through the API) on the kubelet node."""
+    from gemini_local.kubelet import PAUSE_IMAGE
+
+    name = f"bench-kubelet-{i}"
+    body: Any = {"metadata": {"name": name}, "spec": {
+        "nodeName": node.name, "terminationGracePeriodSeconds": 0,
+        "automountServiceAccountToken": False, "tolerations": [{"operator": "Exists"}],
+        "containers": [{"name": "c", "image": PAUSE_IMAGE, "imagePullPolicy": "Never",
+                        "args": [name]}]}}
+    start = time.monotonic()
+    core.create_namespaced_pod("default", body)
+    wait(lambda: _phase(core, name) == "Running", 60)
+    elapsed = time.monotonic() - start
+    core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+    wait(lambda: not core.list_namespaced_pod(
+        "default", field_selector=f"metadata.name={name}").items, 60, interval=0.1)
+    return elapsed
+
+
+def runtime_start(node: Any, i: int) -> float:
+    """The runtime alone: `ctr run -d` of the same image until its task runs."""
+    from gemini_local.kubelet import PAUSE_IMAGE
+
+    name = f"bench-ctr-{i}"
+    start = time.monotonic()
+    node.ctr("run", "-d", PAUSE_IMAGE, name, "/pause", name)
+    elapsed = time.monotonic() - start
+    node.ctr("tasks", "delete", "--force", name)  # kills the task first
+    node.ctr("containers", "delete", name)
+    return elapsed
+
+
+def measure_kubelet(state_dir: Path) -> int:
+    from gemini_local.kubelet import start_kubelet_node, stop_kubelet_node
+
+    plane = start_control_plane(state_dir)
+    try:
+        node = start_kubelet_node(plane, state_dir / "kubelet-node")
+        try:
+            core = client.CoreV1Api(config.new_client_from_config(str(plane.kubeconfig)))
+            time.sleep(1)
+            pods = [kubelet_pod_to_running(core, node, i) for i in range(POD_RUNS)]
+            base = [runtime_start(node, i) for i in range(POD_RUNS)]
+        finally:
+            problems = stop_kubelet_node(plane, node)
+            if problems:
+                print(f"the kubelet node's teardown left: {problems}", file=sys.stderr)
+    finally:
+        stop_control_plane(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
+    print(f"pod created -> Running on a real kubelet node (s): {[round(x, 3) for x in pods]}",
+          file=sys.stderr)
+    print(f"ctr run -d, the runtime alone (s): {[round(x, 3) for x in base]}", file=sys.stderr)
+    pod, runtime = statistics.median(pods), statistics.median(base)
+    print(json.dumps({"metric": "kubelet_pod_created_to_running_median", "value": round(pod, 3),
+                      "target": 3.0, "better": "lower", "unit": "s",
+                      "baseline_runtime_start_median_s": round(runtime, 3),
+                      "ratio_to_runtime": round(pod / runtime, 2), "runs": POD_RUNS}))
+    return 0
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kubelet", action="store_true",
+                        help="measure pods on a real kubelet node (needs root)")
+    args = parser.parse_args()
     with cleaning_up() as cleanup:
         state_dir = cleanup.cluster(Path(tempfile.mkdtemp(prefix="gemini-bench-")))
-        return measure(state_dir)
+        return measure_kubelet(state_dir) if args.kubelet else measure(state_dir)
 
 
 def measure(state_dir: Path) -> int:
