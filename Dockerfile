@@ -25,12 +25,18 @@ COPY cli/ cli/
 COPY operator/ operator/
 COPY trainer_sidecar/ trainer_sidecar/
 
-FROM build-base AS build-runtime
-# The operator, the sidecar and the launcher: no torch.
-RUN /opt/gemini/bin/pip install --constraint requirements.lock /src
+FROM build-base AS build-operator
+# The operator (and the CLI): the project's own dependencies only, no pip left in the venv.
+RUN /opt/gemini/bin/pip install --constraint requirements.lock /src \
+    && /opt/gemini/bin/pip uninstall -q -y pip setuptools
+
+FROM build-base AS build-sidecar
+# The sidecar: plus the `sidecar` extra (S3, checksums, the peer protocol's cryptography).
+RUN /opt/gemini/bin/pip install --constraint requirements.lock "/src[sidecar]" \
+    && /opt/gemini/bin/pip uninstall -q -y pip setuptools
 
 FROM build-base AS build-trainer
-# Everything above plus torch and DeepSpeed (the `train` extra) and the Hugging Face
+# The sidecar's dependencies plus torch and DeepSpeed (the `train` extra) and the Hugging Face
 # Trainer/Accelerate integration (the `hf` extra: transformers, accelerate).
 RUN /opt/gemini/bin/pip install --constraint requirements.lock "/src[train,hf]"
 
@@ -46,14 +52,14 @@ ENV PATH=/opt/gemini/bin:$PATH \
 WORKDIR /home/gemini
 
 FROM runtime-base AS operator
-COPY --from=build-runtime /opt/gemini /opt/gemini
+COPY --from=build-operator /opt/gemini /opt/gemini
 USER 65532:65532
 # Prometheus metrics (GET /metrics) on the chart's default port.
 EXPOSE 9090
 ENTRYPOINT ["gemini", "operator", "run"]
 
 FROM runtime-base AS sidecar
-COPY --from=build-runtime /opt/gemini /opt/gemini
+COPY --from=build-sidecar /opt/gemini /opt/gemini
 USER 65532:65532
 ENTRYPOINT ["gemini", "sidecar"]
 

@@ -21,13 +21,17 @@ from types import ModuleType
 class Command:
     """A subcommand group: its module (imported only when chosen), and its help line."""
 
-    def __init__(self, module: str, help_text: str, tools: bool = False) -> None:
+    def __init__(self, module: str, help_text: str, tools: bool = False,
+                 extra: str = "") -> None:
+        # tools: a dev tool (the `tools` extra); extra: the optional dependencies it needs
         self.module, self.help, self.tools = module, help_text, tools
+        self.extra = "tools" if tools else extra
 
 
 COMMANDS: dict[str, Command] = {
     "checkpoint": Command("gemini_cli.checkpoint",
-                          "copy a legacy S3 checkpoint into a GeminiJob's own directory"),
+                          "copy a legacy S3 checkpoint into a GeminiJob's own directory",
+                          extra="sidecar"),
     "demo": Command("gemini_cli.demo",
                     "train through failures on the local cluster and report the downtime", True),
     "fault": Command("gemini_cli.fault", "inject failures into the local cluster", True),
@@ -40,7 +44,8 @@ COMMANDS: dict[str, Command] = {
     "operator": Command("gemini_cli.operator", "the GeminiJob operator"),
     "plan": Command("gemini_cli.plan",
                     "show the replica placement and the recovery probability"),
-    "sidecar": Command("gemini_cli.sidecar", "run the checkpoint sidecar of one worker pod"),
+    "sidecar": Command("gemini_cli.sidecar", "run the checkpoint sidecar of one worker pod",
+                       extra="sidecar"),
     "simulate": Command("gemini_cli.simulate",
                         "effective training time of GEMINI vs. remote-storage checkpointing"),
 }
@@ -73,11 +78,12 @@ def _load(name: str, command: Command) -> ModuleType:
     try:
         return importlib.import_module(command.module)
     except ImportError as err:
-        if not command.tools:
+        if not command.extra:
             raise
+        what = "is a dev tool and needs" if command.tools else "needs"
         raise SystemExit(
-            f"error: `gemini {name}` is a dev tool and needs the `tools` extra "
-            f"(pip install 'gemini-operator[tools]'): {err}") from err
+            f"error: `gemini {name}` {what} the `{command.extra}` extra "
+            f"(pip install 'gemini-operator[{command.extra}]'): {err}") from err
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -97,6 +103,13 @@ def run(args: argparse.Namespace) -> int:
     except CliError as err:
         print(f"error: {err}", file=sys.stderr)
         return err.exit_code
+    except ModuleNotFoundError as err:  # a command's optional dependencies, imported lazily
+        command = COMMANDS.get(getattr(args, "command", None) or "")
+        if command is None or not command.extra:
+            raise
+        print(f"error: `gemini {args.command}` needs the `{command.extra}` extra (pip install "
+              f"'gemini-operator[{command.extra}]'): {err}", file=sys.stderr)
+        return 2
 
 
 class CliError(Exception):
