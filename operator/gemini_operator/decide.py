@@ -20,7 +20,7 @@ from gemini import rank_detail
 from gemini.domain.placement import Machine, Placement, domain_aware_placement, mixed_placement
 from gemini.domain.recovery import FailureKind, worst_failure
 from gemini_operator import conditions as cond
-from gemini_operator import render, spares
+from gemini_operator import queueing, render, spares
 from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.conditions import ConditionType, Reason
 from gemini_operator.events import Event, EventReason
@@ -35,6 +35,7 @@ from gemini_operator.failures import (
     log_note,
 )
 from gemini_operator.observed import NodeView, PodView
+from gemini_operator.queueing import WorkloadView
 from gemini_operator.records import LaunchRecord
 from gemini_operator.spares import HoldSpares, SpareView
 from gemini_operator.spec import (
@@ -58,6 +59,7 @@ class JobView:
     generation: int
     spec: Mapping[str, Any]
     status: Mapping[str, Any] | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def ref(self) -> render.JobRef:
@@ -73,6 +75,7 @@ class JobView:
             generation=int(meta.get("generation", 0)),
             spec=obj.get("spec") or {},
             status=obj.get("status"),
+            labels=dict(meta.get("labels") or {}),
         )
 
 
@@ -97,6 +100,12 @@ class Observed:
     spares: Mapping[int, SpareView] = field(default_factory=dict)  # by spare index
     # The API server refused a worker pod rendered from this spec (422): its message.
     pod_refused: str | None = None
+    # The job's Kueue Workload, read when the job names a queue (queueing.py).
+    workload: WorkloadView | None = None
+
+    @property
+    def queue(self) -> str | None:
+        return queueing.queue_name(self.job.labels)
 
 
 @dataclass(frozen=True)
@@ -173,9 +182,26 @@ class DeleteJob:
     """The TTL after finishing has passed."""
 
 
+@dataclass(frozen=True)
+class CreateWorkload:
+    """The job's Kueue Workload (queueing.py)."""
+
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class PatchWorkload:
+    """A status patch of the job's Workload: finished, or its quota handed back."""
+
+    name: str
+    patch: Manifest
+    what: str
+
+
 Action = (
     CreateSecret | CreateService | CreateNetworkPolicy | CreatePods | DeletePods
     | DeliverPlacement | Recover | StartTraining | DeleteJob | HoldSpares | SaveBeforeSuspend
+    | CreateWorkload | PatchWorkload
 )
 
 
@@ -222,7 +248,8 @@ def decide(observed: Observed, config: ReconcileConfig) -> Decision:
     draft = _Draft(observed, old.with_changes(observed_generation=observed.job.generation))
     try:
         validate_job_name(observed.job.name)
-        spec = parse_spec(observed.job.spec, config.default_sidecar_image)
+        spec = queueing.admitted_spec(
+            parse_spec(observed.job.spec, config.default_sidecar_image), observed.workload)
         if observed.pod_refused is not None:
             raise SpecError("spec.template.spec", "the API server refused the worker pod "
                             f"rendered from it: {observed.pod_refused}")
@@ -242,6 +269,7 @@ def decide(observed: Observed, config: ReconcileConfig) -> Decision:
         if step(observed, spec, config, draft):
             break
     _hold_spares(observed, spec, config, draft)
+    _queue_workload(observed, spec, config, draft)
     return draft.decision(old)
 
 
@@ -292,9 +320,13 @@ def _finished(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft:
 
 
 def _suspended(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft) -> bool:
-    if not spec.suspend:
+    queued = queueing.holds(observed.queue, observed.workload)
+    if not spec.suspend and queued is None:
         if draft.is_true(ConditionType.SUSPENDED):
-            draft.set(cond.JOB_RESUMED)
+            if observed.workload is not None:
+                draft.set(cond.JOB_ADMITTED, workload=observed.workload.name)
+            else:
+                draft.set(cond.JOB_RESUMED)
             # Pods that ran before get successors of a new attempt; the deadline clock
             # restarts, as for a Job.
             had_pods = cond.find(draft.status.conditions, ConditionType.CREATED) is not None
@@ -305,8 +337,11 @@ def _suspended(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft
                 start_time=None, placement=None,
             )
         return False
-    if not draft.is_true(ConditionType.SUSPENDED):
-        draft.set(cond.JOB_SUSPENDED)
+    if queued is not None and not spec.suspend:
+        draft.set(cond.JOB_QUEUED, why=queued)
+        draft.requeue.append(queueing.POLL_SECONDS)  # Kueue's admission is not watched
+    elif not draft.is_true(ConditionType.SUSPENDED) or queued is not None:
+        draft.set(cond.JOB_SUSPENDED)  # the user's suspend wins over the queue's
     if draft.is_true(ConditionType.CREATED):
         draft.set(cond.WORKERS_DELETED)
     draft.set(cond.RUNNING_SUSPENDED)
@@ -621,6 +656,34 @@ def _counts(observed: Observed, spec: JobSpec, attempt: int) -> WorkerCounts:
         succeeded=sum(1 for p in current if p.phase == "Succeeded"),
         failed=sum(1 for p in current if p.phase == "Failed"),
     )
+
+
+def _queue_workload(
+    observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft,
+) -> None:
+    """The job's Kueue Workload (queueing.py): made while the job waits, marked Finished when
+    the job ends, its quota handed back once the pods of an evicted job are gone."""
+    queue, workload = observed.queue, observed.workload
+    if queue is None:
+        return
+    if any(draft.is_true(t) for t in cond.FINISHED_TYPES):
+        if workload is not None and not workload.finished:
+            succeeded = draft.is_true(ConditionType.SUCCEEDED)
+            found = cond.find(draft.status.conditions,
+                              ConditionType.SUCCEEDED if succeeded else ConditionType.FAILED)
+            message = found.message if found is not None else "the job has finished"
+            draft.actions.append(PatchWorkload(workload.name, queueing.finished_patch(
+                workload, succeeded, message, draft.now), "mark it Finished"))
+        return
+    if workload is None:
+        worker = render.worker_pod(observed.job.ref, spec, 0, 0, config.render)
+        spare = spares.spare_pod(observed.job.ref, spec, 0, config.render)
+        draft.actions.append(CreateWorkload(queueing.workload_manifest(
+            observed.job.ref, queue, worker, spec.num_nodes, spare,
+            spec.failure_policy.spare_nodes)))
+    elif workload.evicted is not None and workload.quota_reserved and not observed.pods:
+        draft.actions.append(PatchWorkload(workload.name, queueing.release_patch(
+            workload, draft.now), "hand its quota back after the eviction"))
 
 
 def _current_pods(observed: Observed, attempt: int) -> dict[int, PodView]:

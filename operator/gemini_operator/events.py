@@ -30,6 +30,9 @@ class EventReason(StrEnum):
     SUSPENDED_WITHOUT_CHECKPOINT = "SuspendedWithoutCheckpoint"
     CHECKPOINT_INTERVAL_LENGTHENED = "CheckpointIntervalLengthened"
     CHECKPOINT_INTERVAL_RESTORED = "CheckpointIntervalRestored"
+    WORKLOAD_CREATED = "WorkloadCreated"
+    WORKLOAD_UPDATED = "WorkloadUpdated"
+    QUEUE_UNAVAILABLE = "QueueUnavailable"
 
 
 WARNINGS = frozenset({
@@ -40,6 +43,7 @@ WARNINGS = frozenset({
     EventReason.SUSPEND_CHECKPOINT_FAILED,
     EventReason.SUSPENDED_WITHOUT_CHECKPOINT,
     EventReason.CHECKPOINT_INTERVAL_LENGTHENED,
+    EventReason.QUEUE_UNAVAILABLE,
 })
 
 

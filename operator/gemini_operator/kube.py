@@ -24,6 +24,10 @@ from gemini_operator.apitime import api_time
 
 Obj = dict[str, Any]
 CONNECTIONS = 32
+KUEUE_GROUP, KUEUE_VERSION = "kueue.x-k8s.io", "v1beta2"
+KUEUE_MISSING = ("Kueue's API (kueue.x-k8s.io/v1beta2 Workloads) is not served: the job names "
+                 "a queue (label kueue.x-k8s.io/queue-name); install Kueue >= 0.15 or remove "
+                 "the label")
 
 
 class KubeError(RuntimeError):
@@ -178,6 +182,40 @@ class KubeClient:
         return self._ignore(409, what, lambda: self._scheduling.create_priority_class(
             body)) is not None
 
+    # --- Kueue (queueing.py) --------------------------------------------------------------
+
+    def get_workload(self, namespace: str, name: str) -> Obj | None:
+        return self._read(lambda: self._custom.get_namespaced_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name, _preload_content=False))
+
+    def get_resource_flavor(self, name: str) -> Obj | None:
+        return self._read(lambda: self._custom.get_cluster_custom_object(
+            KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", name, _preload_content=False))
+
+    def create_workload(self, manifest: Mapping[str, Any]) -> bool:
+        """Create a Workload; False when it already exists."""
+        namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+        try:
+            self._custom.create_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", dict(manifest))
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise _kueue_error(err, f"create Workload {namespace}/{name}") from err
+        return True
+
+    def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]
+                              ) -> bool:
+        """Merge-patch a Workload's status; False on a conflict (it changed since read)."""
+        try:
+            self._custom.patch_namespaced_custom_object_status(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name, dict(patch))
+        except ApiException as err:
+            if err.status == 409:
+                return False
+            raise _kueue_error(err, f"patch the status of Workload {namespace}/{name}") from err
+        return True
+
     # --- events -------------------------------------------------------------------------
 
     def create_event(
@@ -249,6 +287,13 @@ class KubeClient:
                 return None
             kind = Invalid if err.status == 422 else KubeError
             raise kind(f"could not {what}: {_why(err)}") from err
+
+
+def _kueue_error(err: ApiException, what: str) -> KubeError:
+    if err.status == 404:
+        return KubeError(KUEUE_MISSING)
+    kind = Invalid if err.status == 422 else KubeError
+    return kind(f"could not {what}: {_why(err)}")
 
 
 def _why(err: ApiException) -> str:

@@ -49,12 +49,14 @@ from gemini_operator.decide import (
     CreatePods,
     CreateSecret,
     CreateService,
+    CreateWorkload,
     Decision,
     DeleteJob,
     DeletePods,
     DeliverPlacement,
     JobView,
     Observed,
+    PatchWorkload,
     ReconcileConfig,
     Recover,
     SaveBeforeSuspend,
@@ -67,6 +69,7 @@ from gemini_operator.metrics import OperatorMetrics
 from gemini_operator.observed import detection_lags
 from gemini_operator.outcome import Outcome
 from gemini_operator.poller import CheckpointPoller
+from gemini_operator.queueing import queue_name
 from gemini_operator.recovery import RecoveryExecutor, newly_lost
 from gemini_operator.sidecars import DELIVERY_TIMEOUT_SECONDS, DeliveryError
 from gemini_operator.spares import HoldSpares
@@ -75,6 +78,7 @@ from gemini_operator.status import JobStatus, status_patch
 from gemini_operator.status_store import StatusStore
 from gemini_operator.suspend import SuspendSaver
 from gemini_operator.tokens import JobTokens
+from gemini_operator.workloads import Workloads
 
 log = logging.getLogger(__name__)
 EXPECTATION_SECONDS = 60.0  # how long a created pod may take to show up in the watch
@@ -129,6 +133,8 @@ class Reconciler:
             SaveBeforeSuspend: self._save_before_suspend,
             HoldSpares: self._hold_spares,
             DeleteJob: self._delete_job,
+            CreateWorkload: self._create_workload,
+            PatchWorkload: self._patch_workload,
         }
         # One clock for every time and duration the executors record. What they write is noted
         # by the reconcile at hand (`keeping`), never in a place shared between jobs.
@@ -139,6 +145,7 @@ class Reconciler:
         self.suspend_saver = SuspendSaver(kube, config, clock)
         self.poller = CheckpointPoller(kube, cache, config, clock)
         self.status_store = StatusStore(kube, config.status_inline_bytes)
+        self.workloads = Workloads(kube)
         cache.read_jobs_through(self.status_store.full_job)
 
     def reconcile(self, key: JobKey) -> float | None:
@@ -282,6 +289,7 @@ class Reconciler:
             now=self._clock(), pending_creates=self._pending(key, snap),
             spares={i: s for i, s in snap.spares.items() if s.owner_uid == job.uid},
             pod_refused=self._pod_refusal(key, job),
+            workload=self.workloads.observe(job) if queue_name(job.labels) else None,
         )
 
     def _pod_refusal(self, key: JobKey, job: JobView) -> str | None:
@@ -454,6 +462,14 @@ class Reconciler:
 
     def _delete_job(self, context: _Call, job: JobView, snap: Snapshot, action: DeleteJob) -> None:
         self.kube.delete_job(job.namespace, job.name)
+
+    def _create_workload(self, context: _Call, job: JobView, snap: Snapshot,
+                         action: CreateWorkload) -> None:
+        context.outcomes.append(self.workloads.create(job, action))
+
+    def _patch_workload(self, context: _Call, job: JobView, snap: Snapshot,
+                        action: PatchWorkload) -> None:
+        context.outcomes.append(self.workloads.patch(job, action))
 
     def _send_events(self, job: JobView, events: Iterable[Event]) -> None:
         ref = {"name": job.name, "namespace": job.namespace, "uid": job.uid}

@@ -54,6 +54,7 @@ class Harness:
             has_network_policy=self.has_children,
             pending_creates=self.pending, process_exits=self.exits, parked=self.parked,
             progress=getattr(self, "progress", None),
+            workload=getattr(self, "workload", None),
         )
         decision = decide(observed, CONFIG)
         self.previous_status = self.job.get("status")

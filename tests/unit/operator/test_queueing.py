@@ -1,0 +1,155 @@
+"""Admission by Kueue (queueing.py): a queued job waits suspended for its Workload's
+admission, runs on the admitted flavor's nodes, gives its quota back after an eviction and
+frees it when it finishes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from gemini_operator import naming, queueing
+from gemini_operator.decide import CreatePods, CreateWorkload, DeletePods, PatchWorkload
+from gemini_operator.queueing import Flavor, WorkloadView
+from gemini_operator.render import JobRef
+from tests.unit.operator.builders import make_job
+from tests.unit.operator.test_decide import Harness, _of
+
+QUEUE = "team-a"
+
+
+def _workload(**conditions: str) -> dict[str, Any]:
+    status: dict[str, Any] = {"conditions": [
+        {"type": kind, "status": value, "reason": "R", "message": f"{kind} says so",
+         "lastTransitionTime": "2026-12-01T00:00:00Z"} for kind, value in conditions.items()]}
+    if conditions.get("QuotaReserved") == "True":
+        status["admission"] = {"clusterQueue": "cq", "podSetAssignments": [
+            {"name": "workers", "count": 4, "flavors": {"cpu": "gpu-a", "memory": "gpu-a"}}]}
+    return {"metadata": {"name": "geminijob-train-uid-1", "resourceVersion": "7",
+                         "ownerReferences": [{"uid": "uid-1", "controller": True}]},
+            "status": status}
+
+
+def _queued() -> Harness:
+    h = Harness(make_job().set("template.spec.containers", [{
+        "name": "trainer", "image": "train:1", "command": ["python", "t.py"],
+        "resources": {"requests": {"cpu": "2", "memory": "4Gi"}}}]))
+    h.job["metadata"]["labels"] = {queueing.QUEUE_LABEL: QUEUE}
+    return h
+
+
+def test_a_queued_job_makes_its_workload_and_waits_suspended_without_pods() -> None:
+    h = _queued()
+    d = h.step()
+    (create,) = _of(d, CreateWorkload)
+    assert not _of(d, CreatePods)
+    assert h.status()["state"] == "Suspended"
+    assert h.condition("Suspended")["reason"] == "WaitingForAdmission"
+    assert d.requeue_after == queueing.POLL_SECONDS
+    wl = create.manifest
+    assert wl["spec"]["queueName"] == QUEUE
+    assert wl["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    (workers,) = wl["spec"]["podSets"]
+    assert workers["name"] == "workers" and workers["count"] == 4
+    trainer = next(c for c in workers["template"]["spec"]["containers"] if c["name"] == "trainer")
+    assert trainer["resources"]["requests"] == {"cpu": "2", "memory": "4Gi"}
+    assert "env" not in trainer  # only what Kueue counts and matches flavors by
+    # the sidecar is counted too: a native sidecar adds to every worker's requests
+    init = workers["template"]["spec"]["initContainers"]
+    assert [c["name"] for c in init] == [naming.SIDECAR_CONTAINER]
+
+    h.workload = queueing.workload_view(_workload(QuotaReserved="False"))
+    d = h.step()
+    assert not _of(d, CreateWorkload) and not _of(d, CreatePods)
+    assert "waiting for Kueue to admit Workload" in h.condition("Suspended")["message"]
+
+
+def test_an_admitted_job_runs_on_the_flavors_nodes_and_keeps_the_users_selector() -> None:
+    h = _queued()
+    h.job["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "training"}
+    h.step()
+    view = queueing.workload_view(_workload(QuotaReserved="True", Admitted="True"))
+    assert view.admitted and view.flavors == ("gpu-a",)
+    h.workload = view.with_placement([Flavor({"gpu": "a100"}, (
+        {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"},))])
+    d = h.step()
+    (create,) = _of(d, CreatePods)
+    assert h.condition("Suspended") == {**h.condition("Suspended"), "status": "False",
+                                         "reason": "Admitted"}
+    for pod in create.manifests:
+        assert pod["spec"]["nodeSelector"] == {"pool": "training", "gpu": "a100"}
+        assert {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"} in (
+            pod["spec"]["tolerations"])
+    assert h.status()["restartAttempt"] == 0  # no pods ran before: not a new attempt
+
+
+def test_an_evicted_job_stops_and_hands_its_quota_back_once_its_pods_are_gone() -> None:
+    h = _queued()
+    h.step()
+    h.workload = queueing.workload_view(_workload(QuotaReserved="True", Admitted="True"))
+    h.step()
+    h.run_pods()
+    h.step()
+    h.workload = queueing.workload_view(_workload(QuotaReserved="True", Admitted="True",
+                                                  Evicted="True"))
+    d = h.step()
+    assert len(_of(d, DeletePods)[0].names) == 4 and not _of(d, PatchWorkload)
+    assert "evicted by Kueue (Evicted says so)" in h.condition("Suspended")["message"]
+    h.pods.clear()
+    (release,) = _of(h.step(), PatchWorkload)
+    status = release.patch["status"]
+    assert status["admission"] is None
+    assert release.patch["metadata"]["resourceVersion"] == "7"
+    kinds = {c["type"]: c["status"] for c in status["conditions"]}
+    assert kinds == {"QuotaReserved": "False", "Admitted": "False", "Evicted": "True"}
+
+
+def test_a_finished_job_marks_its_workload_finished_once() -> None:
+    h = _queued()
+    h.workload = queueing.workload_view(_workload(QuotaReserved="True", Admitted="True"))
+    h.step()
+    h.run_pods(phase="Succeeded", ready=False)
+    h.step()
+    assert h.status()["state"] == "Succeeded"
+    (finish,) = _of(h.step(), PatchWorkload)
+    (done,) = [c for c in finish.patch["status"]["conditions"] if c["type"] == "Finished"]
+    assert done["status"] == "True" and done["reason"] == "Succeeded"
+    h.workload = replace(h.workload, finished=True)
+    assert not _of(h.step(), PatchWorkload)
+
+
+def test_a_suspend_by_the_user_wins_over_an_admission() -> None:
+    h = _queued()
+    h.job["spec"]["suspend"] = True
+    h.workload = queueing.workload_view(_workload(QuotaReserved="True", Admitted="True"))
+    d = h.step()
+    assert not _of(d, CreatePods)
+    assert h.condition("Suspended")["reason"] == "JobSuspended"
+
+
+def test_a_job_without_a_queue_label_never_touches_kueue() -> None:
+    h = Harness()
+    d = h.step()
+    assert _of(d, CreatePods) and not _of(d, CreateWorkload)
+
+
+def test_spares_are_a_pod_set_of_their_own_and_the_priority_class_is_kept() -> None:
+    h = _queued()
+    h.job["spec"]["failurePolicy"] = {"spareNodes": 2}
+    h.job["spec"]["template"]["spec"]["priorityClassName"] = "training-high"
+    (create,) = _of(h.step(), CreateWorkload)
+    sets = {s["name"]: s for s in create.manifest["spec"]["podSets"]}
+    assert sets["spares"]["count"] == 2 and sets["workers"]["count"] == 4
+    assert create.manifest["spec"]["priorityClassName"] == "training-high"
+
+
+def test_workload_names_differ_for_a_job_recreated_under_the_same_name() -> None:
+    first = queueing.workload_name(JobRef("train", "ns", "aaaaaaaa-1"))
+    second = queueing.workload_name(JobRef("train", "ns", "bbbbbbbb-2"))
+    assert first != second and first.startswith("geminijob-train-")
+
+
+def test_a_workload_of_another_owner_is_read_but_never_mistaken_for_admission() -> None:
+    view = queueing.workload_view({"metadata": {"name": "x"}, "status": {}})
+    assert isinstance(view, WorkloadView) and not view.admitted and view.evicted is None
+    assert queueing.holds(QUEUE, None) is not None
+    assert queueing.holds(None, None) is None
