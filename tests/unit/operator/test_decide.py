@@ -23,6 +23,7 @@ from gemini_operator.decide import (
     decide,
 )
 from gemini_operator.observed import ContainerExit, NodeView, PodView
+from gemini_operator.queueing import WorkloadView
 from gemini_operator.status import JobStatus, status_patch
 from gemini_operator.worker_calls import launch_record
 from tests.unit.operator.builders import make_job
@@ -46,6 +47,7 @@ class Harness:
         self.pending: frozenset[int] = frozenset()
         self.exits: dict[int, int] = {}
         self.parked: dict[int, str] = {}
+        self.workload: WorkloadView | None = None  # a queued job's Kueue Workload
 
     def step(self):
         observed = Observed(
@@ -54,7 +56,7 @@ class Harness:
             has_network_policy=self.has_children,
             pending_creates=self.pending, process_exits=self.exits, parked=self.parked,
             progress=getattr(self, "progress", None),
-            workload=getattr(self, "workload", None),
+            workload=self.workload,
         )
         decision = decide(observed, CONFIG)
         self.previous_status = self.job.get("status")

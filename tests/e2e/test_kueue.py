@@ -1,0 +1,148 @@
+"""GeminiJobs queued by the real Kueue controller (built from Go modules, gemini_local.kueue):
+with a ClusterQueue that fits one job, the second job waits suspended, without pods, and
+starts when the first finishes. The admitted flavor's node labels place the workers; a node
+loss of the running job is recovered by a replacement pod while the other job still waits
+(the queue never blocks a recovery). Both jobs' losses equal an uninterrupted run's, and the
+recovery resumed at the restored step (the trainer's own log)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from gemini_local import faults, kueue
+from gemini_local.controlplane import ControlPlane
+from gemini_operator import queueing
+from gemini_operator.quantity import parse_quantity
+from gemini_operator.render import JobRef
+from tests.cluster.test_operator import Jobs, wait_for
+from tests.cluster.test_operator_recovery import ARGS, ENV, _recovered_after, losses
+from tests.e2e.test_two_jobs import assert_resumed_at, step_of
+from tests.fixtures.operator import OperatorThread
+from tests.fixtures.trainers import EXAMPLE, SharedReferences
+from tests.unit.operator.builders import make_job
+
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
+POOL = "gemini.test/kueue-pool"
+LONGER = list(ARGS)
+LONGER[LONGER.index("--steps") + 1] = "16"  # time for a node loss while the other waits
+
+
+@pytest.fixture(scope="module")
+def kueue_running(control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    state = control_plane.state_dir / "kueue"
+    kueue.start_kueue(control_plane, state)
+    try:
+        yield control_plane
+    finally:
+        kueue.stop_kueue(state)
+
+
+@pytest.fixture(scope="module")
+def reference(shared_references: SharedReferences) -> dict[int, str]:
+    return shared_references(2, LONGER)
+
+
+def queued_job(name: str, queue: str) -> dict[str, Any]:
+    template = {"spec": {"containers": [{
+        "name": "trainer", "image": "gemini:local", "command": ["python", str(EXAMPLE), *LONGER],
+        "env": ENV, "resources": {"requests": {"cpu": "500m"}}}]}}
+    job = (make_job(name).with_nodes(2).with_replicas(2).set("template", template)
+           .set("failurePolicy.maxRestarts", 4).obj())
+    job["metadata"]["labels"] = {queueing.QUEUE_LABEL: queue}
+    return job
+
+
+def workload(custom: client.CustomObjectsApi, jobs: Jobs, name: str) -> dict[str, Any]:
+    """The job's Workload; {} while there is none."""
+    time.sleep(0.2)  # polled: spare the API server
+    uid = jobs.get(name)["metadata"]["uid"]
+    wl_name = queueing.workload_name(JobRef(name, jobs.ns, uid))
+    try:
+        return dict(custom.get_namespaced_custom_object(
+            queueing.GROUP, queueing.VERSION, jobs.ns, queueing.WORKLOADS, wl_name))
+    except ApiException as err:
+        if err.status == 404:
+            return {}
+        raise
+
+
+def cpu_of(wl: dict[str, Any]) -> float:
+    """The CPU the workload asks for: each pod's containers and native sidecars."""
+    total = 0.0
+    for pod_set in wl["spec"]["podSets"]:
+        spec = pod_set["template"]["spec"]
+        running = spec["containers"] + [c for c in spec.get("initContainers", [])
+                                        if c.get("restartPolicy") == "Always"]
+        per_pod = sum(float(parse_quantity(c.get("resources", {}).get("requests", {}).get(
+            "cpu", 0))) for c in running)
+        total += per_pod * pod_set["count"]
+    return total
+
+
+def test_a_queue_that_fits_one_job_runs_the_second_after_the_first_and_never_blocks_recovery(
+    kueue_running: ControlPlane, local_cluster: Any, gemini_operator: OperatorThread,
+    kube_api: client.ApiClient, job_namespace: str, reference: dict[int, str],
+) -> None:
+    core, custom = client.CoreV1Api(kube_api), client.CustomObjectsApi(kube_api)
+    state, ns, jobs = local_cluster.state_dir, job_namespace, Jobs(kube_api, job_namespace)
+    pool, queue = f"pool-{uuid.uuid4().hex[:5]}", f"q-{uuid.uuid4().hex[:5]}"
+    pool_nodes = set()
+    for _ in range(3):  # two workers and a node for a replacement
+        node = local_cluster.add_spare().name
+        core.patch_node(node, {"metadata": {"labels": {POOL: pool}}})
+        pool_nodes.add(node)
+
+    jobs.create(queued_job("first", queue))
+    wait_for(lambda: jobs.state("first") == "Suspended", 60, "first to wait for admission")
+    assert jobs.condition("first", "Suspended")["reason"] == "WaitingForAdmission"
+    need = cpu_of(wait_for(lambda: workload(custom, jobs, "first"), 30, "first's Workload"))
+    assert need >= 1.0  # two workers at 500m each, and their sidecars
+    # Exactly one job's CPU: the second job cannot be admitted while the first holds it.
+    kueue.queue_setup(kueue_running, ns, queue, {"cpu": f"{need:g}", "memory": "1Ti"},
+                      flavor=f"flavor-{pool}", node_labels={POOL: pool})
+    wait_for(lambda: step_of(state, ns, "first-worker-0") >= 3, 300, "first to train")
+    assert {p.spec.node_name for p in jobs.pods("first")} <= pool_nodes  # the flavor's nodes
+
+    jobs.create(queued_job("second", queue))
+    wait_for(lambda: jobs.state("second") == "Suspended", 60, "second to wait")
+    wait_for(lambda: "QuotaReserved" in {
+        c["type"] for c in (workload(custom, jobs, "second").get("status") or {}).get(
+            "conditions", [])}, 30, "Kueue to judge the second Workload")
+    assert not jobs.pods("second")
+    second_wl = workload(custom, jobs, "second")
+    reserved = {c["type"]: c for c in second_wl["status"]["conditions"]}["QuotaReserved"]
+    assert reserved["status"] == "False", reserved  # Kueue: it does not fit now
+    print(f"second waits: {reserved['message']}")
+
+    # A node loss of the running job: its replacement pod is made at once, queue or not.
+    before = jobs.get("first")["status"]
+    lost = {p.metadata.name: p for p in jobs.pods("first")}["first-worker-1"]
+    faults.lose_node(state, lost.spec.node_name)
+    last = wait_for(lambda: _recovered_after(jobs, "first", before), 240, "first's recovery")
+    assert last["source"] == "Peers" and last["cause"] == "hardware", last
+    assert_resumed_at(state, ns, "first-worker-1", int(last["restoredStep"]))
+    assert jobs.state("second") == "Suspended" and not jobs.pods("second")
+
+    wait_for(lambda: jobs.state("first") in ("Succeeded", "Failed"), 300, "first to finish")
+    assert jobs.state("first") == "Succeeded", jobs.get("first")["status"]
+    finished_at = time.monotonic()
+    wait_for(lambda: "Finished" in {c["type"] for c in workload(
+        custom, jobs, "first")["status"]["conditions"] if c["status"] == "True"}, 30,
+        "first's Workload to be Finished")
+    wait_for(lambda: jobs.condition("second", "Suspended")["reason"] == "Admitted", 60,
+             "second to be admitted")
+    print(f"second admitted {time.monotonic() - finished_at:.1f} s after first finished")
+    wait_for(lambda: jobs.state("second") in ("Succeeded", "Failed"), 300, "second to finish")
+    assert jobs.state("second") == "Succeeded", jobs.get("second")["status"]
+    assert {p.spec.node_name for p in jobs.pods("second")} <= pool_nodes
+    for name in ("first", "second"):
+        got, conflicts = losses(state, ns, f"{name}-worker-0")
+        assert not conflicts and got == reference, name
+        jobs.delete(name)
