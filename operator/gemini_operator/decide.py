@@ -679,7 +679,7 @@ def _queue_workload(
         worker = render.worker_pod(observed.job.ref, spec, 0, 0, config.render)
         spare = spares.spare_pod(observed.job.ref, spec, 0, config.render)
         draft.actions.append(CreateWorkload(queueing.workload_manifest(
-            observed.job.ref, queue, worker, spec.num_nodes, spare,
+            observed.job.ref, observed.job.labels, worker, spec.num_nodes, spare,
             spec.failure_policy.spare_nodes)))
     elif workload.evicted is not None and workload.quota_reserved and not observed.pods:
         draft.actions.append(PatchWorkload(workload.name, queueing.release_patch(

@@ -192,6 +192,17 @@ class KubeClient:
         return self._read(lambda: self._custom.get_cluster_custom_object(
             KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", name, _preload_content=False))
 
+    def priority_value(self, name: str, workload_class: bool) -> int | None:
+        """The value of a Kueue WorkloadPriorityClass or a PriorityClass; None if missing."""
+        if workload_class:
+            found = self._read(lambda: self._custom.get_cluster_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, "workloadpriorityclasses", name,
+                _preload_content=False))
+        else:
+            found = self._read(lambda: self._scheduling.read_priority_class(
+                name, _preload_content=False))
+        return int(found["value"]) if found is not None else None
+
     def create_workload(self, manifest: Mapping[str, Any]) -> bool:
         """Create a Workload; False when it already exists."""
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]

@@ -22,6 +22,10 @@ from gemini_operator import naming, render
 from gemini_operator.spec import JobSpec
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# Kueue's own priority for the job (a WorkloadPriorityClass), apart from the pods' priority.
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+WORKLOAD_PRIORITY_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
+POD_PRIORITY_SOURCE = "scheduling.k8s.io/priorityclass"
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 API_VERSION = f"{GROUP}/{VERSION}"
 WORKLOADS, FLAVORS = "workloads", "resourceflavors"
@@ -132,17 +136,20 @@ def admitted_spec(spec: JobSpec, workload: WorkloadView | None) -> JobSpec:
     return replace(spec, template=replace(spec.template, parts=parts))
 
 
-def workload_manifest(job: render.JobRef, queue: str, worker: Manifest, workers: int,
-                      spare: Manifest | None, spares: int) -> Manifest:
-    """The Workload of a job: its worker pods (and spare placeholders) as pod sets."""
+def workload_manifest(job: render.JobRef, labels: Mapping[str, str], worker: Manifest,
+                      workers: int, spare: Manifest | None, spares: int) -> Manifest:
+    """The Workload of a job: its worker pods (and spare placeholders) as pod sets, its
+    priority class named (the executor fills in the class's value: Kueue reads no class)."""
     pod_sets = [_pod_set(WORKERS, worker, workers)]
     if spare is not None and spares:
         pod_sets.append(_pod_set(SPARES, spare, spares))
-    spec: Manifest = {"queueName": queue, "podSets": pod_sets}
-    priority_class = worker["spec"].get("priorityClassName")
-    if priority_class:
-        spec |= {"priorityClassName": priority_class,
-                 "priorityClassSource": "scheduling.k8s.io/priorityclass"}
+    spec: Manifest = {"queueName": labels[QUEUE_LABEL], "podSets": pod_sets}
+    if labels.get(PRIORITY_LABEL):
+        spec |= {"priorityClassName": labels[PRIORITY_LABEL],
+                 "priorityClassSource": WORKLOAD_PRIORITY_SOURCE}
+    elif worker["spec"].get("priorityClassName"):
+        spec |= {"priorityClassName": worker["spec"]["priorityClassName"],
+                 "priorityClassSource": POD_PRIORITY_SOURCE}
     return {
         "apiVersion": API_VERSION, "kind": "Workload",
         "metadata": {"name": workload_name(job), "namespace": job.namespace,

@@ -12,7 +12,7 @@ from gemini_operator.decide import CreateWorkload, JobView, PatchWorkload
 from gemini_operator.events import Event, EventReason
 from gemini_operator.kube import KubeClient, KubeError
 from gemini_operator.outcome import Outcome
-from gemini_operator.queueing import Flavor, WorkloadView
+from gemini_operator.queueing import Flavor, Manifest, WorkloadView
 
 FLAVOR_SECONDS = 30.0  # how long a ResourceFlavor read is reused
 
@@ -38,9 +38,11 @@ class Workloads:
         return view.with_placement([self._flavor(name) for name in view.flavors])
 
     def create(self, job: JobView, action: CreateWorkload) -> Outcome:
-        name = action.manifest["metadata"]["name"]
+        manifest = action.manifest
+        name = manifest["metadata"]["name"]
         try:
-            created = self.kube.create_workload(action.manifest)
+            manifest = self._with_priority(manifest)
+            created = self.kube.create_workload(manifest)
         except KubeError as err:
             return Outcome(requeue_after=queueing.POLL_SECONDS * 5, events=[
                 Event.of(EventReason.QUEUE_UNAVAILABLE, str(err))])
@@ -51,6 +53,22 @@ class Workloads:
             EventReason.WORKLOAD_CREATED,
             f"created Workload {name} in LocalQueue {queue!r}: the job waits for Kueue to "
             "admit it")])
+
+    def _with_priority(self, manifest: Manifest) -> Manifest:
+        """The Workload with its priority class's value (Kueue's webhook would fill it in;
+        its scheduler reads only the value)."""
+        spec = manifest["spec"]
+        name = spec.get("priorityClassName")
+        if not name:
+            return manifest
+        kueue_class = spec["priorityClassSource"] == queueing.WORKLOAD_PRIORITY_SOURCE
+        value = self.kube.priority_value(name, kueue_class)
+        if value is None:
+            kind = "WorkloadPriorityClass" if kueue_class else "PriorityClass"
+            raise KubeError(f"{kind} {name!r} does not exist: create it, or name another "
+                            f"(label {queueing.PRIORITY_LABEL} or the pod template's "
+                            "priorityClassName)")
+        return {**manifest, "spec": {**spec, "priority": value}}
 
     def patch(self, job: JobView, action: PatchWorkload) -> Outcome:
         if not self.kube.patch_workload_status(job.namespace, action.name, action.patch):

@@ -25,6 +25,7 @@ from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import ARGS, ENV, _recovered_after, losses
 from tests.e2e.test_two_jobs import assert_resumed_at, step_of
 from tests.fixtures.operator import OperatorThread
+from tests.fixtures.s3 import create_credentials_secret, persistence_spec
 from tests.fixtures.trainers import EXAMPLE, SharedReferences
 from tests.unit.operator.builders import make_job
 
@@ -49,14 +50,29 @@ def reference(shared_references: SharedReferences) -> dict[int, str]:
     return shared_references(2, LONGER)
 
 
-def queued_job(name: str, queue: str) -> dict[str, Any]:
+def queued_job(name: str, queue: str, args: list[str] = LONGER, **labels: str
+               ) -> dict[str, Any]:
     template = {"spec": {"containers": [{
-        "name": "trainer", "image": "gemini:local", "command": ["python", str(EXAMPLE), *LONGER],
+        "name": "trainer", "image": "gemini:local", "command": ["python", str(EXAMPLE), *args],
         "env": ENV, "resources": {"requests": {"cpu": "500m"}}}]}}
     job = (make_job(name).with_nodes(2).with_replicas(2).set("template", template)
            .set("failurePolicy.maxRestarts", 4).obj())
-    job["metadata"]["labels"] = {queueing.QUEUE_LABEL: queue}
+    job["metadata"]["labels"] = {queueing.QUEUE_LABEL: queue, **labels}
     return job
+
+
+def pool_of(local_cluster: Any, core: client.CoreV1Api, count: int) -> tuple[str, set[str]]:
+    """`count` fresh nodes labelled with a pool of their own: the pool and the nodes."""
+    pool, nodes = f"pool-{uuid.uuid4().hex[:5]}", set()
+    for _ in range(count):
+        node = local_cluster.add_spare().name
+        core.patch_node(node, {"metadata": {"labels": {POOL: pool}}})
+        nodes.add(node)
+    return pool, nodes
+
+
+def conditions(wl: dict[str, Any]) -> dict[str, str]:
+    return {c["type"]: c["status"] for c in (wl.get("status") or {}).get("conditions", [])}
 
 
 def workload(custom: client.CustomObjectsApi, jobs: Jobs, name: str) -> dict[str, Any]:
@@ -92,12 +108,8 @@ def test_a_queue_that_fits_one_job_runs_the_second_after_the_first_and_never_blo
 ) -> None:
     core, custom = client.CoreV1Api(kube_api), client.CustomObjectsApi(kube_api)
     state, ns, jobs = local_cluster.state_dir, job_namespace, Jobs(kube_api, job_namespace)
-    pool, queue = f"pool-{uuid.uuid4().hex[:5]}", f"q-{uuid.uuid4().hex[:5]}"
-    pool_nodes = set()
-    for _ in range(3):  # two workers and a node for a replacement
-        node = local_cluster.add_spare().name
-        core.patch_node(node, {"metadata": {"labels": {POOL: pool}}})
-        pool_nodes.add(node)
+    queue = f"q-{uuid.uuid4().hex[:5]}"
+    pool, pool_nodes = pool_of(local_cluster, core, 3)  # two workers, one for a replacement
 
     jobs.create(queued_job("first", queue))
     wait_for(lambda: jobs.state("first") == "Suspended", 60, "first to wait for admission")
@@ -112,9 +124,8 @@ def test_a_queue_that_fits_one_job_runs_the_second_after_the_first_and_never_blo
 
     jobs.create(queued_job("second", queue))
     wait_for(lambda: jobs.state("second") == "Suspended", 60, "second to wait")
-    wait_for(lambda: "QuotaReserved" in {
-        c["type"] for c in (workload(custom, jobs, "second").get("status") or {}).get(
-            "conditions", [])}, 30, "Kueue to judge the second Workload")
+    wait_for(lambda: "QuotaReserved" in conditions(workload(custom, jobs, "second")), 30,
+             "Kueue to judge the second Workload")
     assert not jobs.pods("second")
     second_wl = workload(custom, jobs, "second")
     reserved = {c["type"]: c for c in second_wl["status"]["conditions"]}["QuotaReserved"]
@@ -133,9 +144,8 @@ def test_a_queue_that_fits_one_job_runs_the_second_after_the_first_and_never_blo
     wait_for(lambda: jobs.state("first") in ("Succeeded", "Failed"), 300, "first to finish")
     assert jobs.state("first") == "Succeeded", jobs.get("first")["status"]
     finished_at = time.monotonic()
-    wait_for(lambda: "Finished" in {c["type"] for c in workload(
-        custom, jobs, "first")["status"]["conditions"] if c["status"] == "True"}, 30,
-        "first's Workload to be Finished")
+    wait_for(lambda: conditions(workload(custom, jobs, "first")).get("Finished") == "True", 30,
+             "first's Workload to be Finished")
     wait_for(lambda: jobs.condition("second", "Suspended")["reason"] == "Admitted", 60,
              "second to be admitted")
     print(f"second admitted {time.monotonic() - finished_at:.1f} s after first finished")
@@ -145,4 +155,63 @@ def test_a_queue_that_fits_one_job_runs_the_second_after_the_first_and_never_blo
     for name in ("first", "second"):
         got, conflicts = losses(state, ns, f"{name}-worker-0")
         assert not conflicts and got == reference, name
+        jobs.delete(name)
+
+
+def test_a_preempted_job_saves_its_memory_gives_way_and_resumes_from_s3_when_readmitted(
+    kueue_running: ControlPlane, local_cluster: Any, gemini_operator: OperatorThread,
+    kube_api: client.ApiClient, job_namespace: str, reference: dict[int, str],
+    s3_server: Any, s3_prefix: str,
+) -> None:
+    core, custom = client.CoreV1Api(kube_api), client.CustomObjectsApi(kube_api)
+    state, ns, jobs = local_cluster.state_dir, job_namespace, Jobs(kube_api, job_namespace)
+    queue = f"q-{uuid.uuid4().hex[:5]}"
+    pool, _ = pool_of(local_cluster, core, 2)
+    for name, value in (("gemini-low", 100), ("gemini-high", 1000)):
+        kueue.priority_class(kueue_running, name, value)
+    create_credentials_secret(core, ns, s3_server.endpoint)
+    slow = [*LONGER[:-1], "1.0"]  # slow steps: the eviction comes mid-run
+    low = queued_job("low", queue, slow, **{queueing.PRIORITY_LABEL: "gemini-low"})
+    # One periodic upload (the first step), then none: what is newer when Kueue evicts the
+    # job is in memory only, and only the save before the pods go can keep it.
+    low["spec"]["persistence"] = persistence_spec(s3_server.endpoint, s3_prefix, 3600)
+    jobs.create(low)
+    need = cpu_of(wait_for(lambda: workload(custom, jobs, "low"), 30, "low's Workload"))
+    assert workload(custom, jobs, "low")["spec"]["priority"] == 100
+    kueue.queue_setup(kueue_running, ns, queue, {"cpu": f"{need:g}", "memory": "1Ti"},
+                      flavor=f"flavor-{pool}", node_labels={POOL: pool},
+                      preemption={"withinClusterQueue": "LowerPriority"})
+    checkpoint = lambda: (jobs.get("low") or {}).get("status", {}).get("checkpoint", {})  # noqa: E731
+    first = wait_for(lambda: checkpoint().get("persistedStep"), 300, "a step persisted")
+    wait_for(lambda: checkpoint().get("inMemoryStep", 0) >= first + 2, 240,
+             "two newer steps complete in memory")
+    in_memory = checkpoint()["inMemoryStep"]
+
+    jobs.create(queued_job("high", queue, **{queueing.PRIORITY_LABEL: "gemini-high"}))
+    wait_for(lambda: jobs.state("low") == "Suspended" and not jobs.pods("low"), 240,
+             "low to be evicted and its pods gone")
+    message = jobs.condition("low", "Suspended")["message"]
+    assert "evicted by Kueue" in message, message
+    saved = jobs.get("low")["status"]["checkpoint"]["persistedStep"]
+    assert saved >= in_memory > first, jobs.get("low")["status"]["checkpoint"]
+    assert "SuspendCheckpointSaved" in {e.reason for e in jobs.events("low")}
+    wait_for(lambda: jobs.state("high") in ("Succeeded", "Failed"), 300, "high to finish")
+    assert jobs.state("high") == "Succeeded", jobs.get("high")["status"]
+
+    # Readmitted once high is done: low resumes from the step saved at the eviction.
+    last = wait_for(lambda: ((jobs.get("low") or {}).get("status") or {}).get(
+        "lastRecovery"), 300, "low to be readmitted and resume")
+    print(f"preempted: saved {saved} at the eviction, then {last}")
+    assert last["cause"] == "resume" and last["source"] == "S3", last
+    assert last["restoredStep"] >= saved
+    wait_for(lambda: jobs.state("low") in ("Succeeded", "Failed"), 300, "low to finish")
+    assert jobs.state("low") == "Succeeded", jobs.get("low")["status"]
+    steps = int(LONGER[LONGER.index("--steps") + 1])
+    got, conflicts = losses(state, ns, "low-worker-0")
+    assert not conflicts
+    assert set(range(last["restoredStep"] + 1, steps + 1)) <= set(got), sorted(got)
+    assert got == {step: reference[step] for step in got}
+    got, conflicts = losses(state, ns, "high-worker-0")
+    assert not conflicts and got == reference
+    for name in ("low", "high"):
         jobs.delete(name)

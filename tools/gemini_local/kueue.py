@@ -121,9 +121,11 @@ def stop_kueue(state_dir: Path) -> bool:
 
 def queue_setup(plane: ControlPlane, namespace: str, queue: str,
                 quota: Mapping[str, str], flavor: str = "default-flavor",
-                node_labels: Mapping[str, str] | None = None) -> None:
+                node_labels: Mapping[str, str] | None = None,
+                preemption: Mapping[str, str] | None = None) -> None:
     """A ResourceFlavor, a ClusterQueue `queue` with `quota` (resource -> nominal quota, every
-    resource the workloads request) and a LocalQueue `queue` in `namespace` pointing at it."""
+    resource the workloads request; `preemption` as Kueue's ClusterQueue takes it) and a
+    LocalQueue `queue` in `namespace` pointing at it."""
     resources = [{"name": name, "nominalQuota": value} for name, value in quota.items()]
     objects = [
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
@@ -133,13 +135,21 @@ def queue_setup(plane: ControlPlane, namespace: str, queue: str,
          "metadata": {"name": queue},
          "spec": {"namespaceSelector": {}, "resourceGroups": [{
              "coveredResources": list(quota),
-             "flavors": [{"name": flavor, "resources": resources}]}]}},
+             "flavors": [{"name": flavor, "resources": resources}]}],
+             **({"preemption": dict(preemption)} if preemption else {})}},
         {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
          "metadata": {"name": queue, "namespace": namespace},
          "spec": {"clusterQueue": queue}},
     ]
     for obj in objects:
         kubectl_apply(plane, obj)
+
+
+def priority_class(plane: ControlPlane, name: str, value: int) -> None:
+    """A Kueue WorkloadPriorityClass (label a job `kueue.x-k8s.io/priority-class: name`)."""
+    kubectl_apply(plane, {"apiVersion": "kueue.x-k8s.io/v1beta2",
+                          "kind": "WorkloadPriorityClass", "metadata": {"name": name},
+                          "value": value})
 
 
 def kubectl_apply(plane: ControlPlane, obj: Mapping[str, Any]) -> None:

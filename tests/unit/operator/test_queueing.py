@@ -8,9 +8,16 @@ from dataclasses import replace
 from typing import Any
 
 from gemini_operator import naming, queueing
-from gemini_operator.decide import CreatePods, CreateWorkload, DeletePods, PatchWorkload
+from gemini_operator.decide import (
+    CreatePods,
+    CreateWorkload,
+    DeletePods,
+    JobView,
+    PatchWorkload,
+)
 from gemini_operator.queueing import Flavor, WorkloadView
 from gemini_operator.render import JobRef
+from gemini_operator.workloads import Workloads
 from tests.unit.operator.builders import make_job
 from tests.unit.operator.test_decide import Harness, _of
 
@@ -140,6 +147,35 @@ def test_spares_are_a_pod_set_of_their_own_and_the_priority_class_is_kept() -> N
     sets = {s["name"]: s for s in create.manifest["spec"]["podSets"]}
     assert sets["spares"]["count"] == 2 and sets["workers"]["count"] == 4
     assert create.manifest["spec"]["priorityClassName"] == "training-high"
+    assert create.manifest["spec"]["priorityClassSource"] == queueing.POD_PRIORITY_SOURCE
+
+
+def test_kueues_own_priority_class_label_wins_and_its_value_is_filled_in() -> None:
+    h = _queued()
+    h.job["metadata"]["labels"][queueing.PRIORITY_LABEL] = "urgent"
+    (create,) = _of(h.step(), CreateWorkload)
+    spec = create.manifest["spec"]
+    assert (spec["priorityClassName"], spec["priorityClassSource"]) == (
+        "urgent", queueing.WORKLOAD_PRIORITY_SOURCE)
+
+    class Classes:
+        def priority_value(self, name: str, workload_class: bool) -> int | None:
+            return 5000 if (name, workload_class) == ("urgent", True) else None
+
+        def create_workload(self, manifest: dict[str, Any]) -> bool:
+            self.created = manifest
+            return True
+
+    kube = Classes()
+    outcome = Workloads(kube).create(JobView.from_object(h.job), create)  # type: ignore[arg-type]
+    assert kube.created["spec"]["priority"] == 5000
+    assert [e.reason for e in outcome.events] == ["WorkloadCreated"]
+    h.job["metadata"]["labels"][queueing.PRIORITY_LABEL] = "missing"
+    (create,) = _of(h.step(), CreateWorkload)
+    outcome = Workloads(kube).create(JobView.from_object(h.job), create)  # type: ignore[arg-type]
+    (event,) = outcome.events
+    assert event.reason == "QueueUnavailable" and event.warning
+    assert "WorkloadPriorityClass 'missing' does not exist" in event.message
 
 
 def test_workload_names_differ_for_a_job_recreated_under_the_same_name() -> None:

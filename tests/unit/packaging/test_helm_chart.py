@@ -228,6 +228,8 @@ def test_rbac_grants_exactly_what_an_operator_of_gemini_jobs_needs(helm: Helm):
         ("kueue.x-k8s.io", "workloads"): {"create", "get"},  # queued jobs (queueing.py)
         ("kueue.x-k8s.io", "workloads/status"): {"patch"},
         ("kueue.x-k8s.io", "resourceflavors"): {"get"},
+        ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
+        ("scheduling.k8s.io", "priorityclasses"): {"get"},
     }
 
 
