@@ -190,6 +190,14 @@ class CreateWorkload:
 
 
 @dataclass(frozen=True)
+class DeleteWorkload:
+    """The Workload of a job the user suspended, once its pods are gone: a suspended job
+    holds no quota (resuming makes a new one, queued again)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
 class PatchWorkload:
     """A status patch of the job's Workload: finished, or its quota handed back."""
 
@@ -201,7 +209,7 @@ class PatchWorkload:
 Action = (
     CreateSecret | CreateService | CreateNetworkPolicy | CreatePods | DeletePods
     | DeliverPlacement | Recover | StartTraining | DeleteJob | HoldSpares | SaveBeforeSuspend
-    | CreateWorkload | PatchWorkload
+    | CreateWorkload | PatchWorkload | DeleteWorkload
 )
 
 
@@ -662,7 +670,8 @@ def _queue_workload(
     observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft,
 ) -> None:
     """The job's Kueue Workload (queueing.py): made while the job waits, marked Finished when
-    the job ends, its quota handed back once the pods of an evicted job are gone."""
+    the job ends, its quota handed back once the pods of an evicted job are gone, deleted
+    once the pods of a job the user suspended are gone."""
     queue, workload = observed.queue, observed.workload
     if queue is None:
         return
@@ -674,6 +683,10 @@ def _queue_workload(
             message = found.message if found is not None else "the job has finished"
             draft.actions.append(PatchWorkload(workload.name, queueing.finished_patch(
                 workload, succeeded, message, draft.now), "mark it Finished"))
+        return
+    if spec.suspend:
+        if workload is not None and not observed.pods:
+            draft.actions.append(DeleteWorkload(workload.name))
         return
     if workload is None:
         worker = render.worker_pod(observed.job.ref, spec, 0, 0, config.render)

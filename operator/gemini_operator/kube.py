@@ -215,6 +215,11 @@ class KubeClient:
             raise _kueue_error(err, f"create Workload {namespace}/{name}") from err
         return True
 
+    def delete_workload(self, namespace: str, name: str) -> None:
+        self._ignore(404, f"delete Workload {namespace}/{name}", lambda: (
+            self._custom.delete_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, namespace, "workloads", name)))
+
     def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]
                               ) -> bool:
         """Merge-patch a Workload's status; False on a conflict (it changed since read)."""

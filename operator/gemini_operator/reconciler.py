@@ -53,6 +53,7 @@ from gemini_operator.decide import (
     Decision,
     DeleteJob,
     DeletePods,
+    DeleteWorkload,
     DeliverPlacement,
     JobView,
     Observed,
@@ -135,6 +136,7 @@ class Reconciler:
             DeleteJob: self._delete_job,
             CreateWorkload: self._create_workload,
             PatchWorkload: self._patch_workload,
+            DeleteWorkload: self._delete_workload,
         }
         # One clock for every time and duration the executors record. What they write is noted
         # by the reconcile at hand (`keeping`), never in a place shared between jobs.
@@ -470,6 +472,10 @@ class Reconciler:
     def _patch_workload(self, context: _Call, job: JobView, snap: Snapshot,
                         action: PatchWorkload) -> None:
         context.outcomes.append(self.workloads.patch(job, action))
+
+    def _delete_workload(self, context: _Call, job: JobView, snap: Snapshot,
+                         action: DeleteWorkload) -> None:
+        context.outcomes.append(self.workloads.delete(job, action))
 
     def _send_events(self, job: JobView, events: Iterable[Event]) -> None:
         ref = {"name": job.name, "namespace": job.namespace, "uid": job.uid}

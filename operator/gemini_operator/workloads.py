@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 
 from gemini_operator import queueing
-from gemini_operator.decide import CreateWorkload, JobView, PatchWorkload
+from gemini_operator.decide import CreateWorkload, DeleteWorkload, JobView, PatchWorkload
 from gemini_operator.events import Event, EventReason
 from gemini_operator.kube import KubeClient, KubeError
 from gemini_operator.outcome import Outcome
@@ -75,6 +75,12 @@ class Workloads:
             return Outcome(requeue_after=0.2)  # Kueue wrote since: decide again
         return Outcome(events=[Event.of(EventReason.WORKLOAD_UPDATED,
                                         f"Workload {action.name}: {action.what}")])
+
+    def delete(self, job: JobView, action: DeleteWorkload) -> Outcome:
+        self.kube.delete_workload(job.namespace, action.name)
+        return Outcome(events=[Event.of(EventReason.WORKLOAD_UPDATED, (
+            f"Workload {action.name}: deleted, the job is suspended (resuming queues it "
+            "again)"))])
 
     def _flavor(self, name: str) -> Flavor:
         now = self._monotonic()

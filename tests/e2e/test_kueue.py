@@ -10,9 +10,11 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -31,6 +33,7 @@ from tests.unit.operator.builders import make_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
 POOL = "gemini.test/kueue-pool"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LONGER = list(ARGS)
 LONGER[LONGER.index("--steps") + 1] = "16"  # time for a node loss while the other waits
 
@@ -100,6 +103,38 @@ def cpu_of(wl: dict[str, Any]) -> float:
             "cpu", 0))) for c in running)
         total += per_pod * pod_set["count"]
     return total
+
+
+def test_the_example_queues_admit_the_example_job(
+    kueue_running: ControlPlane, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str,
+) -> None:
+    """examples/kueue-queues.yaml is accepted by Kueue's CRDs and admits
+    examples/geminijob-kueue.yaml with its priority (nothing runs: admission only)."""
+    jobs, custom = Jobs(kube_api, job_namespace), client.CustomObjectsApi(kube_api)
+    kueue.kubectl(kueue_running, "apply", "--server-side", "-n", job_namespace,
+                  "-f", str(EXAMPLES / "kueue-queues.yaml"))
+    (job,) = yaml.safe_load_all((EXAMPLES / "geminijob-kueue.yaml").read_text())
+    name = job["metadata"]["name"]
+    job["spec"]["suspend"] = True
+    jobs.create(job)
+    wait_for(lambda: jobs.state(name) == "Suspended", 30, "the suspended example")
+    time.sleep(3)  # more than a poll of the queue: a suspended job makes no Workload
+    assert not workload(custom, jobs, name)
+    # Admission only: the example image's script is not here, so the trainer just waits.
+    (trainer,) = job["spec"]["template"]["spec"]["containers"]
+    jobs.patch(name, {"suspend": False, "template": {"spec": {"containers": [{
+        **trainer, "command": ["python", "-c", "import time; time.sleep(600)"], "args": []}]}}})
+    wl = wait_for(lambda: workload(custom, jobs, name), 30, "the example's Workload")
+    assert wl["spec"]["priority"] == 100 and wl["spec"]["queueName"] == "training"
+    wait_for(lambda: conditions(workload(custom, jobs, name)).get("Admitted") == "True", 30,
+             "Kueue to admit the example")
+    wait_for(lambda: jobs.condition(name, "Suspended")["reason"] == "Admitted", 30,
+             "the example to be admitted")
+    wait_for(lambda: len(jobs.pods(name)) == 4, 30, "its 4 workers")
+    jobs.patch(name, {"suspend": True})  # the user's suspend gives the quota back
+    wait_for(lambda: not workload(custom, jobs, name), 120, "its Workload to be deleted")
+    jobs.delete(name)
 
 
 def test_a_queue_that_fits_one_job_runs_the_second_after_the_first_and_never_blocks_recovery(

@@ -12,6 +12,7 @@ from gemini_operator.decide import (
     CreatePods,
     CreateWorkload,
     DeletePods,
+    DeleteWorkload,
     JobView,
     PatchWorkload,
 )
@@ -124,13 +125,23 @@ def test_a_finished_job_marks_its_workload_finished_once() -> None:
     assert not _of(h.step(), PatchWorkload)
 
 
-def test_a_suspend_by_the_user_wins_over_an_admission() -> None:
+def test_a_job_the_user_suspends_holds_no_quota_once_its_pods_are_gone() -> None:
     h = _queued()
     h.job["spec"]["suspend"] = True
-    h.workload = queueing.workload_view(_workload(QuotaReserved="True", Admitted="True"))
     d = h.step()
-    assert not _of(d, CreatePods)
+    assert not _of(d, CreatePods) and not _of(d, CreateWorkload)  # nothing queued
     assert h.condition("Suspended")["reason"] == "JobSuspended"
+    h.job["spec"]["suspend"] = False
+    h.workload = queueing.workload_view(_workload(QuotaReserved="True", Admitted="True"))
+    h.step()
+    h.run_pods()
+    h.job["spec"]["suspend"] = True
+    d = h.step()
+    assert _of(d, DeletePods) and not _of(d, DeleteWorkload)  # the pods go first
+    assert h.condition("Suspended")["reason"] == "JobSuspended"
+    h.pods.clear()
+    (delete,) = _of(h.step(), DeleteWorkload)
+    assert delete.name == h.workload.name
 
 
 def test_a_job_without_a_queue_label_never_touches_kueue() -> None:
