@@ -11,6 +11,7 @@ from gemini_cli import COMMANDS, CliError
 from gemini_cli.output import add_output_flag, emit, format_table
 from gemini_local import cluster
 from gemini_local.controlplane import ControlPlaneError
+from gemini_local.kueue import KueueError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -33,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                     help="racks the nodes are spread over (default min(2, nodes))")
     up.add_argument("--with-s3", action="store_true",
                     help="also start a real S3 server (Ceph RADOS Gateway) with a bucket")
+    up.add_argument("--with-kueue", action="store_true",
+                    help="also start Kueue with a queue `local` holding every node's CPU and "
+                    "memory (label jobs kueue.x-k8s.io/queue-name: local)")
     add_output_flag(up)
     up.set_defaults(func=_up)
 
@@ -57,8 +61,9 @@ def _up(args: argparse.Namespace) -> int:
     zones = args.zones if args.zones is not None else min(2, racks)
     try:
         topology = cluster.Topology(nodes=args.nodes, zones=zones, racks=racks)
-        info = cluster.up(_state_dir(args), topology, with_s3=args.with_s3)
-    except (ValueError, ControlPlaneError) as err:
+        info = cluster.up(_state_dir(args), topology, with_s3=args.with_s3,
+                          with_kueue=args.with_kueue)
+    except (ValueError, ControlPlaneError, KueueError) as err:
         raise CliError(str(err)) from err
     emit(args, info, _render_up)
     return 0
@@ -77,6 +82,11 @@ def _render_up(info: dict[str, Any]) -> str:
             f"               AWS_ACCESS_KEY_ID={s3['access_key']} "
             f"AWS_SECRET_ACCESS_KEY={s3['secret_key']}",
         ]
+    if info.get("kueue"):
+        queue = info["kueue"]
+        memory = int(queue["quota"]["memory"]) / 2**30
+        lines.append(f"  Kueue:       LocalQueue {queue['localQueue']}, quota "
+                     f"{queue['quota']['cpu']} CPUs, {memory:g} GiB of memory")
     lines.append("  next:        kubectl get nodes -L topology.kubernetes.io/zone")
     return "\n".join(lines)
 

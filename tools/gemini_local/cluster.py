@@ -1,4 +1,5 @@
-"""The whole local cluster: control plane, process-running nodes and (optionally) S3.
+"""The whole local cluster: control plane, process-running nodes and (optionally) S3 and
+Kueue.
 
 `up`, `down` and `status` are what `gemini local ...` and the test fixtures call. All state lives
 in one directory (default ~/.gemini/local, or $GEMINI_LOCAL_DIR).
@@ -18,6 +19,7 @@ from gemini_local import controlplane, processes
 from gemini_local.controlplane import ControlPlane, ControlPlaneError
 
 ATTACHED_PREFIX = "attached-"  # pid files of processes `down` stops first (see attach)
+LOCAL_QUEUE = "local"  # with --with-kueue: the LocalQueue (in `default`) and its ClusterQueue
 
 
 def default_state_dir() -> Path:
@@ -49,7 +51,7 @@ class Topology:
 
 
 def up(state_dir: Path, topology: Topology, with_s3: bool = False,
-       timeout: float = 60.0) -> dict[str, Any]:
+       timeout: float = 60.0, with_kueue: bool = False) -> dict[str, Any]:
     """Start everything and wait until every node is Ready; return the cluster's description."""
     from gemini_local import nodes
 
@@ -71,13 +73,14 @@ def up(state_dir: Path, topology: Topology, with_s3: bool = False,
             nodes.start_node_agent(plane.kubeconfig, plane.pki, state_dir, spec)
         _wait_nodes_ready(plane, topology.nodes, timeout)
         s3 = _start_s3(state_dir) if with_s3 else None
+        queue = _start_kueue(plane, state_dir) if with_kueue else None
     except BaseException:
         down(state_dir)
         raise
     info = {
         "stateDir": str(state_dir), "kubeconfig": str(plane.kubeconfig),
         "apiServer": plane.api_url, "topology": topology.__dict__, "s3": s3,
-        "startupSeconds": round(time.monotonic() - started, 2),
+        "kueue": queue, "startupSeconds": round(time.monotonic() - started, 2),
     }
     (state_dir / "cluster.json").write_text(json.dumps(info, indent=2))
     return info
@@ -87,6 +90,21 @@ def _start_s3(state_dir: Path) -> dict[str, Any]:
     from gemini_local import s3
 
     return s3.start_s3(state_dir / "s3").to_dict()
+
+
+def _start_kueue(plane: ControlPlane, state_dir: Path) -> dict[str, Any]:
+    """Kueue, and a queue `local` (LocalQueue in `default`) whose quota is every node's CPU
+    and memory: label a job `kueue.x-k8s.io/queue-name: local` to have it queued."""
+    from gemini_local import kueue
+    from gemini_local.nodeagent.podspec import parse_quantity
+
+    kueue.start_kueue(plane, state_dir / "kueue")
+    nodes = _core_api(plane).list_node().items
+    quota = {resource: str(int(sum(parse_quantity(n.status.allocatable[resource])
+                                   for n in nodes)))
+             for resource in ("cpu", "memory")}
+    kueue.queue_setup(plane, "default", LOCAL_QUEUE, quota)
+    return {"localQueue": f"default/{LOCAL_QUEUE}", "quota": quota}
 
 
 def attach(state_dir: Path, name: str, pid: int, executable: str) -> None:
@@ -105,9 +123,11 @@ def _stop_attached(state_dir: Path) -> list[str]:
 def down(state_dir: Path) -> list[str]:
     """Stop everything started in `state_dir` (and the processes attached to it); return what
     was running (empty: nothing was)."""
-    from gemini_local import nodes, s3
+    from gemini_local import kueue, nodes, s3
 
     stopped = _stop_attached(state_dir)
+    if kueue.stop_kueue(state_dir / "kueue"):
+        stopped.append("kueue")
     stopped += [f"node-agent {n}" for n in nodes.stop_all_node_agents(state_dir) or []]
     if (state_dir / "s3").exists() and s3.stop_s3(state_dir / "s3"):
         stopped.append("s3")
@@ -133,6 +153,7 @@ def status(state_dir: Path) -> dict[str, Any]:
     meta = state_dir / "cluster.json"
     if meta.exists():
         result["s3"] = json.loads(meta.read_text()).get("s3")
+        result["kueue"] = json.loads(meta.read_text()).get("kueue")
     return result
 
 
