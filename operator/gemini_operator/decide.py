@@ -669,9 +669,10 @@ def _counts(observed: Observed, spec: JobSpec, attempt: int) -> WorkerCounts:
 def _queue_workload(
     observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: _Draft,
 ) -> None:
-    """The job's Kueue Workload (queueing.py): made while the job waits, marked Finished when
-    the job ends, its quota handed back once the pods of an evicted job are gone, deleted
-    once the pods of a job the user suspended are gone."""
+    """The job's Kueue Workload (queueing.py): made while the job waits, told whether every
+    worker is ready (PodsReady, for Kueue's waitForPodsReady), marked Finished when the job
+    ends, its quota handed back once the pods of an evicted job are gone, deleted once the
+    pods of a job the user suspended are gone."""
     queue, workload = observed.queue, observed.workload
     if queue is None:
         return
@@ -694,9 +695,17 @@ def _queue_workload(
         draft.actions.append(CreateWorkload(queueing.workload_manifest(
             observed.job.ref, observed.job.labels, worker, spec.num_nodes, spare,
             spec.failure_policy.spare_nodes)))
-    elif workload.evicted is not None and workload.quota_reserved and not observed.pods:
-        draft.actions.append(PatchWorkload(workload.name, queueing.release_patch(
-            workload, draft.now), "hand its quota back after the eviction"))
+    elif workload.evicted is not None:
+        if workload.quota_reserved and not observed.pods:
+            draft.actions.append(PatchWorkload(workload.name, queueing.release_patch(
+                workload, draft.now), "hand its quota back after the eviction"))
+    elif workload.admitted:
+        running = cond.find(draft.status.conditions, ConditionType.RUNNING)
+        ready = running is not None and running.status == "True"
+        if ready != workload.pods_ready:
+            message = running.message if running is not None else "no worker is ready"
+            draft.actions.append(PatchWorkload(workload.name, queueing.pods_ready_patch(
+                workload, ready, message, draft.now), f"PodsReady {ready}: {message}"))
 
 
 def _current_pods(observed: Observed, attempt: int) -> dict[int, PodView]:

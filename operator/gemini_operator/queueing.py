@@ -56,6 +56,7 @@ class WorkloadView:
     admitted: bool
     quota_reserved: bool
     finished: bool
+    pods_ready: bool
     evicted: str | None  # the Evicted condition's message while it is true
     flavors: tuple[str, ...]  # the flavors assigned to the workers, when admitted
     conditions: tuple[Mapping[str, Any], ...] = ()
@@ -94,7 +95,7 @@ def workload_view(obj: Mapping[str, Any]) -> WorkloadView:
         name=str(meta.get("name", "")), resource_version=str(meta.get("resourceVersion", "")),
         owner_uid=str(owners[0].get("uid", "")) if owners else "",
         admitted="Admitted" in true, quota_reserved="QuotaReserved" in true,
-        finished="Finished" in true,
+        finished="Finished" in true, pods_ready="PodsReady" in true,
         evicted=str(evicted.get("message") or evicted.get("reason") or "evicted")
         if evicted else None,
         flavors=tuple(flavors), conditions=conditions)
@@ -175,6 +176,16 @@ def finished_patch(workload: WorkloadView, succeeded: bool, message: str, now: s
                 "reason": "Succeeded" if succeeded else "Failed",
                 "message": message[:1024], "lastTransitionTime": now}
     return _conditions_patch(workload, [finished])
+
+
+def pods_ready_patch(workload: WorkloadView, ready: bool, message: str, now: str
+                     ) -> Manifest:
+    """The status patch that tells Kueue whether every worker is ready (Kueue's
+    waitForPodsReady evicts a workload whose pods are not all ready in time)."""
+    return _conditions_patch(workload, [{
+        "type": "PodsReady", "status": "True" if ready else "False",
+        "reason": "PodsReady" if ready else "PodsNotReady", "message": message[:1024],
+        "lastTransitionTime": now}])
 
 
 def release_patch(workload: WorkloadView, now: str) -> Manifest:

@@ -156,6 +156,8 @@ def test_a_queue_that_fits_one_job_runs_the_second_after_the_first_and_never_blo
                       flavor=f"flavor-{pool}", node_labels={POOL: pool})
     wait_for(lambda: step_of(state, ns, "first-worker-0") >= 3, 300, "first to train")
     assert {p.spec.node_name for p in jobs.pods("first")} <= pool_nodes  # the flavor's nodes
+    wait_for(lambda: conditions(workload(custom, jobs, "first")).get("PodsReady") == "True",
+             30, "Kueue to be told that every worker is ready")
 
     jobs.create(queued_job("second", queue))
     wait_for(lambda: jobs.state("second") == "Suspended", 60, "second to wait")
@@ -250,3 +252,51 @@ def test_a_preempted_job_saves_its_memory_gives_way_and_resumes_from_s3_when_rea
     assert not conflicts and got == reference
     for name in ("low", "high"):
         jobs.delete(name)
+
+
+@pytest.fixture
+def kueue_waiting_for_pods(kueue_running: ControlPlane) -> Iterator[ControlPlane]:
+    """The module's Kueue restarted with waitForPodsReady (15 s); stopped afterwards."""
+    state = kueue_running.state_dir / "kueue"
+    kueue.stop_kueue(state)
+    kueue.start_kueue(kueue_running, state, pods_ready_timeout=PODS_READY_SECONDS)
+    try:
+        yield kueue_running
+    finally:
+        kueue.stop_kueue(state)
+
+
+PODS_READY_SECONDS = 15
+
+
+def test_an_admitted_job_whose_workers_cannot_all_start_is_evicted_and_gives_its_quota_back(
+    kueue_waiting_for_pods: ControlPlane, local_cluster: Any, gemini_operator: OperatorThread,
+    kube_api: client.ApiClient, job_namespace: str,
+) -> None:
+    """All or nothing at the pod level: the flavor sends the workers to a pool without
+    nodes, so none becomes ready; Kueue's waitForPodsReady evicts the workload, and the
+    operator deletes the pods and hands the quota back."""
+    custom, jobs = client.CustomObjectsApi(kube_api), Jobs(kube_api, job_namespace)
+    queue = f"q-{uuid.uuid4().hex[:5]}"
+    job = queued_job("stuck", queue)
+    jobs.create(job)
+    need = cpu_of(wait_for(lambda: workload(custom, jobs, "stuck"), 30, "stuck's Workload"))
+    kueue.queue_setup(kueue_waiting_for_pods, job_namespace, queue,
+                      {"cpu": f"{need:g}", "memory": "1Ti"}, flavor=f"flavor-{queue}",
+                      node_labels={POOL: "no-such-pool"})
+    wait_for(lambda: jobs.condition("stuck", "Suspended")["reason"] == "Admitted", 60,
+             "stuck to be admitted")
+    admitted_at = time.monotonic()
+    wait_for(lambda: len(jobs.pods("stuck")) == 2, 30, "its workers (Pending)")
+    wait_for(lambda: "evicted by Kueue" in jobs.condition("stuck", "Suspended")["message"],
+             PODS_READY_SECONDS + 60, "Kueue to evict it")
+    print(f"evicted {time.monotonic() - admitted_at:.1f} s after admission: "
+          f"{jobs.condition('stuck', 'Suspended')['message']}")
+    assert "PodsReady" in jobs.condition("stuck", "Suspended")["message"]
+    wait_for(lambda: not jobs.pods("stuck"), 60, "its pods to be deleted")
+    # The quota is handed back (then Kueue requeues it, and it is admitted again: the pool
+    # still has no nodes, so the cycle repeats with a growing back-off).
+    wait_for(lambda: conditions(workload(custom, jobs, "stuck")).get("QuotaReserved") ==
+             "False" or jobs.condition("stuck", "Suspended")["reason"] == "Admitted", 60,
+             "the quota to be handed back")
+    jobs.delete("stuck")

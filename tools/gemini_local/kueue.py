@@ -46,8 +46,16 @@ def kueue_bin_dir() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def kueue_config(webhook_port: int, health_port: int, cert_dir: Path) -> dict[str, Any]:
-    return {
+def kueue_config(webhook_port: int, health_port: int, cert_dir: Path,
+                 pods_ready_timeout: int | None = None) -> dict[str, Any]:
+    """Kueue's configuration; with `pods_ready_timeout`, its waitForPodsReady: a workload
+    whose pods are not all ready that many seconds after admission is evicted and requeued
+    (after 5 s, doubling)."""
+    wait = {"waitForPodsReady": {
+        "timeout": f"{pods_ready_timeout}s", "blockAdmission": False,
+        "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 5}},
+    } if pods_ready_timeout else {}
+    return {**wait,
         "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
         "namespace": "kueue-system",
         "health": {"healthProbeBindAddress": f"127.0.0.1:{health_port}"},
@@ -59,9 +67,11 @@ def kueue_config(webhook_port: int, health_port: int, cert_dir: Path) -> dict[st
     }
 
 
-def start_kueue(plane: ControlPlane, state_dir: Path, timeout: float = 90.0) -> int:
+def start_kueue(plane: ControlPlane, state_dir: Path, timeout: float = 90.0,
+                pods_ready_timeout: int | None = None) -> int:
     """Install Kueue's CRDs on `plane` and start its controller manager (pid, log and config
-    under `state_dir`); return its pid once it reports ready."""
+    under `state_dir`; `pods_ready_timeout`: see kueue_config); return its pid once it
+    reports ready."""
     pid_dir, log_dir = state_dir / "pids", state_dir / "logs"
     if processes.running_pid(_NAME, pid_dir) is not None:
         raise KueueError(f"Kueue is already running for {state_dir}; stop_kueue() it first")
@@ -80,7 +90,8 @@ def start_kueue(plane: ControlPlane, state_dir: Path, timeout: float = 90.0) -> 
     shutil.copy(key, cert_dir / "tls.key")
     health = processes.free_port()
     config = state_dir / "kueue-config.yaml"
-    config.write_text(json.dumps(kueue_config(processes.free_port(), health, cert_dir)))
+    config.write_text(json.dumps(kueue_config(processes.free_port(), health, cert_dir,
+                                              pods_ready_timeout)))
     kueue = [str(bin_dir / "kueue"), f"--config={config}", f"--kubeconfig={plane.kubeconfig}",
              f"--feature-gates={FEATURE_GATES}", "--zap-log-level=info"]
     argv = _with_metrics_certs(kueue, cert_dir)

@@ -111,6 +111,23 @@ def test_an_evicted_job_stops_and_hands_its_quota_back_once_its_pods_are_gone() 
     assert kinds == {"QuotaReserved": "False", "Admitted": "False", "Evicted": "True"}
 
 
+def test_kueue_is_told_when_every_worker_is_ready_and_when_that_ends() -> None:
+    h = _queued()
+    h.workload = queueing.workload_view(_workload(QuotaReserved="True", Admitted="True"))
+    assert not _of(h.step(), PatchWorkload)  # pods made, none ready: nothing to say yet
+    h.run_pods()
+    h.step()
+    (ready,) = _of(h.step(), PatchWorkload)
+    (cond,) = [c for c in ready.patch["status"]["conditions"] if c["type"] == "PodsReady"]
+    assert (cond["status"], cond["message"]) == ("True", "all 4 workers are ready")
+    h.workload = replace(h.workload, pods_ready=True)
+    assert not _of(h.step(), PatchWorkload)
+    h.run_pods(ready=False)
+    (lost,) = _of(h.step(), PatchWorkload)
+    (cond,) = [c for c in lost.patch["status"]["conditions"] if c["type"] == "PodsReady"]
+    assert cond["status"] == "False"
+
+
 def test_a_finished_job_marks_its_workload_finished_once() -> None:
     h = _queued()
     h.workload = queueing.workload_view(_workload(QuotaReserved="True", Admitted="True"))
