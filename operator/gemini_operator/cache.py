@@ -29,6 +29,7 @@ class Snapshot:
     pods: Mapping[int, PodView]
     nodes: Mapping[str, NodeView]
     spares: Mapping[int, SpareView] = field(default_factory=dict)  # placeholder pods by index
+    has_workload: bool = False  # a Kueue Workload made for the job exists (its watch says)
 
 
 class ClusterCache:
@@ -38,6 +39,7 @@ class ClusterCache:
         self._pods: dict[JobKey, dict[int, PodView]] = {}
         self._nodes: dict[str, NodeView] = {}
         self._spares: dict[JobKey, dict[int, SpareView]] = {}
+        self._workloads: dict[JobKey, set[str]] = {}  # names of the jobs' Kueue Workloads
         # node -> (until, in monotonic seconds; since): presumed lost by the poller
         self._presumed: dict[str, tuple[float, datetime]] = {}
         self._answered: set[str] = set()  # uids of worker pods whose sidecar answered
@@ -116,6 +118,24 @@ class ClusterCache:
                 held.pop(spare.index, None)
         return [key]
 
+    def update_workload(self, obj: Mapping[str, Any], deleted: bool) -> list[JobKey]:
+        """A Workload labelled with its job: kept by name, so that a job no longer labelled
+        for a queue still finds (and deletes) it."""
+        meta = obj.get("metadata") or {}
+        job = (meta.get("labels") or {}).get(naming.LABEL_JOB)
+        if not job:
+            return []
+        key = (str(meta.get("namespace", "")), str(job))
+        with self._lock:
+            names = self._workloads.setdefault(key, set())
+            if deleted:
+                names.discard(str(meta.get("name")))
+                if not names:
+                    del self._workloads[key]
+            else:
+                names.add(str(meta.get("name")))
+        return [key]
+
     def update_node(self, obj: Mapping[str, Any], deleted: bool) -> list[JobKey]:
         view = node_view(obj)
         with self._lock:
@@ -157,7 +177,7 @@ class ClusterCache:
             if job is None:
                 return None
             snap = Snapshot(job, dict(self._pods.get(key, {})), self._nodes_seen(),
-                            dict(self._spares.get(key, {})))
+                            dict(self._spares.get(key, {})), bool(self._workloads.get(key)))
         return replace(snap, job=self._full_job(job))
 
     def stored_job(self, key: JobKey) -> Mapping[str, Any] | None:
@@ -170,6 +190,7 @@ class ClusterCache:
             self._jobs.pop(key, None)
             self._pods.pop(key, None)
             self._spares.pop(key, None)
+            self._workloads.pop(key, None)
 
     def job_keys(self) -> list[JobKey]:
         with self._lock:

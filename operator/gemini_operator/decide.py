@@ -191,10 +191,12 @@ class CreateWorkload:
 
 @dataclass(frozen=True)
 class DeleteWorkload:
-    """The Workload of a job the user suspended, once its pods are gone: a suspended job
-    holds no quota (resuming makes a new one, queued again)."""
+    """The Workload of a job the user suspended, once its pods are gone (a suspended job
+    holds no quota: resuming makes a new one, queued again), of a job no longer labelled for
+    a queue, or one made for an older version of a waiting job (made again)."""
 
     name: str
+    why: str
 
 
 @dataclass(frozen=True)
@@ -257,7 +259,8 @@ def decide(observed: Observed, config: ReconcileConfig) -> Decision:
     try:
         validate_job_name(observed.job.name)
         spec = queueing.admitted_spec(
-            parse_spec(observed.job.spec, config.default_sidecar_image), observed.workload)
+            parse_spec(observed.job.spec, config.default_sidecar_image),
+            observed.workload if observed.queue is not None else None)
         if observed.pod_refused is not None:
             raise SpecError("spec.template.spec", "the API server refused the worker pod "
                             f"rendered from it: {observed.pod_refused}")
@@ -331,7 +334,7 @@ def _suspended(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft
     queued = queueing.holds(observed.queue, observed.workload)
     if not spec.suspend and queued is None:
         if draft.is_true(ConditionType.SUSPENDED):
-            if observed.workload is not None:
+            if observed.workload is not None and observed.queue is not None:
                 draft.set(cond.JOB_ADMITTED, workload=observed.workload.name)
             else:
                 draft.set(cond.JOB_RESUMED)
@@ -347,7 +350,7 @@ def _suspended(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft
         return False
     if queued is not None and not spec.suspend:
         draft.set(cond.JOB_QUEUED, why=queued)
-        draft.requeue.append(queueing.POLL_SECONDS)  # Kueue's admission is not watched
+        draft.requeue.append(queueing.POLL_SECONDS)  # in case the Workload's watch misses it
     elif not draft.is_true(ConditionType.SUSPENDED) or queued is not None:
         draft.set(cond.JOB_SUSPENDED)  # the user's suspend wins over the queue's
     if draft.is_true(ConditionType.CREATED):
@@ -672,9 +675,14 @@ def _queue_workload(
     """The job's Kueue Workload (queueing.py): made while the job waits, told whether every
     worker is ready (PodsReady, for Kueue's waitForPodsReady), marked Finished when the job
     ends, its quota handed back once the pods of an evicted job are gone, deleted once the
-    pods of a job the user suspended are gone."""
+    pods of a job the user suspended are gone, deleted when the job leaves the queue, made
+    again when a waiting job's queue, priority or spares change."""
     queue, workload = observed.queue, observed.workload
     if queue is None:
+        if workload is not None:
+            draft.actions.append(DeleteWorkload(workload.name, (
+                f"the job's {queueing.QUEUE_LABEL} label was removed: it runs outside "
+                "Kueue's quota")))
         return
     if any(draft.is_true(t) for t in cond.FINISHED_TYPES):
         if workload is not None and not workload.finished:
@@ -687,14 +695,13 @@ def _queue_workload(
         return
     if spec.suspend:
         if workload is not None and not observed.pods:
-            draft.actions.append(DeleteWorkload(workload.name))
+            draft.actions.append(DeleteWorkload(
+                workload.name, "the job is suspended (resuming queues it again)"))
         return
     if workload is None:
-        worker = render.worker_pod(observed.job.ref, spec, 0, 0, config.render)
-        spare = spares.spare_pod(observed.job.ref, spec, 0, config.render)
-        draft.actions.append(CreateWorkload(queueing.workload_manifest(
-            observed.job.ref, observed.job.labels, worker, spec.num_nodes, spare,
-            spec.failure_policy.spare_nodes)))
+        draft.actions.append(CreateWorkload(_workload_manifest(observed, spec, config)))
+    elif not workload.quota_reserved and workload.evicted is None:
+        _remake_if_outdated(workload, _workload_manifest(observed, spec, config), draft)
     elif workload.evicted is not None:
         if workload.quota_reserved and not observed.pods:
             draft.actions.append(PatchWorkload(workload.name, queueing.release_patch(
@@ -706,6 +713,26 @@ def _queue_workload(
             message = running.message if running is not None else "no worker is ready"
             draft.actions.append(PatchWorkload(workload.name, queueing.pods_ready_patch(
                 workload, ready, message, draft.now), f"PodsReady {ready}: {message}"))
+
+
+def _workload_manifest(observed: Observed, spec: JobSpec, config: ReconcileConfig
+                       ) -> Manifest:
+    worker = render.worker_pod(observed.job.ref, spec, 0, 0, config.render)
+    spare = spares.spare_pod(observed.job.ref, spec, 0, config.render)
+    return queueing.workload_manifest(observed.job.ref, observed.job.labels, worker,
+                                      spec.num_nodes, spare, spec.failure_policy.spare_nodes)
+
+
+def _remake_if_outdated(workload: WorkloadView, wanted: Manifest, draft: _Draft) -> None:
+    """A waiting job whose queue label, priority label or spare nodes changed gets a new
+    Workload (as Kueue's job integrations do); an admitted one keeps its admission."""
+    if workload.shape is None:
+        return
+    changed = workload.shape.differences(queueing.shape_of(wanted["spec"]))
+    if changed:
+        draft.actions.append(DeleteWorkload(workload.name, (
+            f"made for an older version of the job ({'; '.join(changed)}): it is made "
+            "again")))
 
 
 def _current_pods(observed: Observed, attempt: int) -> dict[int, PodView]:

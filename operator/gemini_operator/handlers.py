@@ -1,8 +1,8 @@
 """The one module that registers kopf handlers; it only translates between kopf and the runtime.
 
-Watch events (GeminiJobs, worker pods, nodes) update the cache and queue the jobs they
-concern; startup applies every operator setting and starts the work queue and the leader
-election; cleanup stops them. No decisions here.
+Watch events (GeminiJobs, worker pods, nodes, queued jobs' Kueue Workloads) update the cache
+and queue the jobs they concern; startup applies every operator setting and starts the work
+queue and the leader election; cleanup stops them. No decisions here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import kopf
 
-from gemini_operator import naming
+from gemini_operator import naming, queueing
 from gemini_operator.cache import ClusterCache, JobKey
 from gemini_operator.election import LeaderElector
 from gemini_operator.hints import HintServer
@@ -101,9 +101,27 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     async def node_event(event: kopf.RawEvent, **_: Any) -> None:
         runtime.queue_keys(runtime.cache.update_node(event["object"], _deleted(event)))
 
+    # A queued job's Kueue Workload (queueing.py): its admission or eviction reconciles the
+    # job at once. kopf starts this watch when Kueue's CRDs appear, even after start-up.
+    @kopf.on.event(queueing.GROUP, queueing.VERSION, queueing.WORKLOADS,
+                   labels={naming.LABEL_JOB: kopf.PRESENT}, registry=registry)
+    async def workload_event(event: kopf.RawEvent, **_: Any) -> None:
+        runtime.queue_keys(runtime.cache.update_workload(event["object"], _deleted(event)))
+
+
+class _WithoutKueue(logging.Filter):
+    """Drops kopf's start-up warning that Kueue's Workloads cannot be watched: without Kueue
+    installed that is expected (the watch starts if its CRDs appear later)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Unresolved resources") and queueing.GROUP in message
+                    and message.count("Selector(") == 1)
+
 
 def _configure(settings: kopf.OperatorSettings) -> None:
     """All kopf settings, in one place."""
+    logging.getLogger("kopf._core.reactor.observation").addFilter(_WithoutKueue())
     settings.persistence.finalizer = f"{naming.GROUP}/operator"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=naming.GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(

@@ -34,8 +34,8 @@ WORKERS, SPARES = "workers", "spares"  # the pod sets
 _POD_FIELDS = ("nodeSelector", "tolerations", "affinity", "priorityClassName", "overhead",
                "runtimeClassName", "schedulerName")
 _CONTAINER_FIELDS = ("name", "image", "resources", "restartPolicy")
-# Seconds between looks at a waiting job's Workload (Kueue's admission is not watched).
-POLL_SECONDS = 2.0
+# Seconds between looks at a waiting job's Workload, should its watch (handlers.py) miss one.
+POLL_SECONDS = 5.0
 
 Manifest = dict[str, Any]
 
@@ -46,6 +46,34 @@ class Flavor:
 
     node_labels: Mapping[str, str] = field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a Workload asks Kueue for, beyond the pod templates (which change only while the
+    job is suspended, when it has no Workload): compared to tell a Workload made for an
+    older version of the job."""
+
+    queue: str
+    priority_class: str
+    counts: tuple[tuple[str, int], ...]  # (pod set, pods)
+
+    def differences(self, wanted: Shape) -> list[str]:
+        pairs = (("LocalQueue", self.queue, wanted.queue),
+                 ("priority class", self.priority_class, wanted.priority_class),
+                 ("pod sets", _counts_text(self.counts), _counts_text(wanted.counts)))
+        return [f"{what} {old!r} -> {new!r}" for what, old, new in pairs if old != new]
+
+
+def shape_of(workload_spec: Mapping[str, Any]) -> Shape:
+    return Shape(str(workload_spec.get("queueName") or ""),
+                 str(workload_spec.get("priorityClassName") or ""),
+                 tuple((str(p.get("name")), int(p.get("count", 1)))
+                       for p in workload_spec.get("podSets") or ()))
+
+
+def _counts_text(counts: tuple[tuple[str, int], ...]) -> str:
+    return ", ".join(f"{name}: {count}" for name, count in counts)
 
 
 @dataclass(frozen=True)
@@ -62,6 +90,8 @@ class WorkloadView:
     conditions: tuple[Mapping[str, Any], ...] = ()
     # The assigned flavors' node labels and tolerations (read by the reconciler).
     placement: Flavor = field(default_factory=Flavor)
+    shape: Shape | None = None  # what it was made for (None: not read)
+    admitted_counts: Mapping[str, int] = field(default_factory=dict)  # pods by pod set
 
     def with_placement(self, flavors: Sequence[Flavor]) -> WorkloadView:
         labels: dict[str, str] = {}
@@ -91,6 +121,8 @@ def workload_view(obj: Mapping[str, Any]) -> WorkloadView:
     flavors = sorted({str(f) for a in assignments if a.get("name") == WORKERS
                       for f in (a.get("flavors") or {}).values()})
     evicted = true.get("Evicted")
+    counts = {str(a.get("name")): int(a["count"]) for a in assignments
+              if a.get("count") is not None}
     return WorkloadView(
         name=str(meta.get("name", "")), resource_version=str(meta.get("resourceVersion", "")),
         owner_uid=str(owners[0].get("uid", "")) if owners else "",
@@ -98,7 +130,8 @@ def workload_view(obj: Mapping[str, Any]) -> WorkloadView:
         finished="Finished" in true, pods_ready="PodsReady" in true,
         evicted=str(evicted.get("message") or evicted.get("reason") or "evicted")
         if evicted else None,
-        flavors=tuple(flavors), conditions=conditions)
+        flavors=tuple(flavors), conditions=conditions,
+        shape=shape_of(obj.get("spec") or {}), admitted_counts=counts)
 
 
 def flavor_of(obj: Mapping[str, Any]) -> Flavor:
@@ -123,9 +156,16 @@ def holds(queue: str | None, workload: WorkloadView | None) -> str | None:
 
 
 def admitted_spec(spec: JobSpec, workload: WorkloadView | None) -> JobSpec:
-    """`spec` with the admitted flavors' node labels and tolerations on its pods."""
+    """`spec` with the admitted flavors' node labels and tolerations on its pods, and no
+    more spare placeholders than were admitted (spareNodes raised after the admission waits
+    for the next one: the quota counted only those)."""
     if workload is None or not workload.admitted:
         return spec
+    asked = dict(workload.shape.counts) if workload.shape is not None else {}
+    admitted_spares = workload.admitted_counts.get(SPARES, asked.get(SPARES, 0))
+    if spec.failure_policy.spare_nodes > admitted_spares:
+        spec = replace(spec, failure_policy=replace(spec.failure_policy,
+                                                    spare_nodes=admitted_spares))
     placed = workload.placement
     if not placed.node_labels and not placed.tolerations:
         return spec

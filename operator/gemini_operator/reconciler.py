@@ -291,7 +291,8 @@ class Reconciler:
             now=self._clock(), pending_creates=self._pending(key, snap),
             spares={i: s for i, s in snap.spares.items() if s.owner_uid == job.uid},
             pod_refused=self._pod_refusal(key, job),
-            workload=self.workloads.observe(job) if queue_name(job.labels) else None,
+            workload=self.workloads.observe(job)
+            if queue_name(job.labels) or snap.has_workload else None,
         )
 
     def _pod_refusal(self, key: JobKey, job: JobView) -> str | None:

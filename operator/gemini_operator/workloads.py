@@ -78,9 +78,8 @@ class Workloads:
 
     def delete(self, job: JobView, action: DeleteWorkload) -> Outcome:
         self.kube.delete_workload(job.namespace, action.name)
-        return Outcome(events=[Event.of(EventReason.WORKLOAD_UPDATED, (
-            f"Workload {action.name}: deleted, the job is suspended (resuming queues it "
-            "again)"))])
+        return Outcome(events=[Event.of(EventReason.WORKLOAD_UPDATED,
+                                        f"Workload {action.name}: deleted, {action.why}")])
 
     def _flavor(self, name: str) -> Flavor:
         now = self._monotonic()

@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gemini_local import faults, kueue
 from gemini_local.controlplane import ControlPlane
-from gemini_operator import queueing
+from gemini_operator import naming, queueing
 from gemini_operator.quantity import parse_quantity
 from gemini_operator.render import JobRef
 from tests.cluster.test_operator import Jobs, wait_for
@@ -135,6 +135,48 @@ def test_the_example_queues_admit_the_example_job(
     jobs.patch(name, {"suspend": True})  # the user's suspend gives the quota back
     wait_for(lambda: not workload(custom, jobs, name), 120, "its Workload to be deleted")
     jobs.delete(name)
+
+
+def relabel(jobs: Jobs, name: str, labels: dict[str, str | None]) -> None:
+    body = {"metadata": {"labels": labels}}
+    jobs.custom.patch_namespaced_custom_object(naming.GROUP, naming.VERSION, jobs.ns,
+                                               naming.PLURAL, name, body)
+
+
+def test_a_job_moved_to_another_queue_is_queued_there_and_one_taken_off_gives_its_workload_up(
+    kueue_running: ControlPlane, gemini_operator: OperatorThread, kube_api: client.ApiClient,
+    job_namespace: str,
+) -> None:
+    """Moving a waiting job to another LocalQueue makes its Workload again there (the old one,
+    queued where nothing admits it, is deleted); taking a running job off its queue deletes
+    its Workload (the quota is handed back) and leaves its workers running."""
+    jobs, custom = Jobs(kube_api, job_namespace), client.CustomObjectsApi(kube_api)
+    kueue.kubectl(kueue_running, "apply", "--server-side", "-n", job_namespace,
+                  "-f", str(EXAMPLES / "kueue-queues.yaml"))
+    sleeper = ["python", "-c", "import time; time.sleep(600)"]
+    job = queued_job("mover", "nowhere", args=[])
+    job["spec"]["template"]["spec"]["containers"][0]["command"] = sleeper
+    jobs.create(job)
+    old = wait_for(lambda: workload(custom, jobs, "mover"), 30, "its Workload in 'nowhere'")
+    assert jobs.condition("mover", "Suspended")["reason"] == "WaitingForAdmission"
+    relabel(jobs, "mover", {queueing.QUEUE_LABEL: "training"})
+    new = wait_for(lambda: (wl := workload(custom, jobs, "mover")) and wl["metadata"]["uid"]
+                   != old["metadata"]["uid"] and wl, 30, "its Workload made again")
+    assert new["spec"]["queueName"] == "training"
+    wait_for(lambda: jobs.condition("mover", "Suspended")["reason"] == "Admitted", 30,
+             "the moved job to be admitted")
+    workers = wait_for(lambda: len(got := jobs.pods("mover")) == 2 and got, 30, "its workers")
+    pods = {p.metadata.uid for p in workers}
+
+    relabel(jobs, "mover", {queueing.QUEUE_LABEL: None})
+    wait_for(lambda: not workload(custom, jobs, "mover"), 30, "its Workload to be deleted")
+    time.sleep(2)
+    assert {p.metadata.uid for p in jobs.pods("mover")} == pods  # still running, untouched
+    reasons = [e.message for e in jobs.events("mover") if e.reason == "WorkloadUpdated"]
+    assert any("label was removed" in m for m in reasons), reasons
+    assert any("older version of the job (LocalQueue 'nowhere' -> 'training')" in m
+               for m in reasons), reasons
+    jobs.delete("mover")
 
 
 def test_a_queue_that_fits_one_job_runs_the_second_after_the_first_and_never_blocks_recovery(

@@ -5,13 +5,22 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from gemini_local import cluster
 
 
 def _sleeper() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
                             start_new_session=True)
+    # An empty command line reads as a process mid-exec, which `down` takes for its own
+    # (processes.running_pid): wait until the sleeper shows what it runs.
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + 10
+    while not cmdline.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return proc
 
 
 def test_down_stops_an_attached_process_once(tmp_path):

@@ -8,11 +8,13 @@ from dataclasses import replace
 from typing import Any
 
 from gemini_operator import naming, queueing
+from gemini_operator.cache import ClusterCache
 from gemini_operator.decide import (
     CreatePods,
     CreateWorkload,
     DeletePods,
     DeleteWorkload,
+    HoldSpares,
     JobView,
     PatchWorkload,
 )
@@ -25,7 +27,8 @@ from tests.unit.operator.test_decide import Harness, _of
 QUEUE = "team-a"
 
 
-def _workload(**conditions: str) -> dict[str, Any]:
+def _workload(spec: dict[str, Any] | None = None, **conditions: str) -> dict[str, Any]:
+    """A Workload as Kueue shows it; by default made for _queued()'s job."""
     status: dict[str, Any] = {"conditions": [
         {"type": kind, "status": value, "reason": "R", "message": f"{kind} says so",
          "lastTransitionTime": "2026-12-01T00:00:00Z"} for kind, value in conditions.items()]}
@@ -34,6 +37,7 @@ def _workload(**conditions: str) -> dict[str, Any]:
             {"name": "workers", "count": 4, "flavors": {"cpu": "gpu-a", "memory": "gpu-a"}}]}
     return {"metadata": {"name": "geminijob-train-uid-1", "resourceVersion": "7",
                          "ownerReferences": [{"uid": "uid-1", "controller": True}]},
+            "spec": spec or {"queueName": QUEUE, "podSets": [{"name": "workers", "count": 4}]},
             "status": status}
 
 
@@ -217,3 +221,85 @@ def test_a_workload_of_another_owner_is_read_but_never_mistaken_for_admission() 
     assert isinstance(view, WorkloadView) and not view.admitted and view.evicted is None
     assert queueing.holds(QUEUE, None) is not None
     assert queueing.holds(None, None) is None
+
+
+def test_kopfs_warning_about_an_absent_kueue_is_dropped_and_no_other() -> None:
+    import logging
+
+    from gemini_operator.handlers import _WithoutKueue
+
+    def kept(message: str) -> bool:
+        return _WithoutKueue().filter(
+            logging.LogRecord("kopf", logging.WARNING, "", 0, message, None, None))
+
+    ours = "Selector(group='kueue.x-k8s.io', version='v1beta2', any_name='workloads')"
+    other = "Selector(group='gemini.io', version='v1beta1', any_name='geminijobs')"
+    prefix = "Unresolved resources cannot be served (try creating their CRDs): "
+    assert not kept(prefix + ours)
+    assert kept(f"{prefix}{other}, {ours}") and kept(prefix + other)
+
+
+def test_a_waiting_jobs_workload_is_made_again_when_its_queue_or_spares_change() -> None:
+    h = _queued()
+    (create,) = _of(h.step(), CreateWorkload)
+    h.workload = queueing.workload_view(_workload(create.manifest["spec"]))
+    assert not _of(h.step(), DeleteWorkload)  # made for this job: left alone
+    h.job["metadata"]["labels"][queueing.QUEUE_LABEL] = "team-b"
+    h.job["spec"]["failurePolicy"] = {"spareNodes": 1}
+    (delete,) = _of(h.step(), DeleteWorkload)
+    assert "LocalQueue 'team-a' -> 'team-b'" in delete.why
+    assert "pod sets 'workers: 4' -> 'workers: 4, spares: 1'" in delete.why
+    h.workload = None
+    (create,) = _of(h.step(), CreateWorkload)
+    assert create.manifest["spec"]["queueName"] == "team-b"
+    assert h.condition("Suspended")["reason"] == "WaitingForAdmission"
+
+
+def test_an_admitted_job_keeps_its_admission_and_no_more_spares_than_were_admitted() -> None:
+    h = _queued()
+    h.job["spec"]["failurePolicy"] = {"spareNodes": 1}
+    (create,) = _of(h.step(), CreateWorkload)
+    admitted = _workload(create.manifest["spec"], QuotaReserved="True", Admitted="True")
+    admitted["status"]["admission"]["podSetAssignments"].append(
+        {"name": "spares", "count": 1, "flavors": {"cpu": "gpu-a"}})
+    h.workload = queueing.workload_view(admitted)
+    h.step()
+    h.run_pods()
+    h.job["spec"]["failurePolicy"] = {"spareNodes": 3}  # raised while it runs
+    d = h.step()
+    assert not _of(d, DeleteWorkload) and not _of(d, DeletePods)
+    (hold,) = _of(d, HoldSpares)
+    assert len(hold.create) == 1  # the admitted one, not three
+
+
+def test_a_job_taken_off_its_queue_deletes_its_workload_and_runs_unqueued() -> None:
+    h = _queued()
+    (create,) = _of(h.step(), CreateWorkload)
+    h.workload = queueing.workload_view(_workload(create.manifest["spec"]))
+    del h.job["metadata"]["labels"][queueing.QUEUE_LABEL]
+    d = h.step()
+    (delete,) = _of(d, DeleteWorkload)
+    assert "label was removed: it runs outside Kueue's quota" in delete.why
+    assert _of(d, CreatePods)
+    assert h.condition("Suspended")["status"] == "False"
+    assert h.condition("Suspended")["reason"] != "Admitted"
+    # an admitted, running job keeps its pods and gives its Workload up
+    h = _queued()
+    h.workload = queueing.workload_view(_workload(QuotaReserved="True", Admitted="True"))
+    h.step()
+    h.run_pods()
+    h.job["metadata"]["labels"].clear()
+    d = h.step()
+    assert _of(d, DeleteWorkload) and not _of(d, DeletePods)
+
+
+def test_the_cache_remembers_a_jobs_workloads_from_their_watch() -> None:
+    cache = ClusterCache()
+    cache.update_job({"metadata": {"name": "train", "namespace": "ns"}}, False)
+    wl = {"metadata": {"name": "geminijob-train-1", "namespace": "ns",
+                       "labels": {naming.LABEL_JOB: "train"}}}
+    assert cache.update_workload(wl, False) == [("ns", "train")]
+    assert cache.snapshot(("ns", "train")).has_workload  # type: ignore[union-attr]
+    assert cache.update_workload({"metadata": {"name": "other"}}, False) == []
+    cache.update_workload(wl, True)
+    assert not cache.snapshot(("ns", "train")).has_workload  # type: ignore[union-attr]

@@ -225,7 +225,8 @@ def test_rbac_grants_exactly_what_an_operator_of_gemini_jobs_needs(helm: Helm):
         ("", "nodes"): {"get", "list", "watch"},
         ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
         ("coordination.k8s.io", "leases"): {"create", "get", "update"},
-        ("kueue.x-k8s.io", "workloads"): {"create", "get", "delete"},  # queued jobs (queueing.py)
+        # queued jobs (queueing.py)
+        ("kueue.x-k8s.io", "workloads"): {"create", "get", "delete", "list", "watch"},
         ("kueue.x-k8s.io", "workloads/status"): {"patch"},
         ("kueue.x-k8s.io", "resourceflavors"): {"get"},
         ("kueue.x-k8s.io", "workloadpriorityclasses"): {"get"},
