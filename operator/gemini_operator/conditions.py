@@ -114,6 +114,10 @@ JOB_RESUMED = Reason(T.SUSPENDED, False, "JobResumed", "the job was resumed")
 # Held by Kueue (queueing.py): the job runs once its Workload is admitted.
 JOB_QUEUED = Reason(T.SUSPENDED, True, "WaitingForAdmission", "the job is {why}")
 JOB_ADMITTED = Reason(T.SUSPENDED, False, "Admitted", "admitted by Kueue (Workload {workload})")
+JOB_LEFT_QUEUE = Reason(
+    T.SUSPENDED, False, "LeftQueue",
+    "the kueue.x-k8s.io/queue-name label was removed: the job runs outside Kueue's quota",
+)
 RUNNING_SUSPENDED = Reason(T.RUNNING, False, "JobSuspended", "the job is suspended")
 RECOVERY_NEEDED = Reason(T.RECOVERING, True, "RecoveryNeeded", "{cause}; {intent}", warning=True)
 RECOVERY_FINISHED = Reason(

@@ -683,6 +683,9 @@ def _queue_workload(
             draft.actions.append(DeleteWorkload(workload.name, (
                 f"the job's {queueing.QUEUE_LABEL} label was removed: it runs outside "
                 "Kueue's quota")))
+        if queueing.was_queued(observed.job.status) and not draft.is_true(
+                ConditionType.SUSPENDED):
+            draft.set(cond.JOB_LEFT_QUEUE)  # and the Workload is not looked for again
         return
     if any(draft.is_true(t) for t in cond.FINISHED_TYPES):
         if workload is not None and not workload.finished:

@@ -18,14 +18,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gemini_operator import conditions as cond
 from gemini_operator import naming, render
 from gemini_operator.spec import JobSpec
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # Kueue's own priority for the job (a WorkloadPriorityClass), apart from the pods' priority.
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
-WORKLOAD_PRIORITY_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
-POD_PRIORITY_SOURCE = "scheduling.k8s.io/priorityclass"
+# v1beta2's spec.priorityClassRef of each kind (v1beta1's priorityClassName and
+# priorityClassSource are pruned by the v1beta2 schema).
+WORKLOAD_PRIORITY_CLASS = {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass"}
+POD_PRIORITY_CLASS = {"group": "scheduling.k8s.io", "kind": "PriorityClass"}
 GROUP, VERSION = "kueue.x-k8s.io", "v1beta2"
 API_VERSION = f"{GROUP}/{VERSION}"
 WORKLOADS, FLAVORS = "workloads", "resourceflavors"
@@ -67,7 +70,7 @@ class Shape:
 
 def shape_of(workload_spec: Mapping[str, Any]) -> Shape:
     return Shape(str(workload_spec.get("queueName") or ""),
-                 str(workload_spec.get("priorityClassName") or ""),
+                 str((workload_spec.get("priorityClassRef") or {}).get("name") or ""),
                  tuple((str(p.get("name")), int(p.get("count", 1)))
                        for p in workload_spec.get("podSets") or ()))
 
@@ -105,6 +108,16 @@ class WorkloadView:
 def queue_name(labels: Mapping[str, str]) -> str | None:
     name = labels.get(QUEUE_LABEL)
     return name or None
+
+
+def was_queued(status: Mapping[str, Any] | None) -> bool:
+    """Whether the job's status says it waited for or was admitted by Kueue: taken off its
+    queue, it may still have a Workload to delete (read it even without the label, should
+    the Workloads' watch not have told)."""
+    found = next((c for c in (status or {}).get("conditions") or ()
+                  if c.get("type") == cond.ConditionType.SUSPENDED.value), None)
+    return found is not None and found.get("reason") in (cond.JOB_QUEUED.reason,
+                                                          cond.JOB_ADMITTED.reason)
 
 
 def workload_name(job: render.JobRef) -> str:
@@ -186,11 +199,10 @@ def workload_manifest(job: render.JobRef, labels: Mapping[str, str], worker: Man
         pod_sets.append(_pod_set(SPARES, spare, spares))
     spec: Manifest = {"queueName": labels[QUEUE_LABEL], "podSets": pod_sets}
     if labels.get(PRIORITY_LABEL):
-        spec |= {"priorityClassName": labels[PRIORITY_LABEL],
-                 "priorityClassSource": WORKLOAD_PRIORITY_SOURCE}
+        spec["priorityClassRef"] = {**WORKLOAD_PRIORITY_CLASS, "name": labels[PRIORITY_LABEL]}
     elif worker["spec"].get("priorityClassName"):
-        spec |= {"priorityClassName": worker["spec"]["priorityClassName"],
-                 "priorityClassSource": POD_PRIORITY_SOURCE}
+        spec["priorityClassRef"] = {**POD_PRIORITY_CLASS,
+                                    "name": worker["spec"]["priorityClassName"]}
     return {
         "apiVersion": API_VERSION, "kind": "Workload",
         "metadata": {"name": workload_name(job), "namespace": job.namespace,

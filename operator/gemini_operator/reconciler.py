@@ -70,7 +70,7 @@ from gemini_operator.metrics import OperatorMetrics
 from gemini_operator.observed import detection_lags
 from gemini_operator.outcome import Outcome
 from gemini_operator.poller import CheckpointPoller
-from gemini_operator.queueing import queue_name
+from gemini_operator.queueing import queue_name, was_queued
 from gemini_operator.recovery import RecoveryExecutor, newly_lost
 from gemini_operator.sidecars import DELIVERY_TIMEOUT_SECONDS, DeliveryError
 from gemini_operator.spares import HoldSpares
@@ -291,8 +291,8 @@ class Reconciler:
             now=self._clock(), pending_creates=self._pending(key, snap),
             spares={i: s for i, s in snap.spares.items() if s.owner_uid == job.uid},
             pod_refused=self._pod_refusal(key, job),
-            workload=self.workloads.observe(job)
-            if queue_name(job.labels) or snap.has_workload else None,
+            workload=self.workloads.observe(job) if queue_name(job.labels)
+            or snap.has_workload or was_queued(job.status) else None,
         )
 
     def _pod_refusal(self, key: JobKey, job: JobView) -> str | None:

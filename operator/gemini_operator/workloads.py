@@ -58,13 +58,12 @@ class Workloads:
         """The Workload with its priority class's value (Kueue's webhook would fill it in;
         its scheduler reads only the value)."""
         spec = manifest["spec"]
-        name = spec.get("priorityClassName")
-        if not name:
+        ref = spec.get("priorityClassRef")
+        if not ref:
             return manifest
-        kueue_class = spec["priorityClassSource"] == queueing.WORKLOAD_PRIORITY_SOURCE
-        value = self.kube.priority_value(name, kueue_class)
+        name, kind = ref["name"], ref["kind"]
+        value = self.kube.priority_value(name, kind == queueing.WORKLOAD_PRIORITY_CLASS["kind"])
         if value is None:
-            kind = "WorkloadPriorityClass" if kueue_class else "PriorityClass"
             raise KubeError(f"{kind} {name!r} does not exist: create it, or name another "
                             f"(label {queueing.PRIORITY_LABEL} or the pod template's "
                             "priorityClassName)")

@@ -127,6 +127,9 @@ def test_the_example_queues_admit_the_example_job(
         **trainer, "command": ["python", "-c", "import time; time.sleep(600)"], "args": []}]}}})
     wl = wait_for(lambda: workload(custom, jobs, name), 30, "the example's Workload")
     assert wl["spec"]["priority"] == 100 and wl["spec"]["queueName"] == "training"
+    # as Kueue's v1beta2 schema stores it (a field it does not know would be pruned)
+    assert wl["spec"]["priorityClassRef"] == {
+        "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "research"}
     wait_for(lambda: conditions(workload(custom, jobs, name)).get("Admitted") == "True", 30,
              "Kueue to admit the example")
     wait_for(lambda: jobs.condition(name, "Suspended")["reason"] == "Admitted", 30,
@@ -169,7 +172,11 @@ def test_a_job_moved_to_another_queue_is_queued_there_and_one_taken_off_gives_it
     pods = {p.metadata.uid for p in workers}
 
     relabel(jobs, "mover", {queueing.QUEUE_LABEL: None})
-    wait_for(lambda: not workload(custom, jobs, "mover"), 30, "its Workload to be deleted")
+    try:
+        wait_for(lambda: not workload(custom, jobs, "mover"), 30, "its Workload to be deleted")
+    except AssertionError as err:
+        events = [(e.reason, e.message) for e in jobs.events("mover")]
+        raise AssertionError(f"{err}: {workload(custom, jobs, 'mover')}, {events}") from None
     time.sleep(2)
     assert {p.metadata.uid for p in jobs.pods("mover")} == pods  # still running, untouched
     reasons = [e.message for e in jobs.events("mover") if e.reason == "WorkloadUpdated"]

@@ -178,8 +178,8 @@ def test_spares_are_a_pod_set_of_their_own_and_the_priority_class_is_kept() -> N
     (create,) = _of(h.step(), CreateWorkload)
     sets = {s["name"]: s for s in create.manifest["spec"]["podSets"]}
     assert sets["spares"]["count"] == 2 and sets["workers"]["count"] == 4
-    assert create.manifest["spec"]["priorityClassName"] == "training-high"
-    assert create.manifest["spec"]["priorityClassSource"] == queueing.POD_PRIORITY_SOURCE
+    assert create.manifest["spec"]["priorityClassRef"] == {
+        "group": "scheduling.k8s.io", "kind": "PriorityClass", "name": "training-high"}
 
 
 def test_kueues_own_priority_class_label_wins_and_its_value_is_filled_in() -> None:
@@ -187,8 +187,8 @@ def test_kueues_own_priority_class_label_wins_and_its_value_is_filled_in() -> No
     h.job["metadata"]["labels"][queueing.PRIORITY_LABEL] = "urgent"
     (create,) = _of(h.step(), CreateWorkload)
     spec = create.manifest["spec"]
-    assert (spec["priorityClassName"], spec["priorityClassSource"]) == (
-        "urgent", queueing.WORKLOAD_PRIORITY_SOURCE)
+    assert spec["priorityClassRef"] == {
+        "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "urgent"}
 
     class Classes:
         def priority_value(self, name: str, workload_class: bool) -> int | None:
@@ -282,15 +282,22 @@ def test_a_job_taken_off_its_queue_deletes_its_workload_and_runs_unqueued() -> N
     assert "label was removed: it runs outside Kueue's quota" in delete.why
     assert _of(d, CreatePods)
     assert h.condition("Suspended")["status"] == "False"
-    assert h.condition("Suspended")["reason"] != "Admitted"
+    assert h.condition("Suspended")["reason"] == "LeftQueue"
+    assert not queueing.was_queued(h.status())  # its Workload is not looked for any more
     # an admitted, running job keeps its pods and gives its Workload up
     h = _queued()
+    h.step()
     h.workload = queueing.workload_view(_workload(QuotaReserved="True", Admitted="True"))
     h.step()
     h.run_pods()
+    assert queueing.was_queued(h.status())  # Admitted: read its Workload, label or not
     h.job["metadata"]["labels"].clear()
     d = h.step()
     assert _of(d, DeleteWorkload) and not _of(d, DeletePods)
+    assert "the job runs outside Kueue's quota" in h.condition("Suspended")["message"]
+    h.workload = None
+    d = h.step()
+    assert not _of(d, DeleteWorkload) and not queueing.was_queued(h.status())
 
 
 def test_the_cache_remembers_a_jobs_workloads_from_their_watch() -> None:

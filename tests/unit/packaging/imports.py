@@ -45,6 +45,22 @@ def imported_modules(path: Path) -> Iterator[str]:
             yield node.module.split(".")[0]
 
 
+def dotted_imports(path: Path, package: str = "") -> Iterator[str]:
+    """The full dotted names a file imports (`from a.b import c` gives a.b and a.b.c); relative
+    imports are resolved against `package`, the dotted package the file is in."""
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            module = ".".join([*base, node.module] if node.module else base)
+            if node.level == 0:
+                module = node.module or ""
+            yield module
+            yield from (f"{module}.{alias.name}" for alias in node.names)
+
+
 def third_party_imports() -> dict[str, set[Path]]:
     """Each third-party top-level module imported by the shipped code, and where."""
     found: dict[str, set[Path]] = {}

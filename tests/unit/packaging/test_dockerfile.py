@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,13 @@ import yaml
 
 from tests.unit.packaging import dockerfile as df
 from tests.unit.packaging.commands import unknown_part
-from tests.unit.packaging.imports import distributions_of, runtime_closure, third_party_imports
+from tests.unit.packaging.imports import (
+    SOURCE_DIRS,
+    distributions_of,
+    dotted_imports,
+    runtime_closure,
+    third_party_imports,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 TEXT = (ROOT / "Dockerfile").read_text()
@@ -136,3 +143,22 @@ def test_runtime_imports_are_declared_dependencies():
     assert not missing, (
         f"imported but not a run-time dependency in pyproject.toml (add it to "
         f"[project].dependencies; the version is in requirements.lock): {missing}")
+
+
+def test_what_the_images_leave_out_is_imported_by_nothing_they_run():
+    """The build stages delete parts of installed packages (the Kubernetes client's asyncio
+    copy): no shipped module, and no module of the kept part of that package, imports them."""
+    (env,) = [i for i in BY_NAME["build-base"].all("ENV") if i.args.startswith("UNUSED=")]
+    removed = [p.split("/site-packages/")[1].replace("/", ".")
+               for p in env.args.partition("=")[2].strip('"').split()]
+    assert removed == ["kubernetes.aio"]
+    for stage in ("build-operator", "build-sidecar", "build-trainer"):
+        assert any("rm -rf ${UNUSED}" in i.args for i in BY_NAME[stage].all("RUN")), stage
+    package_dir = Path(str(metadata.distribution("kubernetes").locate_file("kubernetes")))
+    kept = {p: ".".join(("kubernetes", *p.relative_to(package_dir).parent.parts))
+            for p in package_dir.rglob("*.py") if "aio" not in p.relative_to(package_dir).parts}
+    sources = {p: "" for d in SOURCE_DIRS for p in d.rglob("*.py")} | kept
+    for path, package in sources.items():
+        for name in dotted_imports(path, package):
+            assert not any(name == r or name.startswith(r + ".") for r in removed), (
+                f"{path} imports {name}, which the images delete")
