@@ -7,7 +7,7 @@ Baseline: a receiver process recv_into()s into a prefaulted 1 GiB buffer, a send
 sendall()s the same shard straight from the trainer's shared-memory slot, acknowledged with
 one byte. Sidecar: the bench commits a new version into rank 0's slot file (as the trainer
 does), POSTs /notify, and reads rank 0's own measurement of that send (first byte out to the
-peer's final acknowledgement, the CRC-32 and the Poly1305 MAC of every chunk included) from
+peer's final acknowledgement, the CRC-32 and the AES-GMAC tag of every chunk included) from
 /inventory. Two warm-up versions allocate the receiver's two replica slots first, as in steady
 state. Raw and sidecar runs alternate, RUNS each. The figure is the median of the per-pair
 ratios (each sidecar run over the raw run just before it), which cancels most of the drift of
