@@ -729,8 +729,6 @@ def _workload_manifest(observed: Observed, spec: JobSpec, config: ReconcileConfi
 def _remake_if_outdated(workload: WorkloadView, wanted: Manifest, draft: _Draft) -> None:
     """A waiting job whose queue label, priority label or spare nodes changed gets a new
     Workload (as Kueue's job integrations do); an admitted one keeps its admission."""
-    if workload.shape is None:
-        return
     changed = workload.shape.differences(queueing.shape_of(wanted["spec"]))
     if changed:
         draft.actions.append(DeleteWorkload(workload.name, (

@@ -93,7 +93,7 @@ class WorkloadView:
     conditions: tuple[Mapping[str, Any], ...] = ()
     # The assigned flavors' node labels and tolerations (read by the reconciler).
     placement: Flavor = field(default_factory=Flavor)
-    shape: Shape | None = None  # what it was made for (None: not read)
+    shape: Shape = field(default_factory=lambda: Shape("", "", ()))  # what it was made for
     admitted_counts: Mapping[str, int] = field(default_factory=dict)  # pods by pod set
 
     def with_placement(self, flavors: Sequence[Flavor]) -> WorkloadView:
@@ -174,7 +174,7 @@ def admitted_spec(spec: JobSpec, workload: WorkloadView | None) -> JobSpec:
     for the next one: the quota counted only those)."""
     if workload is None or not workload.admitted:
         return spec
-    asked = dict(workload.shape.counts) if workload.shape is not None else {}
+    asked = dict(workload.shape.counts)
     admitted_spares = workload.admitted_counts.get(SPARES, asked.get(SPARES, 0))
     if spec.failure_policy.spare_nodes > admitted_spares:
         spec = replace(spec, failure_policy=replace(spec.failure_policy,
