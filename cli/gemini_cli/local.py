@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     local = subparsers.add_parser(
         "local", help=COMMANDS["local"].help,
         description="A real control plane (etcd, kube-apiserver, kube-controller-manager, "
-        "kube-scheduler) on loopback, with node agents that run pods as local processes.",
+        "kube-scheduler) on loopback, with node agents that run pods as local processes, or "
+        "real kubelets with containerd (--kubelet).",
     )
     local.add_argument("--state-dir", type=Path, default=None,
                        help="where the cluster keeps its state (default: $GEMINI_LOCAL_DIR "
@@ -37,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up.add_argument("--with-kueue", action="store_true",
                     help="also start Kueue with a queue `local` holding every node's CPU and "
                     "memory (label jobs kueue.x-k8s.io/queue-name: local)")
+    up.add_argument("--kubelet", action="store_true",
+                    help="real kubelet nodes (kubelet, containerd, runc, bridge CNI; root, at "
+                    "most 16, one such cluster per machine) instead of node agents")
     add_output_flag(up)
     up.set_defaults(func=_up)
 
@@ -62,7 +66,7 @@ def _up(args: argparse.Namespace) -> int:
     try:
         topology = cluster.Topology(nodes=args.nodes, zones=zones, racks=racks)
         info = cluster.up(_state_dir(args), topology, with_s3=args.with_s3,
-                          with_kueue=args.with_kueue)
+                          with_kueue=args.with_kueue, kubelet=args.kubelet)
     except (ValueError, ControlPlaneError, KueueError) as err:
         raise CliError(str(err)) from err
     emit(args, info, _render_up)
@@ -71,7 +75,8 @@ def _up(args: argparse.Namespace) -> int:
 
 def _render_up(info: dict[str, Any]) -> str:
     lines = [
-        f"local cluster up in {info['startupSeconds']} s: {info['topology']['nodes']} nodes",
+        f"local cluster up in {info['startupSeconds']} s: {info['topology']['nodes']} "
+        f"{'kubelet ' if info.get('nodeKind') == 'kubelet' else ''}nodes",
         f"  API server:  {info['apiServer']}",
         f"  kubeconfig:  export KUBECONFIG={info['kubeconfig']}",
     ]

@@ -33,7 +33,7 @@ from gemini_local.kubelet.host import (
     iptables_chains,
     nft_tables,
 )
-from gemini_local.kubelet.node import BRIDGE
+from gemini_local.kubelet.node import BRIDGE_PREFIX
 from tests.fixtures.nodes import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -160,7 +160,7 @@ def test_teardown_leaves_nothing_behind(kubelet_node, control_plane):
     assert shims == [], "processes still using the node's containerd socket"
     assert mounts_under(kubelet_node["state_dir"]) == []
     before = kubelet_node["before"]
-    assert not Path(f"/sys/class/net/{BRIDGE}").exists()
+    assert not Path(f"/sys/class/net/{BRIDGE_PREFIX}0").exists()
     assert [d for d in cgroup_dirs() if d.exists()] == []
     assert {p for p in FIXED_PATHS if p.exists()} == before["paths"]
     assert _sysctls() == before["sysctls"]

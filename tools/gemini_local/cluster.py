@@ -1,5 +1,5 @@
-"""The whole local cluster: control plane, process-running nodes and (optionally) S3 and
-Kueue.
+"""The whole local cluster: control plane, nodes (process-running node agents, or real
+kubelets with `kubelet=True`) and (optionally) S3 and Kueue.
 
 `up`, `down` and `status` are what `gemini local ...` and the test fixtures call. All state lives
 in one directory (default ~/.gemini/local, or $GEMINI_LOCAL_DIR).
@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,9 +18,11 @@ from typing import Any
 
 from gemini_local import controlplane, processes
 from gemini_local.controlplane import ControlPlane, ControlPlaneError
+from gemini_local.nodeagent.config import RACK_LABEL, ZONE_LABEL
 
 ATTACHED_PREFIX = "attached-"  # pid files of processes `down` stops first (see attach)
 LOCAL_QUEUE = "local"  # with --with-kueue: the LocalQueue (in `default`) and its ClusterQueue
+KUBELET_NODES = "kubelet-nodes"  # the state folder of real kubelet nodes (see gemini_local.kubelet)
 
 
 def default_state_dir() -> Path:
@@ -49,12 +52,19 @@ class Topology:
         rack = index % self.racks
         return f"node-{index}", f"zone-{chr(ord('a') + rack % self.zones)}", f"rack-{rack}"
 
+    def labels(self, index: int) -> dict[str, str]:
+        _, zone, rack = self.node(index)
+        return {ZONE_LABEL: zone, RACK_LABEL: rack}
+
 
 def up(state_dir: Path, topology: Topology, with_s3: bool = False,
-       timeout: float = 60.0, with_kueue: bool = False) -> dict[str, Any]:
-    """Start everything and wait until every node is Ready; return the cluster's description."""
-    from gemini_local import nodes
+       timeout: float = 60.0, with_kueue: bool = False, kubelet: bool = False) -> dict[str, Any]:
+    """Start everything and wait until every node is Ready; return the cluster's description.
 
+    `kubelet`: the nodes are real kubelets with containerd and runc (root only, one such
+    cluster per machine) instead of node agents."""
+    if kubelet:
+        _check_kubelet_nodes(topology)
     if controlplane.ControlPlane.load(state_dir) and any(
         controlplane.running_components(state_dir).values()
     ):
@@ -64,14 +74,14 @@ def up(state_dir: Path, topology: Topology, with_s3: bool = False,
         )
     shutil.rmtree(state_dir / "etcd-data", ignore_errors=True)
     shutil.rmtree(state_dir / "nodes", ignore_errors=True)
+    _stop_kubelet_nodes(state_dir)  # left by a cluster that died without `down`
     started = time.monotonic()
     plane = controlplane.start_control_plane(state_dir, timeout=timeout)
     try:
-        for index in range(topology.nodes):
-            name, zone, rack = topology.node(index)
-            spec = nodes.NodeSpec(name=name, zone=zone, rack=rack, index=index)
-            nodes.start_node_agent(plane.kubeconfig, plane.pki, state_dir, spec)
-        _wait_nodes_ready(plane, topology.nodes, timeout)
+        if kubelet:
+            _start_kubelet_nodes(plane, state_dir, topology, timeout)
+        else:
+            _start_node_agents(plane, state_dir, topology, timeout)
         s3 = _start_s3(state_dir) if with_s3 else None
         queue = _start_kueue(plane, state_dir) if with_kueue else None
     except BaseException:
@@ -79,11 +89,60 @@ def up(state_dir: Path, topology: Topology, with_s3: bool = False,
         raise
     info = {
         "stateDir": str(state_dir), "kubeconfig": str(plane.kubeconfig),
-        "apiServer": plane.api_url, "topology": topology.__dict__, "s3": s3,
+        "apiServer": plane.api_url, "topology": topology.__dict__,
+        "nodeKind": "kubelet" if kubelet else "node-agent", "s3": s3,
         "kueue": queue, "startupSeconds": round(time.monotonic() - started, 2),
     }
     (state_dir / "cluster.json").write_text(json.dumps(info, indent=2))
     return info
+
+
+def _start_node_agents(plane: ControlPlane, state_dir: Path, topology: Topology,
+                       timeout: float) -> None:
+    from gemini_local import nodes
+
+    for index in range(topology.nodes):
+        name, zone, rack = topology.node(index)
+        spec = nodes.NodeSpec(name=name, zone=zone, rack=rack, index=index)
+        nodes.start_node_agent(plane.kubeconfig, plane.pki, state_dir, spec)
+    _wait_nodes_ready(plane, topology.nodes, timeout)
+
+
+def _check_kubelet_nodes(topology: Topology) -> None:
+    from gemini_local.kubelet.node import MAX_NODES
+
+    if os.geteuid() != 0:
+        raise ControlPlaneError("--kubelet nodes need root (containerd, runc, cgroups, bridges)")
+    if topology.nodes > MAX_NODES:
+        raise ControlPlaneError(f"--kubelet: at most {MAX_NODES} nodes, not {topology.nodes}")
+
+
+def _start_kubelet_nodes(plane: ControlPlane, state_dir: Path, topology: Topology,
+                         timeout: float) -> None:
+    from gemini_local import kubelet
+
+    labels = [topology.labels(i) for i in range(topology.nodes)]
+    try:
+        kubelet.start_kubelet_nodes(plane, state_dir / KUBELET_NODES, labels, timeout)
+    except kubelet.KubeletNodeError as err:
+        raise ControlPlaneError(str(err)) from err
+
+
+def _stop_kubelet_nodes(state_dir: Path) -> list[str]:
+    from gemini_local import faults, kubelet
+
+    root = state_dir / KUBELET_NODES
+    plane = ControlPlane.load(state_dir)
+    if plane is None or not root.exists():
+        return []
+    running = [f"kubelet node {n.name}" for n in kubelet.kubelet_nodes(root)
+               if any(n.running_pids().values())]
+    faults.clear_kubelet_tables()
+    problems = kubelet.stop_kubelet_nodes(plane, root)
+    if problems:
+        print("kubelet nodes left behind: " + "; ".join(problems), file=sys.stderr)
+    shutil.rmtree(root, ignore_errors=True)
+    return running
 
 
 def _start_s3(state_dir: Path) -> dict[str, Any]:
@@ -129,6 +188,7 @@ def down(state_dir: Path) -> list[str]:
     if kueue.stop_kueue(state_dir / "kueue"):
         stopped.append("kueue")
     stopped += [f"node-agent {n}" for n in nodes.stop_all_node_agents(state_dir) or []]
+    stopped += _stop_kubelet_nodes(state_dir)
     if (state_dir / "s3").exists() and s3.stop_s3(state_dir / "s3"):
         stopped.append("s3")
     stopped += controlplane.stop_control_plane(state_dir)
@@ -172,8 +232,8 @@ def _node_health(plane: ControlPlane) -> list[dict[str, str]]:
             "name": node.metadata.name,
             "ready": ready.status if ready else "Unknown",
             "reason": ready.reason if ready else "",
-            "zone": labels.get("topology.kubernetes.io/zone", ""),
-            "rack": labels.get("topology.gemini.io/rack", ""),
+            "zone": labels.get(ZONE_LABEL, ""),
+            "rack": labels.get(RACK_LABEL, ""),
         })
     return rows
 

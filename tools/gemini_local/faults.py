@@ -11,6 +11,11 @@
   (nftables `limit rate over` drops what exceeds it; TCP backs off to about the rate).
   heal_node ends a slow link and a partition alike.
 - add_node: start a fresh node agent (a spare) and wait until its Node is registered.
+
+On real kubelet nodes (`gemini local up --kubelet`) a crash goes through containerd (the task's
+processes signalled), a power loss kills the node's kubelet, containerd, shims and every process
+in its cgroup, and a partition drops forwarded packets between the node's pod subnet and the
+rest and the kubelet's own traffic (its group id); slow links are for node agents only.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from gemini_local import nodes
+from gemini_local import kubelet, nodes
 from gemini_local.nodeagent.addressing import NodeNetwork
 from gemini_local.pki import Pki
 
@@ -42,6 +47,12 @@ def kill_container(
     state_dir: Path, namespace: str, pod: str, container: str, sig: int = signal.SIGKILL
 ) -> int:
     """Send `sig` to a running container (SIGKILL: its whole process group); return its pid."""
+    for node in _kubelet_nodes(state_dir):
+        if node.running_pids()["containerd"] is None:
+            continue
+        pid = node.kill_container(namespace, pod, container, signal.Signals(sig).name)
+        if pid is not None:
+            return pid
     pattern = f"nodes/*/pods/{namespace}_{pod}_*/containers/{container}.pid"
     for pid_file in sorted(state_dir.glob(pattern)):
         try:
@@ -59,10 +70,47 @@ def kill_container(
 
 def lose_node(state_dir: Path, node: str) -> int:
     """Power loss: kill the node's agent and all its processes at once; return how many."""
+    if (real := _kubelet_node(state_dir, node)) is not None:
+        if real.running_pids()["kubelet"] is None:
+            raise FaultError(f"node {node!r} is not running (already lost or stopped)")
+        return kubelet.lose_kubelet_node(real)
     nodes.node_config(state_dir, node)  # an unknown node is named as such
     if nodes.running_agent_pid(state_dir, node) is None:
         raise FaultError(f"node {node!r} is not running (already lost or stopped)")
     return nodes.kill_node_processes(state_dir, node)
+
+
+def _kubelet_nodes(state_dir: Path) -> list[kubelet.KubeletNode]:
+    from gemini_local.cluster import KUBELET_NODES  # cluster imports this module
+
+    return kubelet.kubelet_nodes(state_dir / KUBELET_NODES)
+
+
+def _kubelet_node(state_dir: Path, name: str) -> kubelet.KubeletNode | None:
+    return next((n for n in _kubelet_nodes(state_dir) if n.name == name), None)
+
+
+def _kubelet_table(node: kubelet.KubeletNode) -> str:
+    return f"gemini_kubelet_{node.index}"
+
+
+def _partition_kubelet_node(node: kubelet.KubeletNode) -> None:
+    if os.geteuid() != 0:
+        raise FaultError("network partitions need root")
+    subnet = node.pod_subnet
+    _replace_table(_kubelet_table(node), [
+        # The kubelet reaches its own pods (probes) and nothing else; nobody reaches it.
+        "type filter hook output priority -10; policy accept;",
+        f"meta skgid {node.gid} ct direction original ip daddr != {{ {subnet}, {node.name} }} "
+        "counter drop",
+        f"ip daddr {node.name} meta skgid != {node.gid} counter drop",
+        f"meta nfproto ipv6 meta skgid {node.gid} counter drop",
+    ], "partition rules", {"forward": [
+        # Pods talk among themselves on the node's bridge and to no other node's pods.
+        "type filter hook forward priority -10; policy accept;",
+        f"ip saddr {subnet} ip daddr != {subnet} counter drop",
+        f"ip daddr {subnet} ip saddr != {subnet} counter drop",
+    ]})
 
 
 def _table(state_dir: Path, node: str) -> tuple[str, NodeNetwork, int | None]:
@@ -90,6 +138,15 @@ def clear_octet_tables(octet: int) -> None:
             _nft(["delete", "table", "inet", table])
 
 
+def clear_kubelet_tables() -> None:
+    """Delete the partitions of kubelet nodes (one set of them per machine)."""
+    if shutil.which("nft") is None:
+        return
+    for table in _nft(["list", "tables"]).stdout.split():
+        if table.startswith("gemini_kubelet_"):
+            _nft(["delete", "table", "inet", table])
+
+
 def _replace_table(table: str, rules: list[str], what: str,
                    chains: dict[str, list[str]] | None = None) -> None:
     """(Re)create `inet <table>` with an output chain of `rules` (and other `chains`)."""
@@ -111,6 +168,9 @@ def _slow_table(state_dir: Path, node: str) -> str:
 
 def partition_node(state_dir: Path, node: str) -> None:
     """Cut the node off: its processes reach nothing outside its /24, nothing reaches them."""
+    if (real := _kubelet_node(state_dir, node)) is not None:
+        _partition_kubelet_node(real)
+        return
     table, net, gid = _table(state_dir, node)
     if gid is None or os.geteuid() != 0:
         raise FaultError("network partitions need root: the node's processes must run with "
@@ -194,6 +254,9 @@ def slow_link(state_dir: Path, node: str, rate_bytes_per_s: int) -> None:
     earlier rate); `heal_node` ends it. Packets over the rate are dropped, so TCP backs off
     to about the rate; after a quiet second a node may send one second's worth at once (the
     nftables bucket holds a second of the rate)."""
+    if _kubelet_node(state_dir, node) is not None:
+        raise FaultError("slow links are for node agents; kubelet nodes can be partitioned, "
+                         "not slowed")
     if rate_bytes_per_s < 1:
         raise FaultError(f"a slow link needs a rate of at least 1 byte/s, not {rate_bytes_per_s}")
     _, net, gid = _table(state_dir, node)
@@ -207,7 +270,9 @@ def slow_link(state_dir: Path, node: str, rate_bytes_per_s: int) -> None:
 
 def heal_node(state_dir: Path, node: str, missing_ok: bool = True) -> bool:
     """Lift a partition and a slow link; True if the node had either."""
-    tables = [_table(state_dir, node)[0], _slow_table(state_dir, node)]
+    real = _kubelet_node(state_dir, node)
+    tables = ([_kubelet_table(real)] if real is not None
+              else [_table(state_dir, node)[0], _slow_table(state_dir, node)])
     if shutil.which("nft") is None:
         if missing_ok:
             return False
@@ -225,10 +290,13 @@ def _has_table(table: str) -> bool:
 
 
 def is_partitioned(state_dir: Path, node: str) -> bool:
-    return _has_table(_table(state_dir, node)[0])
+    real = _kubelet_node(state_dir, node)
+    return _has_table(_kubelet_table(real) if real is not None else _table(state_dir, node)[0])
 
 
 def is_slowed(state_dir: Path, node: str) -> bool:
+    if _kubelet_node(state_dir, node) is not None:
+        return False
     return _has_table(_slow_table(state_dir, node))
 
 

@@ -19,15 +19,16 @@ from pathlib import Path
 
 def spawn(
     name: str, argv: Sequence[str], pid_dir: Path, log_dir: Path,
-    env: Mapping[str, str] | None = None,
+    env: Mapping[str, str] | None = None, group: int | None = None,
 ) -> int:
-    """Start `argv` detached, output to `<log_dir>/<name>.log`; return its pid."""
+    """Start `argv` detached (with group id `group`, if given), output to
+    `<log_dir>/<name>.log`; return its pid."""
     pid_dir.mkdir(parents=True, exist_ok=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     with open(log_dir / f"{name}.log", "ab") as log:
         proc = subprocess.Popen(
             list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env=dict(env) if env is not None else None,
+            start_new_session=True, env=dict(env) if env is not None else None, group=group,
         )
     record(name, proc.pid, argv[0], pid_dir)
     return proc.pid

@@ -5,9 +5,14 @@ from gemini_local.kubelet.node import (
     PAUSE_IMAGE,
     KubeletNode,
     KubeletNodeError,
+    kubelet_nodes,
+    lose_kubelet_node,
     start_kubelet_node,
+    start_kubelet_nodes,
     stop_kubelet_node,
+    stop_kubelet_nodes,
 )
 
-__all__ = ["PAUSE_IMAGE", "KubeletNode", "KubeletNodeError", "mounts_under",
-           "start_kubelet_node", "stop_kubelet_node"]
+__all__ = ["PAUSE_IMAGE", "KubeletNode", "KubeletNodeError", "kubelet_nodes",
+           "lose_kubelet_node", "mounts_under", "start_kubelet_node", "start_kubelet_nodes",
+           "stop_kubelet_node", "stop_kubelet_nodes"]

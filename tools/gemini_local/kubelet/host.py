@@ -114,19 +114,25 @@ def _cgroup_mounts() -> list[tuple[Path, str]]:
     return sorted(set(mounts))
 
 
-def cgroup_dirs() -> list[Path]:
-    """The node's cgroup root in every cgroup hierarchy."""
-    return [point / CGROUP_ROOT.lstrip("/") for point, _ in _cgroup_mounts()]
+def cgroup_dirs(sub: str = "") -> list[Path]:
+    """The nodes' cgroup root (or `sub` below it, one node's) in every cgroup hierarchy."""
+    return [point / CGROUP_ROOT.lstrip("/") / sub if sub else point / CGROUP_ROOT.lstrip("/")
+            for point, _ in _cgroup_mounts()]
 
 
-def make_cgroup_root() -> None:
+def make_cgroup_root(sub: str = "") -> None:
+    """Make the cgroup root (and `sub` below it, a node's own root) in every hierarchy."""
     for point, fstype in _cgroup_mounts():
-        d = point / CGROUP_ROOT.lstrip("/")
-        d.mkdir(exist_ok=True)
-        if fstype == "cgroup" and (point / "cpuset.cpus").exists():
-            # A new v1 cpuset has no CPUs or memory nodes of its own: give it its parent's.
-            for f in ("cpuset.cpus", "cpuset.mems"):
-                (d / f).write_text((point / f).read_text())
+        parent = point
+        for part in [CGROUP_ROOT.lstrip("/"), *filter(None, [sub])]:
+            d = parent / part
+            d.mkdir(exist_ok=True)
+            if fstype == "cgroup" and (parent / "cpuset.cpus").exists():
+                # A new v1 cpuset has no CPUs or memory nodes of its own: give it its parent's.
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    if not (d / f).read_text().strip():
+                        (d / f).write_text((parent / f).read_text())
+            parent = d
 
 
 def load(state_dir: Path) -> dict[str, Any]:
@@ -180,13 +186,13 @@ def remove_netns(before: set[str], problems: list[str]) -> None:
             problems.append(f"netns {ns}: {err}")
 
 
-def _kill_cgroup_processes(timeout: float = 15.0) -> None:
-    """SIGKILL every process left in the node's cgroups (containers whose kubelet, containerd
-    and shim died without cleaning up), and wait until they are gone."""
+def kill_cgroup_processes(sub: str = "", timeout: float = 15.0) -> None:
+    """SIGKILL every process in the nodes' cgroups (or only in `sub`, one node's): containers
+    whose kubelet, containerd and shim died without cleaning up; wait until they are gone."""
     deadline = time.monotonic() + timeout
     while True:
         pids = set()
-        for root in cgroup_dirs():
+        for root in cgroup_dirs(sub):
             for procs in root.rglob("cgroup.procs") if root.exists() else ():
                 with contextlib.suppress(OSError, ValueError):
                     pids |= {int(p) for p in procs.read_text().split()}
@@ -200,7 +206,7 @@ def _kill_cgroup_processes(timeout: float = 15.0) -> None:
 
 
 def remove_cgroups(problems: list[str]) -> None:
-    _kill_cgroup_processes()
+    kill_cgroup_processes()
     left = []
     for root in cgroup_dirs():
         if not root.exists():

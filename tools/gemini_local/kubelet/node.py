@@ -6,17 +6,26 @@ and IPAM state, logs and pid files. What cannot live there, and what the teardow
 
 - sysctls the kubelet and the bridge plugin change (`vm.overcommit_memory`, `kernel.panic`,
   `kernel.panic_on_oops`, `net.ipv4.ip_forward`): recorded in `host.json` before the start;
-- the cgroup root (`/gemini-kubelet` in every cgroup hierarchy), made before the start;
-- the bridge `gmkubelet0` and its veths, the pods' network namespaces under `/run/netns`;
+- the cgroup root (`/gemini-kubelet` in every cgroup hierarchy, one `n<index>` below it per
+  node), made before the start;
+- the bridge `gmkubelet<index>` of each node and its veths, the pods' network namespaces under
+  `/run/netns`;
 - the kubelet's iptables chains (KUBE-IPTABLES-HINT, KUBE-KUBELET-CANARY, KUBE-FIREWALL with
   its jumps from INPUT and OUTPUT) and the nftables tables iptables-nft made to hold them;
 - fixed paths that containerd 1.6 and the kubelet create (`/run/containerd`, `/var/lib/cni`,
   `/var/lib/kubelet/device-plugins`, `/var/log/containers`): removed when the start made them.
 
-One kubelet node per machine at a time (the bridge, the cgroup root and the sysctls are
-machine-wide). Its node name is its IP, 127.0.50.1: the kubelet refuses a loopback `--node-ip`,
-but an IP given as `--hostname-override` becomes the node's InternalIP, on which the API server
-reaches the kubelet (logs, exec).
+One set of kubelet nodes per machine at a time (the bridges, the cgroup root and the sysctls
+are machine-wide): one node alone (`start_kubelet_node`) or several (`start_kubelet_nodes`, the
+host recorded once for all of them). Node `i` is named by its IP, 127.0.50.<i+1>: the kubelet
+refuses a loopback `--node-ip`, but an IP given as `--hostname-override` becomes the node's
+InternalIP, on which the API server reaches the kubelet (logs, exec). Its pods get addresses
+from 10.250.<50+i>.0/24 on its bridge, whose address (.1) is their gateway: pods of different
+nodes reach each other through the host's routes between the bridges, as through a network.
+
+Every node has its own containerd (root, state, socket) and its own cgroup root, so that one
+node is lost (`lose_kubelet_node`: kubelet, containerd and every container killed at once)
+without touching the others.
 
 Credentials: the kubelet gets its own client certificate (user `system:node:<name>`, group
 `system:nodes`) with the `system:node` ClusterRole bound to it (the API server runs RBAC without
@@ -44,10 +53,11 @@ from gemini_local.kubelet.oci import write_image
 
 PAUSE_IMAGE = "gemini.local/pause:1"
 PAUSE_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-pause.sh"
-NODE_ADDRESS = "127.0.50.1"
-BRIDGE = "gmkubelet0"
-POD_SUBNET = "10.250.50.0/24"
+BRIDGE_PREFIX = "gmkubelet"
+MAX_NODES = 16
+POD_NETWORK = "10.250.0.0/16"  # node i's pods: 10.250.<50+i>.0/24
 CNI_BIN_DIR = Path("/usr/lib/cni")
+NODE_FILE = "node.json"  # in each node's state folder: its name, index and labels
 _CONTAINERD, _KUBELET = "containerd", "kubelet"
 
 
@@ -59,6 +69,43 @@ class KubeletNodeError(RuntimeError):
 class KubeletNode:
     name: str
     state_dir: Path
+    index: int = 0
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def at(cls, index: int, state_dir: Path, labels: dict[str, str] | None = None) -> KubeletNode:
+        if not 0 <= index < MAX_NODES:
+            raise KubeletNodeError(f"a kubelet node index must be 0..{MAX_NODES - 1}, not {index}")
+        return cls(f"127.0.50.{index + 1}", state_dir, index, tuple(sorted((labels or {}).items())))
+
+    @classmethod
+    def load(cls, state_dir: Path) -> KubeletNode:
+        saved = json.loads((state_dir / NODE_FILE).read_text())
+        return cls.at(int(saved["index"]), state_dir, saved.get("labels"))
+
+    def save(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / NODE_FILE).write_text(json.dumps(
+            {"name": self.name, "index": self.index, "labels": dict(self.labels)}))
+
+    @property
+    def bridge(self) -> str:
+        return f"{BRIDGE_PREFIX}{self.index}"
+
+    @property
+    def pod_subnet(self) -> str:
+        return f"10.250.{50 + self.index}.0/24"
+
+    @property
+    def gid(self) -> int:
+        """The kubelet's group id, by which nftables tells its packets apart (a partition);
+        above the node agents' (gemini_local.nodeagent.addressing), below their first."""
+        return 200_000 + 50 * 256 + self.index + 1
+
+    @property
+    def cgroup_sub(self) -> str:
+        """The node's cgroup root below the machine-wide one."""
+        return f"n{self.index}"
 
     @property
     def pid_dir(self) -> Path:
@@ -81,6 +128,20 @@ class KubeletNode:
             raise KubeletNodeError(f"ctr {' '.join(args)} failed: {result.stderr.strip()}")
         return result.stdout
 
+    def kill_container(self, namespace: str, pod: str, container: str, sig: str) -> int | None:
+        """Send `sig` (e.g. SIGKILL) to every process of the running container `container` of
+        pod `namespace/pod`; its pid, or None when no such container runs here."""
+        labels = {"io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": pod,
+                  "io.kubernetes.container.name": container}
+        wanted = ",".join(f'labels."{k}"=={v}' for k, v in labels.items())
+        ids = set(self.ctr("containers", "ls", "-q", wanted).split())
+        for line in self.ctr("tasks", "ls").splitlines()[1:]:
+            task, pid, status = [*line.split(), "", "", ""][:3]
+            if task in ids and status == "RUNNING":
+                self.ctr("tasks", "kill", "--all", f"--signal={sig}", task)
+                return int(pid)
+        return None
+
     def running_pids(self) -> dict[str, int | None]:
         return {d: processes.running_pid(d, self.pid_dir) for d in (_CONTAINERD, _KUBELET)}
 
@@ -95,40 +156,81 @@ def pause_binary() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def start_kubelet_node(plane: ControlPlane, state_dir: Path, timeout: float = 120.0) -> KubeletNode:
+def start_kubelet_node(plane: ControlPlane, state_dir: Path, timeout: float = 120.0,
+                       index: int = 0, labels: dict[str, str] | None = None) -> KubeletNode:
     """Start containerd and a kubelet joined to `plane`, import the pause image, and wait until
     the Node is Ready. On failure everything started is torn down again."""
-    missing = [t for t in ("containerd", "runc", "ctr") if shutil.which(t) is None]
-    if missing or not (CNI_BIN_DIR / "bridge").exists():
-        raise KubeletNodeError(
-            f"missing {', '.join(missing) or CNI_BIN_DIR / 'bridge'}: run ./dev setup (it installs "
-            "containerd runc containernetworking-plugins iptables)")
-    if Path(f"/sys/class/net/{BRIDGE}").exists():
-        raise KubeletNodeError(f"bridge {BRIDGE} exists: is another kubelet node running?")
-    kubelet = binaries_dir() / "kubelet"
-    if not kubelet.exists():
-        raise KubeletNodeError(f"{kubelet} is missing: run hack/build-binaries.sh")
-    pause = pause_binary()
-    node = KubeletNode(NODE_ADDRESS, state_dir)
+    node = KubeletNode.at(index, state_dir, labels)
+    _check_host([node])
     state_dir.mkdir(parents=True, exist_ok=True)
-    host.record(node.state_dir)
+    host.record(state_dir)
     try:
-        host.make_cgroup_root()
-        _write_cni_config(node)
-        processes.spawn(_CONTAINERD, ["containerd", f"--config={_write_containerd_config(node)}"],
-                        node.pid_dir, node.log_dir)
-        _wait_for(lambda: node.containerd_socket.exists() and _ctr_ok(node), timeout,
-                  "containerd's socket", node, _CONTAINERD)
-        image = write_image(pause, PAUSE_IMAGE, state_dir / "images" / "pause.tar")
-        node.ctr("images", "import", "--no-unpack=false", str(image))
-        argv = _kubelet_args(kubelet, node, plane)
-        processes.spawn(_KUBELET, argv, node.pid_dir, node.log_dir)
+        _launch(plane, node, timeout)
         _wait_for(lambda: _node_ready(plane, node.name), timeout, f"node {node.name} Ready",
                   node, _KUBELET)
     except BaseException:
         stop_kubelet_node(plane, node)
         raise
     return node
+
+
+def start_kubelet_nodes(plane: ControlPlane, root: Path, labels: list[dict[str, str]],
+                        timeout: float = 120.0) -> list[KubeletNode]:
+    """Start one kubelet node per entry of `labels` (node i under `root/n<i>`, with those
+    labels) and wait until every Node is Ready; the host is recorded once, in `root`. On
+    failure everything started is torn down again (`stop_kubelet_nodes`)."""
+    nodes = [KubeletNode.at(i, root / f"n{i}", node_labels) for i, node_labels in
+             enumerate(labels)]
+    _check_host(nodes)
+    root.mkdir(parents=True, exist_ok=True)
+    host.record(root)
+    try:
+        for node in nodes:
+            _launch(plane, node, timeout)
+        for node in nodes:
+            _wait_for(lambda n=node: _node_ready(plane, n.name), timeout,  # type: ignore[misc]
+                      f"node {node.name} Ready", node, _KUBELET)
+    except BaseException:
+        stop_kubelet_nodes(plane, root)
+        raise
+    return nodes
+
+
+def kubelet_nodes(root: Path) -> list[KubeletNode]:
+    """The nodes `start_kubelet_nodes` started under `root` (running or not)."""
+    found = [KubeletNode.load(d) for d in root.glob("n*") if (d / NODE_FILE).exists()]
+    return sorted(found, key=lambda n: n.index)
+
+
+def _check_host(nodes: list[KubeletNode]) -> None:
+    missing = [t for t in ("containerd", "runc", "ctr") if shutil.which(t) is None]
+    if missing or not (CNI_BIN_DIR / "bridge").exists():
+        raise KubeletNodeError(
+            f"missing {', '.join(missing) or CNI_BIN_DIR / 'bridge'}: run ./dev setup (it installs "
+            "containerd runc containernetworking-plugins iptables)")
+    if taken := [n.bridge for n in nodes if Path(f"/sys/class/net/{n.bridge}").exists()]:
+        raise KubeletNodeError(f"bridge {taken[0]} exists: are other kubelet nodes running on "
+                               "this machine? (`gemini local down` stops a local cluster's)")
+    if not (binaries_dir() / "kubelet").exists():
+        raise KubeletNodeError(f"{binaries_dir() / 'kubelet'} is missing: run "
+                               "hack/build-binaries.sh")
+
+
+def _launch(plane: ControlPlane, node: KubeletNode, timeout: float) -> None:
+    """Start the node's containerd, import the pause image, start its kubelet (not waiting for
+    the Node to be Ready)."""
+    pause = pause_binary()
+    node.save()
+    host.make_cgroup_root(node.cgroup_sub)
+    _write_cni_config(node)
+    processes.spawn(_CONTAINERD, ["containerd", f"--config={_write_containerd_config(node)}"],
+                    node.pid_dir, node.log_dir)
+    _wait_for(lambda: node.containerd_socket.exists() and _ctr_ok(node), timeout,
+              "containerd's socket", node, _CONTAINERD)
+    image = write_image(pause, PAUSE_IMAGE, node.state_dir / "images" / "pause.tar")
+    node.ctr("images", "import", "--no-unpack=false", str(image))
+    processes.spawn(_KUBELET, _kubelet_args(binaries_dir() / "kubelet", node, plane),
+                    node.pid_dir, node.log_dir, group=node.gid)
 
 
 def _ctr_ok(node: KubeletNode) -> bool:
@@ -182,9 +284,11 @@ def _write_cni_config(node: KubeletNode) -> None:
     (conf_dir / "10-gemini.conflist").write_text(json.dumps({
         "cniVersion": "1.0.0", "name": "gemini-kubelet",
         "plugins": [{
-            # No gateway and no masquerading: pod addresses stay inside their bridge.
-            "type": "bridge", "bridge": BRIDGE, "isGateway": False, "ipMasq": False,
-            "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+            # The bridge is the pods' gateway (routes between the nodes' bridges); no
+            # masquerading: pod addresses are seen as they are, as in a flat pod network.
+            "type": "bridge", "bridge": node.bridge, "isGateway": True, "ipMasq": False,
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": node.pod_subnet}]],
+                     "routes": [{"dst": POD_NETWORK}],
                      "dataDir": str(node.state_dir / "cni" / "ipam")},
         }],
     }, indent=2))
@@ -278,7 +382,8 @@ def _kubelet_args(kubelet: Path, node: KubeletNode, plane: ControlPlane) -> list
         "authorization": {"mode": "AlwaysAllow"},
         "containerRuntimeEndpoint": f"unix://{node.containerd_socket}",
         # Kubernetes 1.35 refuses these machines' v1/v2 hybrid cgroups unless told otherwise.
-        "failCgroupV1": False, "cgroupDriver": "cgroupfs", "cgroupRoot": CGROUP_ROOT,
+        "failCgroupV1": False, "cgroupDriver": "cgroupfs",
+        "cgroupRoot": f"{CGROUP_ROOT}/{node.cgroup_sub}",
         "failSwapOn": False, "oomScoreAdj": 0,
         "podLogsDir": str(d / "pod-logs"), "volumePluginDir": str(d / "volume-plugins"),
         # A small shared disk and memory: evict only at the very end, collect no images.
@@ -294,7 +399,9 @@ def _kubelet_args(kubelet: Path, node: KubeletNode, plane: ControlPlane) -> list
     config_path.write_text(json.dumps(config, indent=2))
     return [str(kubelet), f"--config={config_path}", f"--kubeconfig={kubeconfig}",
             f"--root-dir={d / 'root'}", f"--cert-dir={d / 'pki'}",
-            f"--hostname-override={node.name}", "--v=1"]
+            f"--hostname-override={node.name}", "--v=1",
+            *([f"--node-labels={','.join(f'{k}={v}' for k, v in node.labels)}"]
+              if node.labels else [])]
 
 
 # --- teardown ---------------------------------------------------------------------------------
@@ -303,6 +410,33 @@ def stop_kubelet_node(plane: ControlPlane, node: KubeletNode) -> list[str]:
     """Delete the node's pods, stop the kubelet and containerd, and undo every host change.
 
     Returns what could not be undone (empty when the host is as before the start)."""
+    problems = _stop_daemons(plane, node)
+    _undo_host(plane, node.state_dir, [node], problems)
+    return problems
+
+
+def stop_kubelet_nodes(plane: ControlPlane, root: Path) -> list[str]:
+    """`stop_kubelet_node` for every node started under `root`, the host put back once."""
+    nodes = kubelet_nodes(root)
+    problems = [p for node in nodes for p in _stop_daemons(plane, node)]
+    _undo_host(plane, root, nodes, problems)
+    return problems
+
+
+def lose_kubelet_node(node: KubeletNode) -> int:
+    """A power loss: SIGKILL the node's kubelet, containerd, shims and every container at once,
+    cleaning nothing up; return how many daemons were running. The Node stops renewing its
+    lease and the control plane finds out on its own."""
+    running = [pid for pid in node.running_pids().values() if pid is not None]
+    for pid in running:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, 9)
+    _kill_shims(node)
+    host.kill_cgroup_processes(node.cgroup_sub)
+    return len(running)
+
+
+def _stop_daemons(plane: ControlPlane, node: KubeletNode) -> list[str]:
     problems: list[str] = []
     if processes.running_pid(_KUBELET, node.pid_dir) is not None:
         _delete_pods(plane, node, problems)
@@ -311,11 +445,17 @@ def stop_kubelet_node(plane: ControlPlane, node: KubeletNode) -> list[str]:
         _kill_tasks(node, problems)
     processes.stop(_CONTAINERD, node.pid_dir, grace_seconds=10)
     _kill_shims(node)
-    host.unmount_under(node.state_dir, problems)
-    state = host.load(node.state_dir)
+    return problems
+
+
+def _undo_host(plane: ControlPlane, record_dir: Path, nodes: list[KubeletNode],
+               problems: list[str]) -> None:
+    host.unmount_under(record_dir, problems)
+    state = host.load(record_dir)
     host.remove_netns(set(state.get("netns", [])), problems)
-    if Path(f"/sys/class/net/{BRIDGE}").exists():
-        host.run(["ip", "link", "delete", BRIDGE], problems)
+    for node in nodes:
+        if Path(f"/sys/class/net/{node.bridge}").exists():
+            host.run(["ip", "link", "delete", node.bridge], problems)
     host.remove_cgroups(problems)
     if state:
         host.remove_iptables(state, problems)
@@ -324,10 +464,12 @@ def stop_kubelet_node(plane: ControlPlane, node: KubeletNode) -> list[str]:
         from kubernetes import client
 
         core = _core(plane)
-        core.delete_node(node.name)
-        client.RbacAuthorizationV1Api(core.api_client).delete_cluster_role_binding(
-            f"gemini-kubelet-{node.name}")
-    return problems
+        rbac = client.RbacAuthorizationV1Api(core.api_client)
+        for node in nodes:
+            with contextlib.suppress(Exception):
+                core.delete_node(node.name)
+            with contextlib.suppress(Exception):
+                rbac.delete_cluster_role_binding(f"gemini-kubelet-{node.name}")
 
 
 def _delete_pods(plane: ControlPlane, node: KubeletNode, problems: list[str]) -> None:
