@@ -8,7 +8,6 @@ is restarted; the teardown leaves no daemon, mount, cgroup or changed sysctl beh
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import time
 from collections.abc import Iterator
@@ -26,14 +25,9 @@ from gemini_local.kubelet import (
     start_kubelet_node,
     stop_kubelet_node,
 )
-from gemini_local.kubelet.host import (
-    FIXED_PATHS,
-    SYSCTLS,
-    cgroup_dirs,
-    iptables_chains,
-    nft_tables,
-)
+from gemini_local.kubelet.host import cgroup_dirs
 from gemini_local.kubelet.node import BRIDGE_PREFIX
+from tests.fixtures import kubelet_host
 from tests.fixtures.nodes import wait_until
 
 pytestmark = pytest.mark.cluster
@@ -41,24 +35,14 @@ pytestmark = pytest.mark.cluster
 MESSAGE = "hello from a real kubelet"
 
 
-def _sysctls() -> dict[str, str]:
-    return {s: (Path("/proc/sys") / s).read_text().strip() for s in SYSCTLS}
-
-
-def _missing_tools() -> list[str]:
-    missing = [t for t in ("containerd", "runc", "ctr") if shutil.which(t) is None]
-    return missing + [p for p in ("/usr/lib/cni/bridge",) if not Path(p).exists()]
-
-
 @pytest.fixture(scope="module")
 def kubelet_node(control_plane: ControlPlane,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     if os.geteuid() != 0:
         pytest.skip("a real kubelet node needs root")
-    if missing := _missing_tools():
+    if missing := kubelet_host.missing_tools():
         pytest.fail(f"missing {', '.join(missing)}: run ./dev setup")
-    before = {"sysctls": _sysctls(), "iptables": iptables_chains(), "nft": nft_tables(),
-              "paths": {p for p in FIXED_PATHS if p.exists()}}
+    before = kubelet_host.snapshot()
     state_dir = tmp_path_factory.mktemp("kubelet-node")
     started = time.monotonic()
     node = start_kubelet_node(control_plane, state_dir)
@@ -155,21 +139,9 @@ def test_teardown_leaves_nothing_behind(kubelet_node, control_plane):
     problems = stop_kubelet_node(control_plane, node)
     assert problems == [], problems
     assert node.running_pids() == {"containerd": None, "kubelet": None}
-    shims = [p for p in Path("/proc").iterdir() if p.name.isdigit()
-             and str(node.containerd_socket).encode() in _cmdline(p)]
+    shims = kubelet_host.processes_naming(str(node.containerd_socket).encode())
     assert shims == [], "processes still using the node's containerd socket"
     assert mounts_under(kubelet_node["state_dir"]) == []
-    before = kubelet_node["before"]
     assert not Path(f"/sys/class/net/{BRIDGE_PREFIX}0").exists()
     assert [d for d in cgroup_dirs() if d.exists()] == []
-    assert {p for p in FIXED_PATHS if p.exists()} == before["paths"]
-    assert _sysctls() == before["sysctls"]
-    assert iptables_chains() == before["iptables"]
-    assert nft_tables() == before["nft"]
-
-
-def _cmdline(proc: Path) -> bytes:
-    try:
-        return (proc / "cmdline").read_bytes()
-    except OSError:
-        return b""
+    assert kubelet_host.snapshot() == kubelet_node["before"]

@@ -1,0 +1,143 @@
+"""`gemini local up --kubelet`: several real kubelet nodes on one control plane.
+
+Three nodes join with their zone and rack labels; a pod on one node answers a pod on another
+over their pod IPs (each node's bridge routes to the others); the fault verbs work on real
+nodes: a partition cuts both the pods' traffic and the kubelet's heartbeat (the Node goes
+NotReady) and a heal restores both, a killed container is restarted by its kubelet, a lost
+node goes NotReady while the others stay Ready; `gemini local down` leaves the host as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from gemini_local.kubelet import PAUSE_IMAGE
+from gemini_local.kubelet.host import cgroup_dirs
+from gemini_local.kubelet.node import BRIDGE_PREFIX
+from tests.fixtures import kubelet_host
+from tests.fixtures.nodes import wait_until
+
+pytestmark = pytest.mark.cluster
+
+NODES = 3
+
+
+def _gemini(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gemini_cli", *args], capture_output=True,
+                          text=True, timeout=120, check=False)
+
+
+@pytest.fixture(scope="module")
+def kubelet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    if os.geteuid() != 0:
+        pytest.skip("real kubelet nodes need root")
+    if missing := kubelet_host.missing_tools():
+        pytest.fail(f"missing {', '.join(missing)}: run ./dev setup")
+    before = kubelet_host.snapshot()
+    state_dir = tmp_path_factory.mktemp("kubelet-cluster")
+    up = _gemini("local", "--state-dir", str(state_dir), "up", "--kubelet",
+                 "--nodes", str(NODES), "--output", "json")
+    info: dict[str, Any] = {"state_dir": state_dir, "before": before, "up": up}
+    try:
+        assert up.returncode == 0, up.stderr
+        yield info
+    finally:
+        info["down"] = _gemini("local", "--state-dir", str(state_dir), "down")
+
+
+@pytest.fixture(scope="module")
+def core(kubelet_cluster: dict[str, Any]) -> client.CoreV1Api:
+    kubeconfig = kubelet_cluster["state_dir"] / "kubeconfig"
+    return client.CoreV1Api(config.new_client_from_config(str(kubeconfig)))
+
+
+def _pod(name: str, node: str, args: list[str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": node, "automountServiceAccountToken": False,
+                     "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "main", "image": PAUSE_IMAGE,
+                                     "imagePullPolicy": "Never", "args": args}]}}
+
+
+def _ready(core: client.CoreV1Api, node: str) -> str:
+    conditions = core.read_node(node).status.conditions or []
+    return next((c.status for c in conditions if c.type == "Ready"), "Unknown")
+
+
+def _last_line(core: client.CoreV1Api, pod: str) -> str:
+    try:
+        lines = core.read_namespaced_pod_log(pod, "default", tail_lines=1).splitlines()
+    except client.ApiException:  # not started yet
+        return ""
+    return lines[-1] if lines else ""
+
+
+def _fault(state_dir: Path, *args: str) -> None:
+    result = _gemini("fault", "--state-dir", str(state_dir), *args)
+    assert result.returncode == 0, result.stderr
+
+
+def test_pods_on_different_kubelet_nodes_talk_and_faults_act_on_real_nodes(
+        kubelet_cluster: dict[str, Any], core: client.CoreV1Api) -> None:
+    state_dir = kubelet_cluster["state_dir"]
+    nodes = {n.metadata.name: n.metadata.labels for n in core.list_node().items}
+    first, second, last = (f"127.0.50.{i + 1}" for i in range(NODES))
+    assert sorted(nodes) == [first, second, last]
+    assert [nodes[n]["topology.kubernetes.io/zone"] for n in (first, second, last)] == \
+        ["zone-a", "zone-b", "zone-a"]
+    assert all(_ready(core, n) == "True" for n in nodes)
+
+    core.create_namespaced_pod("default", _pod("echo", first, ["--echo", "8080", "hi", "there"]))
+    ip = wait_until(lambda: core.read_namespaced_pod("echo", "default").status.pod_ip, 60,
+                    "the echo pod's IP", interval=0.3)
+    assert ip.startswith("10.250.50."), ip
+    core.create_namespaced_pod("default", _pod("dial", last, ["--dial", f"{ip}:8080"]))
+    wait_until(lambda: _last_line(core, "dial") == "reply: hi there", 60,
+               f"the pod on {last} to get the answer of the pod on {first}", interval=0.5)
+
+    _fault(state_dir, "partition", first)
+    wait_until(lambda: _last_line(core, "dial").startswith("error:"), 30,
+               "the partition to cut the pods' connection", interval=0.5)
+    wait_until(lambda: _ready(core, first) != "True", 40,
+               f"the partitioned node {first} NotReady (its kubelet cut off)", interval=0.5)
+    assert _ready(core, second) == "True"
+    _fault(state_dir, "heal", first)
+    wait_until(lambda: _ready(core, first) == "True", 30, f"{first} Ready after the heal",
+               interval=0.5)
+    wait_until(lambda: _last_line(core, "dial") == "reply: hi there", 30,
+               "the pods to talk again after the heal", interval=0.5)
+
+    _fault(state_dir, "kill-container", "default/echo", "main")
+    wait_until(lambda: (core.read_namespaced_pod("echo", "default").status
+                        .container_statuses[0].restart_count) >= 1, 60,
+               "the kubelet to restart the killed container", interval=0.5)
+
+    started = time.monotonic()
+    _fault(state_dir, "lose-node", last)
+    wait_until(lambda: _ready(core, last) != "True", 40, f"the lost node {last} NotReady",
+               interval=0.5)
+    print(f"lost node NotReady {time.monotonic() - started:.1f} s after the loss")
+    assert _ready(core, first) == "True" and _ready(core, second) == "True"
+    assert not kubelet_host.processes_naming(b"--dial"), "the lost node's container still runs"
+
+
+def test_down_leaves_the_host_as_it_was(kubelet_cluster: dict[str, Any]) -> None:
+    """Runs last in this module: takes the cluster down itself and checks the host."""
+    state_dir = kubelet_cluster["state_dir"]
+    down = _gemini("local", "--state-dir", str(state_dir), "down")
+    assert down.returncode == 0, down.stderr
+    assert "left behind" not in down.stderr, down.stderr
+    assert not list(Path("/sys/class/net").glob(f"{BRIDGE_PREFIX}*"))
+    assert [d for d in cgroup_dirs() if d.exists()] == []
+    assert kubelet_host.snapshot() == kubelet_cluster["before"]  # the partition's table too
+    leftovers = kubelet_host.processes_naming(str(state_dir).encode())
+    assert leftovers == [], "processes of the cluster still run"
