@@ -41,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up.add_argument("--kubelet", action="store_true",
                     help="real kubelet nodes (kubelet, containerd, runc, bridge CNI; root, at "
                     "most 16, one such cluster per machine) instead of node agents")
+    up.add_argument("--images", default="", metavar="TARGETS",
+                    help="with --kubelet: the Dockerfile's images to build (cached) and import "
+                    "into every node, comma-separated (operator,sidecar,trainer,examples)")
     add_output_flag(up)
     up.set_defaults(func=_up)
 
@@ -66,7 +69,8 @@ def _up(args: argparse.Namespace) -> int:
     try:
         topology = cluster.Topology(nodes=args.nodes, zones=zones, racks=racks)
         info = cluster.up(_state_dir(args), topology, with_s3=args.with_s3,
-                          with_kueue=args.with_kueue, kubelet=args.kubelet)
+                          with_kueue=args.with_kueue, kubelet=args.kubelet,
+                          images=tuple(t for t in args.images.split(",") if t))
     except (ValueError, ControlPlaneError, KueueError) as err:
         raise CliError(str(err)) from err
     emit(args, info, _render_up)

@@ -12,11 +12,13 @@ import os
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gemini_local import controlplane, processes
+from gemini_local import images as images_mod
 from gemini_local.controlplane import ControlPlane, ControlPlaneError
 from gemini_local.nodeagent.config import RACK_LABEL, ZONE_LABEL
 
@@ -58,13 +60,18 @@ class Topology:
 
 
 def up(state_dir: Path, topology: Topology, with_s3: bool = False,
-       timeout: float = 60.0, with_kueue: bool = False, kubelet: bool = False) -> dict[str, Any]:
+       timeout: float = 60.0, with_kueue: bool = False, kubelet: bool = False,
+       images: tuple[str, ...] = ()) -> dict[str, Any]:
     """Start everything and wait until every node is Ready; return the cluster's description.
 
     `kubelet`: the nodes are real kubelets with containerd and runc (root only, one such
-    cluster per machine) instead of node agents."""
+    cluster per machine) instead of node agents; `images`: the Dockerfile's targets (e.g.
+    operator, sidecar) built (or taken from the cache) and imported into every kubelet node."""
     if kubelet:
         _check_kubelet_nodes(topology)
+    elif images:
+        raise ControlPlaneError("images are for kubelet nodes (node agents run no images)")
+    archives = _image_archives(images)  # before the cluster: a build takes a minute or two
     if controlplane.ControlPlane.load(state_dir) and any(
         controlplane.running_components(state_dir).values()
     ):
@@ -79,7 +86,7 @@ def up(state_dir: Path, topology: Topology, with_s3: bool = False,
     plane = controlplane.start_control_plane(state_dir, timeout=timeout)
     try:
         if kubelet:
-            _start_kubelet_nodes(plane, state_dir, topology, timeout)
+            _start_kubelet_nodes(plane, state_dir, topology, timeout, archives)
         else:
             _start_node_agents(plane, state_dir, topology, timeout)
         s3 = _start_s3(state_dir) if with_s3 else None
@@ -90,7 +97,8 @@ def up(state_dir: Path, topology: Topology, with_s3: bool = False,
     info = {
         "stateDir": str(state_dir), "kubeconfig": str(plane.kubeconfig),
         "apiServer": plane.api_url, "topology": topology.__dict__,
-        "nodeKind": "kubelet" if kubelet else "node-agent", "s3": s3,
+        "nodeKind": "kubelet" if kubelet else "node-agent",
+        "images": {t: images_mod.image_name(t) for t in images}, "s3": s3,
         "kueue": queue, "startupSeconds": round(time.monotonic() - started, 2),
     }
     (state_dir / "cluster.json").write_text(json.dumps(info, indent=2))
@@ -117,13 +125,28 @@ def _check_kubelet_nodes(topology: Topology) -> None:
         raise ControlPlaneError(f"--kubelet: at most {MAX_NODES} nodes, not {topology.nodes}")
 
 
+def _image_archives(targets: tuple[str, ...]) -> dict[str, Path]:
+    try:
+        return images_mod.archives(list(targets)) if targets else {}
+    except images_mod.ImageError as err:
+        raise ControlPlaneError(str(err)) from err
+
+
 def _start_kubelet_nodes(plane: ControlPlane, state_dir: Path, topology: Topology,
-                         timeout: float) -> None:
+                         timeout: float, archives: dict[str, Path]) -> None:
     from gemini_local import kubelet
 
     labels = [topology.labels(i) for i in range(topology.nodes)]
     try:
-        kubelet.start_kubelet_nodes(plane, state_dir / KUBELET_NODES, labels, timeout)
+        started = kubelet.start_kubelet_nodes(plane, state_dir / KUBELET_NODES, labels, timeout)
+
+        def import_all(node: kubelet.KubeletNode) -> None:
+            for target, archive in archives.items():
+                node.import_image(archive, images_mod.image_name(target),
+                                  images_mod.full_name(target))
+
+        with ThreadPoolExecutor(max_workers=len(started)) as pool:  # one containerd each
+            list(pool.map(import_all, started))
     except kubelet.KubeletNodeError as err:
         raise ControlPlaneError(str(err)) from err
 

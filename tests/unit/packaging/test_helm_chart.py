@@ -116,6 +116,15 @@ def test_the_operator_container_is_non_root_read_only_and_probed(helm: Helm):
     assert env["TMPDIR"] in writable
 
 
+def test_host_network_is_off_by_default_and_resolves_cluster_names_when_on(helm: Helm):
+    pod = one(helm.template(), "Deployment")["spec"]["template"]["spec"]
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+    pod = one(helm.template("--set", "hostNetwork=true"), "Deployment")["spec"]["template"][
+        "spec"]
+    assert pod["hostNetwork"] is True
+    assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"  # the hints Service's name resolves
+
+
 def test_the_deployment_matches_the_operator_image(helm: Helm):
     """Same command as the image's entrypoint, same uid as the image's user."""
     objects = helm.template()

@@ -128,6 +128,12 @@ class KubeletNode:
             raise KubeletNodeError(f"ctr {' '.join(args)} failed: {result.stderr.strip()}")
         return result.stdout
 
+    def import_image(self, archive: Path, name: str, full_name: str) -> None:
+        """Import an OCI archive whose image is `name` and name it `full_name` too (what the
+        kubelet asks for: a short name means Docker Hub's library)."""
+        self.ctr("images", "import", str(archive), timeout=600)
+        self.ctr("images", "tag", "--force", name, full_name)
+
     def kill_container(self, namespace: str, pod: str, container: str, sig: str) -> int | None:
         """Send `sig` (e.g. SIGKILL) to every process of the running container `container` of
         pod `namespace/pod`; its pid, or None when no such container runs here."""

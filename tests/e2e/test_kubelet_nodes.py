@@ -1,0 +1,162 @@
+"""The operator and sidecar images built from the Dockerfile, on real kubelet nodes.
+
+`gemini local up --kubelet --images operator,sidecar`: three real kubelets (containerd, runc)
+with the images built here (hack/build-images.sh, cached) imported into their containerd. The
+Helm chart installs the operator from its image; a GeminiJob of two workers runs in the
+sidecar image (Python and `gemini launch`, no torch: the trainer image is not built here) with
+the operator's native sidecar. A crash (the trainer container killed through containerd) is
+recovered in place, a node loss (kubelet, containerd and its containers killed) by a
+replacement pod on the free node, both seen in the job's status and in the launchers' logs;
+the job then succeeds and `helm uninstall` removes the operator.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import pytest
+from kubernetes import client, config
+
+from gemini_local import cluster, faults, images
+from gemini_local.controlplane import ControlPlane
+from gemini_operator import naming
+from tests.fixtures.helm import CHART, Helm
+from tests.fixtures.kubelet_host import missing_tools
+from tests.fixtures.nodes import wait_until
+
+pytestmark = pytest.mark.e2e
+
+SYSTEM, JOB = "gemini-system", "sleeper"
+# Each epoch's process prints that it started, sleeps, and finishes: a recovery restarts it.
+COMMAND = ["python", "-c", "import os, time; print('rank', os.environ['RANK'], 'started', "
+           "flush=True); time.sleep(25); print('trained', flush=True)"]
+
+
+@pytest.fixture(scope="module")
+def kubelet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    if os.geteuid() != 0:
+        pytest.skip("real kubelet nodes need root")
+    if missing := missing_tools():
+        pytest.fail(f"missing {', '.join(missing)}: run ./dev setup")
+    state_dir = tmp_path_factory.mktemp("kubelet-images")
+    started = time.monotonic()
+    try:
+        info = cluster.up(state_dir, cluster.Topology(nodes=3, zones=1, racks=1), kubelet=True,
+                          images=("operator", "sidecar"), timeout=120)
+        print(f"images built or cached, 3 kubelet nodes up with them imported: "
+              f"{time.monotonic() - started:.1f} s")
+        plane = ControlPlane.load(state_dir)
+        assert plane is not None
+        yield {"state_dir": state_dir, "info": info, "plane": plane,
+               "api": config.new_client_from_config(str(plane.kubeconfig))}
+    finally:
+        cluster.down(state_dir)
+
+
+def _job(name: str) -> dict[str, Any]:
+    return {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"numNodes": 2, "failurePolicy": {"maxRestarts": 5},
+                     "template": {"image": images.image_name("sidecar"), "command": COMMAND}}}
+
+
+def _status(custom: client.CustomObjectsApi) -> dict[str, Any]:
+    job: dict[str, Any] = custom.get_namespaced_custom_object(  # type: ignore[assignment]
+        naming.GROUP, naming.VERSION, "default", naming.PLURAL, JOB)
+    return dict(job.get("status") or {})
+
+
+def _recovered(custom: client.CustomObjectsApi, epoch: int) -> dict[str, Any] | None:
+    status = _status(custom)
+    last = status.get("lastRecovery") or {}
+    running = status.get("state") == "Running" and last.get("epoch", 0) >= epoch
+    return last if running and last.get("completionTime") else None
+
+
+def _trainer_log(core: client.CoreV1Api, pod: str) -> str:
+    try:
+        return str(core.read_namespaced_pod_log(pod, "default", container="trainer"))
+    except client.ApiException:
+        return ""
+
+
+def _started_in_epoch(core: client.CoreV1Api, pod: str, epoch: int) -> bool:
+    """The launcher started the training process in `epoch` and it printed its first line."""
+    log = _trainer_log(core, pod)
+    marker = f"epoch {epoch},"
+    return marker in log and "started" in log.split(marker, 1)[1]
+
+
+def _image_id(pod: Any, container: str) -> str:
+    statuses = [*(pod.status.container_statuses or []),
+                *(pod.status.init_container_statuses or [])]
+    return str(next(s.image_id for s in statuses if s.name == container))
+
+
+def test_helm_installs_the_operator_image_and_a_job_recovers_a_crash_and_a_node_loss(
+        kubelet_cluster: dict[str, Any], helm: Helm) -> None:
+    plane: ControlPlane = kubelet_cluster["plane"]
+    state_dir: Path = kubelet_cluster["state_dir"]
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    core.create_namespace({"metadata": {"name": SYSTEM}})
+    # No kube-proxy and no DNS on these nodes: the operator runs in the node's network and
+    # reaches the API server on loopback; launchers report failures by the 2 s poll.
+    port = urlparse(plane.api_url).port
+    env = (f'[{{"name":"KUBERNETES_SERVICE_HOST","value":"127.0.0.1"}},'
+           f'{{"name":"KUBERNETES_SERVICE_PORT","value":"{port}"}}]')
+    result = helm.run(["install", "gemini", str(CHART), "--namespace", SYSTEM, "--wait",
+                       "--timeout", "120s", "--set", "hostNetwork=true",
+                       "--set", "image.pullPolicy=Never", "--set", "failureHints.enabled=false",
+                       "--set-json", f"operator.extraEnv={env}"],
+                      kubeconfig=plane.kubeconfig, timeout=180)
+    assert result.returncode == 0, result.stderr
+    (operator_pod,) = core.list_namespaced_pod(SYSTEM).items
+    operator_node = operator_pod.spec.node_name
+    assert operator_node.startswith("127.0.50."), operator_node  # a kubelet node
+    assert operator_pod.spec.containers[0].image == images.image_name("operator")
+
+    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                           naming.PLURAL, _job(JOB))
+    wait_until(lambda: _status(custom).get("state") == "Running", 90, "the job Running",
+               interval=0.5)
+    pods = {p.metadata.name: p for p in core.list_namespaced_pod(
+        "default", label_selector=f"{naming.LABEL_JOB}={JOB}").items}
+    sidecar_image_id = _image_id(next(iter(pods.values())), "gemini-sidecar")
+    assert all(_image_id(p, "trainer") == sidecar_image_id for p in pods.values())
+    # The worker to lose is on a node without the operator (3 nodes: one always is).
+    victim = next(p for p in pods.values() if p.spec.node_name != operator_node)
+    name, lost_node = victim.metadata.name, victim.spec.node_name
+
+    faults.kill_container(state_dir, "default", name, "trainer")
+    crash = wait_until(lambda: _recovered(custom, 2), 60, "the crash recovered", interval=0.5)
+    assert crash["cause"] == "software" and crash["source"] == "Local", crash
+    wait_until(lambda: _started_in_epoch(core, name, crash["epoch"]), 30,
+               f"{name}'s launcher to start the training process again")
+
+    faults.lose_node(state_dir, lost_node)
+    loss = wait_until(lambda: _recovered(custom, crash["epoch"] + 1), 90,
+                      "the node loss recovered", interval=0.5)
+    assert loss["cause"] == "hardware", loss
+    replacement = core.read_namespaced_pod(name, "default")
+    assert replacement.spec.node_name not in (lost_node, None), replacement.spec.node_name
+    wait_until(lambda: _started_in_epoch(core, name, loss["epoch"]), 60,
+               f"the replacement {name} on {replacement.spec.node_name} to start training")
+    print(f"crash recovered in {crash['durationSeconds']} s, node loss in "
+          f"{loss['durationSeconds']} s ({loss['breakdown']})")
+
+    final = wait_until(lambda: _status(custom) if _status(custom).get("state") in
+                       ("Succeeded", "Failed") else None, 120, "the job to finish", interval=1)
+    assert final["state"] == "Succeeded", final
+    assert "trained" in _trainer_log(core, name)
+
+    result = helm.run(["uninstall", "gemini", "--namespace", SYSTEM, "--wait", "--timeout",
+                       "60s"], kubeconfig=plane.kubeconfig, timeout=120)
+    assert result.returncode == 0, result.stderr
+    wait_until(lambda: not core.list_namespaced_pod(SYSTEM).items, 60,
+               "the operator pod to be gone")

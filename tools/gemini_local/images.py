@@ -1,0 +1,100 @@
+"""The Dockerfile's images for real kubelet nodes, as OCI archives `ctr images import` takes.
+
+Built by hack/build-images.sh (buildah over a Debian-built Python base, no Docker daemon) and
+kept outside the clone, under `$GEMINI_CACHE/images/<key>/<target>.tar`, where the key hashes
+every file the Dockerfile copies: an unchanged source tree is never built twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from gemini_local.controlplane import REPO_ROOT
+
+BUILD_SCRIPT = REPO_ROOT / "hack" / "build-images.sh"
+CHART = REPO_ROOT / "helm" / "gemini-operator" / "Chart.yaml"
+TARGETS = ("operator", "sidecar", "trainer", "examples")
+# What the Dockerfile copies (its .dockerignore lets only these into the build context).
+_INPUTS = ("Dockerfile", ".dockerignore", "requirements.lock", "pyproject.toml", "README.md",
+           "gemini", "cli", "operator", "trainer_sidecar", "examples/train_gpt_zero3.py",
+           "examples/train_fsdp.py")
+_KEEP = 3
+_SKIPPED = re.compile(r"(__pycache__|\.pyc$|\.egg-info)")
+
+
+class ImageError(RuntimeError):
+    """An image cannot be built; the message says why."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("GEMINI_CACHE", Path.home() / ".cache" / "gemini-operator")) \
+        / "images"
+
+
+def version() -> str:
+    """The images' tag: the chart's appVersion (what the chart and the examples name)."""
+    match = re.search(r'^appVersion:\s*"?([^"\s]+)"?', CHART.read_text(), re.MULTILINE)
+    if match is None:
+        raise ImageError(f"no appVersion in {CHART}")
+    return match.group(1)
+
+
+def image_name(target: str) -> str:
+    """The image's name as a pod names it (`gemini-operator:0.1.0`)."""
+    return f"gemini-{target}:{version()}"
+
+
+def full_name(target: str) -> str:
+    """The name the kubelet asks containerd for (a short name is Docker Hub's library)."""
+    return f"docker.io/library/{image_name(target)}"
+
+
+def source_key(root: Path = REPO_ROOT) -> str:
+    """A hash of every file the Dockerfile copies (paths and contents)."""
+    digest = hashlib.sha256()
+    for name in _INPUTS:
+        top = root / name
+        files = [top] if top.is_file() else sorted(p for p in top.rglob("*") if p.is_file())
+        for path in files:
+            relative = str(path.relative_to(root))
+            if _SKIPPED.search(relative):
+                continue
+            digest.update(relative.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def archives(targets: list[str]) -> dict[str, Path]:
+    """The OCI archive of each target, built first when the cache has none for this source."""
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        raise ImageError(f"unknown image {unknown[0]!r}; the Dockerfile builds {TARGETS}")
+    folder = cache_dir() / source_key()
+    missing = [t for t in targets if not (folder / f"{t}.tar").exists()]
+    if missing:
+        _build(missing, folder)
+    return {t: folder / f"{t}.tar" for t in targets}
+
+
+def _build(targets: list[str], folder: Path) -> None:
+    if os.geteuid() != 0:
+        raise ImageError("building images needs root (buildah with chroot isolation)")
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
+        result = subprocess.run(["bash", str(BUILD_SCRIPT), "--oci-dir", tmp, *targets],
+                                stdout=subprocess.PIPE, text=True, check=False)
+        if result.returncode != 0:
+            raise ImageError(f"{BUILD_SCRIPT.name} {' '.join(targets)} failed (exit "
+                             f"{result.returncode}); its output is above")
+        for target in targets:
+            os.replace(Path(tmp) / f"{target}.tar", folder / f"{target}.tar")
+    kept = sorted((d for d in cache_dir().iterdir() if d.is_dir()),
+                  key=lambda d: d.stat().st_mtime, reverse=True)
+    for old in kept[_KEEP:]:  # the newest few sources' archives (two clones may alternate)
+        if old != folder:
+            shutil.rmtree(old, ignore_errors=True)
