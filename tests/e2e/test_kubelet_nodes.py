@@ -4,10 +4,12 @@
 with the images built here (hack/build-images.sh, cached) imported into their containerd. The
 Helm chart installs the operator from its image; a GeminiJob of two workers runs in the
 sidecar image (Python and `gemini launch`, no torch: the trainer image is not built here) with
-the operator's native sidecar. A crash (the trainer container killed through containerd) is
-recovered in place, a node loss (kubelet, containerd and its containers killed) by a
-replacement pod on the free node, both seen in the job's status and in the launchers' logs;
-the job then succeeds and `helm uninstall` removes the operator.
+the operator's native sidecar. Three crashes of the training process are each recovered in
+place by the launcher, the container never restarting (so the kubelet's restart back-off
+never applies); a crash of the whole trainer container (killed through containerd) is
+recovered after the kubelet restarts it; a node loss (kubelet, containerd and its containers
+killed) by a replacement pod on the free node; each seen in the job's status and in the
+launchers' logs. The job then succeeds and `helm uninstall` removes the operator.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from urllib.parse import urlparse
 import pytest
 from kubernetes import client, config
 
+from gemini_demo.crash import kill_training_process
 from gemini_local import cluster, faults, images
 from gemini_local.controlplane import ControlPlane
 from gemini_operator import naming
@@ -34,7 +37,7 @@ pytestmark = pytest.mark.e2e
 SYSTEM, JOB = "gemini-system", "sleeper"
 # Each epoch's process prints that it started, sleeps, and finishes: a recovery restarts it.
 COMMAND = ["python", "-c", "import os, time; print('rank', os.environ['RANK'], 'started', "
-           "flush=True); time.sleep(25); print('trained', flush=True)"]
+           "flush=True); time.sleep(30); print('trained', flush=True)"]
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +95,11 @@ def _started_in_epoch(core: client.CoreV1Api, pod: str, epoch: int) -> bool:
     return marker in log and "started" in log.split(marker, 1)[1]
 
 
+def _restarts(core: client.CoreV1Api, pod: str) -> int:
+    statuses = core.read_namespaced_pod(pod, "default").status.container_statuses or []
+    return int(next(s.restart_count for s in statuses if s.name == "trainer"))
+
+
 def _image_id(pod: Any, container: str) -> str:
     statuses = [*(pod.status.container_statuses or []),
                 *(pod.status.init_container_statuses or [])]
@@ -133,11 +141,29 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_a_crash_and_a_node_
     victim = next(p for p in pods.values() if p.spec.node_name != operator_node)
     name, lost_node = victim.metadata.name, victim.spec.node_name
 
+    epoch = 1
+    downtimes = []
+    for _ in range(3):  # the training process dies, its launcher (the container) stays
+        kill_training_process(state_dir, "default", name)
+        killed = time.monotonic()
+        crash = wait_until(lambda e=epoch: _recovered(custom, e + 1), 60,
+                           "the training process's crash recovered", interval=0.2)
+        assert crash["cause"] == "software" and crash["source"] == "Local", crash
+        epoch = crash["epoch"]
+        wait_until(lambda e=epoch: _started_in_epoch(core, name, e), 30,
+                   f"{name}'s launcher to start the training process again", interval=0.2)
+        downtimes.append(time.monotonic() - killed)
+    assert _restarts(core, name) == 0, "the kubelet restarted the trainer container"
+    print(f"training process crashes: kill -> training again {[round(d, 2) for d in downtimes]}"
+          " s, no container restart")
+
     faults.kill_container(state_dir, "default", name, "trainer")
-    crash = wait_until(lambda: _recovered(custom, 2), 60, "the crash recovered", interval=0.5)
+    crash = wait_until(lambda: _recovered(custom, epoch + 1), 60, "the crash recovered",
+                       interval=0.5)
     assert crash["cause"] == "software" and crash["source"] == "Local", crash
     wait_until(lambda: _started_in_epoch(core, name, crash["epoch"]), 30,
                f"{name}'s launcher to start the training process again")
+    assert _restarts(core, name) == 1
 
     faults.lose_node(state_dir, lost_node)
     loss = wait_until(lambda: _recovered(custom, crash["epoch"] + 1), 90,

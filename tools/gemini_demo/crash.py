@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from gemini_local.faults import FaultError
+from gemini_local.faults import FaultError, container_pids
 from gemini_trainer.standby import STANDBY_NAME
 
 
@@ -53,13 +53,9 @@ def is_waiting_standby(pid: int) -> bool:
 
 def kill_training_process(state_dir: Path, namespace: str, pod: str,
                           container: str = "trainer") -> int:
-    """SIGKILL the process group of the command the container's launcher runs; its pid."""
-    pattern = f"nodes/*/pods/{namespace}_{pod}_*/containers/{container}.pid"
-    for pid_file in sorted(state_dir.glob(pattern)):
-        try:
-            launcher = int(pid_file.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue
+    """SIGKILL the process group of the command the container's launcher runs; its pid.
+    Node agents' containers and real kubelet nodes' alike."""
+    for launcher in container_pids(state_dir, namespace, pod, container):
         for child in group_leaders_below(launcher):
             try:
                 os.killpg(child, signal.SIGKILL)

@@ -68,6 +68,23 @@ def kill_container(
                      f"local node of {state_dir}")
 
 
+def container_pids(state_dir: Path, namespace: str, pod: str, container: str) -> list[int]:
+    """Host pids of the first process of the running container (as recorded by node agents,
+    or the task containerd runs on a kubelet node); empty when it runs nowhere."""
+    pids = []
+    pattern = f"nodes/*/pods/{namespace}_{pod}_*/containers/{container}.pid"
+    for pid_file in sorted(state_dir.glob(pattern)):
+        try:
+            pids.append(int(pid_file.read_text().split()[0]))
+        except (OSError, ValueError, IndexError):
+            continue
+    for node in _kubelet_nodes(state_dir):
+        if node.running_pids()["containerd"] is not None:
+            pid = node.task_pid(namespace, pod, container)
+            pids += [pid] if pid is not None else []
+    return pids
+
+
 def lose_node(state_dir: Path, node: str) -> int:
     """Power loss: kill the node's agent and all its processes at once; return how many."""
     if (real := _kubelet_node(state_dir, node)) is not None:

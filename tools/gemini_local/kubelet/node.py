@@ -134,9 +134,7 @@ class KubeletNode:
         self.ctr("images", "import", str(archive), timeout=600)
         self.ctr("images", "tag", "--force", name, full_name)
 
-    def kill_container(self, namespace: str, pod: str, container: str, sig: str) -> int | None:
-        """Send `sig` (e.g. SIGKILL) to every process of the running container `container` of
-        pod `namespace/pod`; its pid, or None when no such container runs here."""
+    def _running_task(self, namespace: str, pod: str, container: str) -> tuple[str, int] | None:
         labels = {"io.kubernetes.pod.namespace": namespace, "io.kubernetes.pod.name": pod,
                   "io.kubernetes.container.name": container}
         wanted = ",".join(f'labels."{k}"=={v}' for k, v in labels.items())
@@ -144,9 +142,22 @@ class KubeletNode:
         for line in self.ctr("tasks", "ls").splitlines()[1:]:
             task, pid, status = [*line.split(), "", "", ""][:3]
             if task in ids and status == "RUNNING":
-                self.ctr("tasks", "kill", "--all", f"--signal={sig}", task)
-                return int(pid)
+                return task, int(pid)
         return None
+
+    def task_pid(self, namespace: str, pod: str, container: str) -> int | None:
+        """The host pid of the running container `container` of pod `namespace/pod` (its first
+        process), or None when no such container runs here."""
+        task = self._running_task(namespace, pod, container)
+        return task[1] if task else None
+
+    def kill_container(self, namespace: str, pod: str, container: str, sig: str) -> int | None:
+        """Send `sig` (e.g. SIGKILL) to every process of the running container `container` of
+        pod `namespace/pod`; its pid, or None when no such container runs here."""
+        task = self._running_task(namespace, pod, container)
+        if task is not None:
+            self.ctr("tasks", "kill", "--all", f"--signal={sig}", task[0])
+        return task[1] if task else None
 
     def running_pids(self) -> dict[str, int | None]:
         return {d: processes.running_pid(d, self.pid_dir) for d in (_CONTAINERD, _KUBELET)}
