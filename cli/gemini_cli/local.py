@@ -91,6 +91,9 @@ def _render_up(info: dict[str, Any]) -> str:
             f"               AWS_ACCESS_KEY_ID={s3['access_key']} "
             f"AWS_SECRET_ACCESS_KEY={s3['secret_key']}",
         ]
+    if info.get("images"):
+        lines.append("  images:      " + ", ".join(info["images"].values())
+                     + " (in every node's containerd)")
     if info.get("kueue"):
         queue = info["kueue"]
         memory = int(queue["quota"]["memory"]) / 2**30
