@@ -3,8 +3,9 @@
 Three nodes join with their zone and rack labels; a pod on one node answers a pod on another
 over their pod IPs (each node's bridge routes to the others); the fault verbs work on real
 nodes: a partition cuts both the pods' traffic and the kubelet's heartbeat (the Node goes
-NotReady) and a heal restores both, a killed container is restarted by its kubelet, a lost
-node goes NotReady while the others stay Ready; `gemini local down` leaves the host as it was.
+NotReady) and a heal restores both, a slow link holds pod traffic to its rate until healed, a
+killed container is restarted by its kubelet, a lost node goes NotReady while the others stay
+Ready; `gemini local down` leaves the host as it was.
 """
 
 from __future__ import annotations
@@ -116,6 +117,8 @@ def test_pods_on_different_kubelet_nodes_talk_and_faults_act_on_real_nodes(
     wait_until(lambda: _last_line(core, "dial") == "reply: hi there", 30,
                "the pods to talk again after the heal", interval=0.5)
 
+    _slow_link_holds_pod_traffic_to_its_rate(core, state_dir, first, last)
+
     _fault(state_dir, "kill-container", "default/echo", "main")
     wait_until(lambda: (core.read_namespaced_pod("echo", "default").status
                         .container_statuses[0].restart_count) >= 1, 60,
@@ -128,6 +131,43 @@ def test_pods_on_different_kubelet_nodes_talk_and_faults_act_on_real_nodes(
     print(f"lost node NotReady {time.monotonic() - started:.1f} s after the loss")
     assert _ready(core, first) == "True" and _ready(core, second) == "True"
     assert not kubelet_host.processes_naming(b"--dial"), "the lost node's container still runs"
+
+
+SLOW_RATE, SENT = 200_000, 1_000_000  # bytes/s, bytes per try (5 s at the rate)
+
+
+def _send_times(core: client.CoreV1Api) -> list[float]:
+    """Seconds of each completed 1 MB send of the `send` pod, in order."""
+    try:
+        log = core.read_namespaced_pod_log("send", "default")
+    except client.ApiException:
+        return []
+    return [float(line.split()[4]) for line in log.splitlines() if line.startswith("sent ")]
+
+
+def _slow_link_holds_pod_traffic_to_its_rate(core: client.CoreV1Api, state_dir: Path,
+                                             slowed: str, other: str) -> None:
+    core.create_namespaced_pod("default", _pod("sink", slowed, ["--sink", "9000"]))
+    ip = wait_until(lambda: core.read_namespaced_pod("sink", "default").status.pod_ip, 60,
+                    "the sink pod's IP", interval=0.3)
+    core.create_namespaced_pod("default", _pod("send", other, ["--send", f"{ip}:9000",
+                                                                str(SENT)]))
+    fast = wait_until(lambda: _send_times(core)[1:], 60, "two sends at full speed",
+                      interval=0.5)[-1]
+    _fault(state_dir, "slow-link", slowed, "--rate", str(SLOW_RATE))
+    done = len(_send_times(core))
+    # The first send after the fault may have begun before it: the second one counts.
+    slow = wait_until(lambda: _send_times(core)[done + 1:], 60, "a send over the slow link",
+                      interval=0.5)[0]
+    _fault(state_dir, "heal", slowed)
+    done = len(_send_times(core))
+    healed = wait_until(lambda: _send_times(core)[done + 1:], 60, "a send after the heal",
+                        interval=0.5)[0]
+    print(f"1 MB between pods: {fast:.3f} s, at {SLOW_RATE} B/s {slow:.2f} s, healed "
+          f"{healed:.3f} s")
+    # nftables lets one second's worth plus 64 KiB through at once: 3.7 s here, not 5.
+    assert (SENT - SLOW_RATE - 65_536) / SLOW_RATE * 0.8 <= slow <= 2 * SENT / SLOW_RATE
+    assert fast < 1.0 and healed < 1.0
 
 
 def test_down_leaves_the_host_as_it_was(kubelet_cluster: dict[str, Any]) -> None:

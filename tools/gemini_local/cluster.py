@@ -134,9 +134,10 @@ def _image_archives(targets: tuple[str, ...]) -> dict[str, Path]:
 
 def _start_kubelet_nodes(plane: ControlPlane, state_dir: Path, topology: Topology,
                          timeout: float, archives: dict[str, Path]) -> None:
-    from gemini_local import kubelet
+    from gemini_local import faults, kubelet
 
     labels = [topology.labels(i) for i in range(topology.nodes)]
+    faults.track_kubelet_connections()  # before the kubelets connect: partitions need it
     try:
         started = kubelet.start_kubelet_nodes(plane, state_dir / KUBELET_NODES, labels, timeout)
 

@@ -15,7 +15,8 @@
 On real kubelet nodes (`gemini local up --kubelet`) a crash goes through containerd (the task's
 processes signalled), a power loss kills the node's kubelet, containerd, shims and every process
 in its cgroup, and a partition drops forwarded packets between the node's pod subnet and the
-rest and the kubelet's own traffic (its group id); slow links are for node agents only.
+rest and the kubelet's own traffic (its group id), and a slow link polices the forwarded
+packets between the node's pods and other nodes' pods, each way.
 """
 
 from __future__ import annotations
@@ -130,6 +131,21 @@ def _partition_kubelet_node(node: kubelet.KubeletNode) -> None:
     ]})
 
 
+def _slow_kubelet_node(node: kubelet.KubeletNode, rate_bytes_per_s: int) -> None:
+    """Police the traffic between the node's pods and other nodes' pods, each way (the host
+    forwards it between the bridges); the kubelet's own traffic keeps its speed."""
+    if os.geteuid() != 0:
+        raise FaultError("slow links need root")
+    police = (f"limit rate over {rate_bytes_per_s} bytes/second "
+              f"burst {SLOW_LINK_BURST_BYTES} bytes counter drop")
+    subnet = node.pod_subnet
+    _replace_table(_kubelet_table(node) + "_slow", [], "slow-link rules", {
+        "forward": ["type filter hook forward priority -5; policy accept;",
+                    f"ip saddr {subnet} ip daddr != {subnet} goto up",
+                    f"ip daddr {subnet} ip saddr != {subnet} goto down"],
+        "up": [police], "down": [police]})
+
+
 def _table(state_dir: Path, node: str) -> tuple[str, NodeNetwork, int | None]:
     config = nodes.node_config(state_dir, node)
     net = NodeNetwork.of_node_ip(config.node_ip, config.spec.index)
@@ -217,6 +233,17 @@ def track_connections(state_dir: Path, node: str) -> None:
         ], "connection-tracking table")
 
 
+def track_kubelet_connections() -> None:
+    """`track_connections` for kubelet nodes (before they start; `clear_kubelet_tables` ends
+    it). Without it a partition would miss the kubelet's heartbeats: they share one HTTP/2
+    connection with a watch, and a connection picked up mid-stream on a watch event counts
+    the API server as its opener."""
+    if os.geteuid() == 0 and shutil.which("nft") is not None:
+        _replace_table("gemini_kubelet_track", [
+            "type filter hook output priority -20; policy accept;", "ct state new counter",
+        ], "connection-tracking table")
+
+
 def untrack_connections(state_dir: Path, node: str) -> None:
     if shutil.which("nft") is not None:
         _nft(["delete", "table", "inet", _track_table(state_dir, node)])
@@ -271,11 +298,11 @@ def slow_link(state_dir: Path, node: str, rate_bytes_per_s: int) -> None:
     earlier rate); `heal_node` ends it. Packets over the rate are dropped, so TCP backs off
     to about the rate; after a quiet second a node may send one second's worth at once (the
     nftables bucket holds a second of the rate)."""
-    if _kubelet_node(state_dir, node) is not None:
-        raise FaultError("slow links are for node agents; kubelet nodes can be partitioned, "
-                         "not slowed")
     if rate_bytes_per_s < 1:
         raise FaultError(f"a slow link needs a rate of at least 1 byte/s, not {rate_bytes_per_s}")
+    if (real := _kubelet_node(state_dir, node)) is not None:
+        _slow_kubelet_node(real, rate_bytes_per_s)
+        return
     _, net, gid = _table(state_dir, node)
     if gid is None or os.geteuid() != 0:
         raise FaultError("slow links need root: the node's processes must run with their own "
@@ -288,7 +315,7 @@ def slow_link(state_dir: Path, node: str, rate_bytes_per_s: int) -> None:
 def heal_node(state_dir: Path, node: str, missing_ok: bool = True) -> bool:
     """Lift a partition and a slow link; True if the node had either."""
     real = _kubelet_node(state_dir, node)
-    tables = ([_kubelet_table(real)] if real is not None
+    tables = ([_kubelet_table(real), _kubelet_table(real) + "_slow"] if real is not None
               else [_table(state_dir, node)[0], _slow_table(state_dir, node)])
     if shutil.which("nft") is None:
         if missing_ok:
@@ -312,8 +339,8 @@ def is_partitioned(state_dir: Path, node: str) -> bool:
 
 
 def is_slowed(state_dir: Path, node: str) -> bool:
-    if _kubelet_node(state_dir, node) is not None:
-        return False
+    if (real := _kubelet_node(state_dir, node)) is not None:
+        return _has_table(_kubelet_table(real) + "_slow")
     return _has_table(_slow_table(state_dir, node))
 
 
