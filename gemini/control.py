@@ -1172,6 +1172,9 @@ class Parked:
 
 
 PARKED_ERROR_CHARS = 2000
+# How a launcher's Parked.error begins when the kernel's OOM killer ended the training process
+# (gemini_trainer.oom); the operator then reports the rank as OOMKilled.
+OUT_OF_MEMORY = "out of memory:"
 
 
 def parked_path(heartbeat: Path) -> Path:

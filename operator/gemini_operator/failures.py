@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
+from gemini.control import OUT_OF_MEMORY
 from gemini.domain.recovery import FailureKind
 from gemini_operator.observed import NodeView, PodView
 from gemini_operator.spec import FailurePolicy, FailureRule, RuleAction
@@ -131,6 +132,10 @@ def _rank_failure(
         return RankFailure(rank, hardware, FailureReason.NODE_LOST, None, detail)
     if process_exit is not None and process_exit != 0:
         last = pod.trainer_last_exit
+        if words and words.startswith(OUT_OF_MEMORY):
+            first, _, rest = words.partition("\n")
+            return RankFailure(rank, FailureKind.SOFTWARE, FailureReason.OOM_KILLED,
+                               process_exit, first, log_tail(rest))
         return RankFailure(rank, FailureKind.SOFTWARE, FailureReason.ERROR, process_exit,
                            f"the training process exited with code {process_exit}",
                            log_tail(words or (last.message if last else "")))

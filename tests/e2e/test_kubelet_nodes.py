@@ -9,7 +9,9 @@ place by the launcher, the container never restarting (so the kubelet's restart 
 never applies); a crash of the whole trainer container (killed through containerd) is
 recovered after the kubelet restarts it; a node loss (kubelet, containerd and its containers
 killed) by a replacement pod on the free node; each seen in the job's status and in the
-launchers' logs. The job then succeeds and `helm uninstall` removes the operator.
+launchers' logs. The job then succeeds. A second job whose training process outgrows its
+container's memory limit is OOM-killed by the kernel (a real cgroup limit, which node agents
+do not have) and fails naming that cause and the limit. `helm uninstall` removes the operator.
 """
 
 from __future__ import annotations
@@ -93,6 +95,35 @@ def _started_in_epoch(core: client.CoreV1Api, pod: str, epoch: int) -> bool:
     log = _trainer_log(core, pod)
     marker = f"epoch {epoch},"
     return marker in log and "started" in log.split(marker, 1)[1]
+
+
+def _an_oom_killed_job_fails_naming_the_memory_limit(custom: client.CustomObjectsApi,
+                                                     core: client.CoreV1Api) -> None:
+    grow = "import time; time.sleep(1); x = bytearray(400 << 20); print('allocated')"
+    body = {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
+            "metadata": {"name": "greedy", "namespace": "default"},
+            "spec": {"numNodes": 1, "checkpoint": {"replicas": 1},
+                     "failurePolicy": {"maxRestarts": 1},
+                     "template": {"spec": {"containers": [{
+                         "name": "trainer", "image": images.image_name("sidecar"),
+                         "command": ["python", "-c", grow],
+                         "resources": {"limits": {"memory": "256Mi"}}}]}}}}
+    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                           naming.PLURAL, body)
+
+    def finished() -> dict[str, Any] | None:
+        job: dict[str, Any] = custom.get_namespaced_custom_object(  # type: ignore[assignment]
+            naming.GROUP, naming.VERSION, "default", naming.PLURAL, "greedy")
+        status = job.get("status") or {}
+        return status if status.get("state") in ("Succeeded", "Failed") else None
+
+    status = wait_until(finished, 120, "the greedy job to end", interval=1)
+    assert status["state"] == "Failed", status
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    print(f"greedy job: {failed['message'].splitlines()[0]}")
+    assert "out of memory: the kernel's OOM killer" in failed["message"], failed
+    assert "memory limit (256 MiB)" in failed["message"], failed
+    assert "allocated" not in _trainer_log(core, "greedy-worker-0")
 
 
 def _restarts(core: client.CoreV1Api, pod: str) -> int:
@@ -180,6 +211,8 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_a_crash_and_a_node_
                        ("Succeeded", "Failed") else None, 120, "the job to finish", interval=1)
     assert final["state"] == "Succeeded", final
     assert "trained" in _trainer_log(core, name)
+
+    _an_oom_killed_job_fails_naming_the_memory_limit(custom, core)
 
     result = helm.run(["uninstall", "gemini", "--namespace", SYSTEM, "--wait", "--timeout",
                        "60s"], kubeconfig=plane.kubeconfig, timeout=120)

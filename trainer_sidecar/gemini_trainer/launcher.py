@@ -105,7 +105,7 @@ from pathlib import Path
 from typing import Any
 
 from gemini import control
-from gemini_trainer import launcher_metrics, resume_link, timeline
+from gemini_trainer import launcher_metrics, oom, resume_link, timeline
 from gemini_trainer import standby as warm
 from gemini_trainer.failure_hint import FailureHints
 from gemini_trainer.local_group import LocalGroup, local_env, local_world_size, relay_output
@@ -253,6 +253,7 @@ class Launcher:
         self._parked_error = ""
         self._state = "starting"
         self._exit_code: int | None = None
+        self._memory = oom.MemoryCgroup()
         self._exited_at: float | None = None
         self._started_at: float | None = None
         self._stopping = False
@@ -440,8 +441,10 @@ class Launcher:
             standby.discard()
 
     def _watch(self, proc: Child) -> None:
+        oom_before = self._memory.oom_kills()
         code = proc.wait()
         words = self._last_words(proc)
+        out_of_memory = oom.describe(code, oom_before, self._memory)
         with self._lock:
             if proc is not self._proc:
                 return  # an old child replaced by a restart; already accounted for
@@ -452,9 +455,11 @@ class Launcher:
             # container restart shows the failure, the marker beside the heartbeat does.
             stays = not self.config.exit_on_failure
             if code != 0 and not self._stopping and stays:
+                what = out_of_memory or f"the training process exited with code {code}"
+                if out_of_memory:
+                    log.error("%s", out_of_memory)
                 control.write_parked(self.parked_file, control.Parked(
-                    self._epoch, f"the training process exited with code {code}\n{words}",
-                    time.time(), code))
+                    self._epoch, f"{what}\n{words}", time.time(), code))
                 self._hint(self._epoch)
                 if self.config.hold_standby:  # import while the operator detects and plans
                     self._arm_standby(self._child_env({}), busy=False)

@@ -71,6 +71,19 @@ def test_healthy_ranks_are_not_failures(pod):
     assert detect_failures({0: pod}, NODES, 1, frozenset({0}), {0: 0}) == ()
 
 
+def test_a_process_the_oom_killer_ended_is_reported_as_out_of_memory_with_its_words():
+    words = ("out of memory: the kernel's OOM killer ended the training process at the "
+             "container's memory limit (256 MiB); raise ...\nlast line of the log")
+    (failure,) = detect_failures({0: _pod()}, NODES, 1, frozenset({0}), {0: -9}, {0: words})
+    assert (failure.kind, failure.reason, failure.exit_code) == (
+        FailureKind.SOFTWARE, FailureReason.OOM_KILLED, -9)
+    assert failure.detail == words.splitlines()[0]
+    assert "last line of the log" in failure.log_tail
+    (plain,) = detect_failures({0: _pod()}, NODES, 1, frozenset({0}), {0: -9},
+                               {0: "killed\nout of memory: not the first line"})
+    assert plain.reason == FailureReason.ERROR
+
+
 def test_ranks_not_expected_to_run_are_not_checked():
     assert detect_failures({}, NODES, 2, frozenset({1}))[0].rank == 1
 
