@@ -66,3 +66,6 @@ for target in "${targets[@]}"; do
   fi
   echo "$target $name $size $seconds"
 done
+# Each build leaves the previous image of its name and the build stages untagged: vfs storage
+# holds every one in full, so drop them (the base image stays tagged).
+buildah "${storage[@]}" rmi --prune >/dev/null 2>&1 || true
