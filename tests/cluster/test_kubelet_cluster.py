@@ -170,6 +170,16 @@ def _slow_link_holds_pod_traffic_to_its_rate(core: client.CoreV1Api, state_dir: 
     assert fast < 1.0 and healed < 1.0
 
 
+def test_a_second_kubelet_cluster_on_the_machine_is_refused_and_leaves_nothing(
+        kubelet_cluster: dict[str, Any], tmp_path: Path) -> None:
+    second = _gemini("local", "--state-dir", str(tmp_path), "up", "--kubelet", "--nodes", "1")
+    assert second.returncode != 0
+    assert "a kubelet for node 127.0.50.1 already runs on this machine" in second.stderr
+    assert not kubelet_host.processes_naming(str(tmp_path).encode())
+    assert "no local cluster is running" in _gemini(
+        "local", "--state-dir", str(tmp_path), "down").stderr
+
+
 def test_down_leaves_the_host_as_it_was(kubelet_cluster: dict[str, Any]) -> None:
     """Runs last in this module: takes the cluster down itself and checks the host."""
     state_dir = kubelet_cluster["state_dir"]

@@ -225,12 +225,29 @@ def _check_host(nodes: list[KubeletNode]) -> None:
         raise KubeletNodeError(
             f"missing {', '.join(missing) or CNI_BIN_DIR / 'bridge'}: run ./dev setup (it installs "
             "containerd runc containernetworking-plugins iptables)")
+    running = _kubelet_names()
+    if taken := [n.name for n in nodes if n.name in running]:
+        raise KubeletNodeError(f"a kubelet for node {taken[0]} already runs on this machine "
+                               "(`gemini local down` stops a local cluster's)")
     if taken := [n.bridge for n in nodes if Path(f"/sys/class/net/{n.bridge}").exists()]:
         raise KubeletNodeError(f"bridge {taken[0]} exists: are other kubelet nodes running on "
                                "this machine? (`gemini local down` stops a local cluster's)")
     if not (binaries_dir() / "kubelet").exists():
         raise KubeletNodeError(f"{binaries_dir() / 'kubelet'} is missing: run "
                                "hack/build-binaries.sh")
+
+
+def _kubelet_names() -> set[str]:
+    """The node names (`--hostname-override`) of the kubelets running on this machine."""
+    names = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if argv and Path(argv[0]).name == _KUBELET:
+            names |= {a.split("=", 1)[1] for a in argv if a.startswith("--hostname-override=")}
+    return names
 
 
 def _launch(plane: ControlPlane, node: KubeletNode, timeout: float) -> None:
