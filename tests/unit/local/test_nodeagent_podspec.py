@@ -30,14 +30,16 @@ FACTS = PodFacts(POD, "127.100.2.5", "127.100.2.1", {"cpu": "8", "memory": "32Gi
 @pytest.mark.parametrize(("text", "value"), [
     ("500m", Fraction(1, 2)), ("2", 2), ("32Gi", 32 * 2**30), ("1k", 1000), ("1e3", 1000),
     ("1.5", Fraction(3, 2)), ("100Mi", 100 * 2**20), ("5e-1", Fraction(1, 2)),
+    ("24682768Ki", 24682768 * 2**10),  # a real kubelet's memory capacity
 ])
 def test_quantities_parse_exactly(text, value):
     assert parse_quantity(text) == value
 
 
-def test_a_malformed_quantity_is_a_config_error():
+@pytest.mark.parametrize("text", ["lots", "1K", "1ki", "2mi"])
+def test_a_malformed_quantity_is_a_config_error(text):
     with pytest.raises(ConfigError, match="not a quantity"):
-        parse_quantity("lots")
+        parse_quantity(text)
 
 
 @pytest.mark.parametrize(("text", "expanded"), [

@@ -21,7 +21,7 @@ _DECIMAL: dict[str, Fraction | int] = {
     "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": 1, "k": 10**3,
     "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
 }
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[numkMGTPE]i?|)$")
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+|[KMGTPE]i|[numkMGTPE]|)$")
 
 
 class ConfigError(Exception):
