@@ -11,7 +11,9 @@ recovered after the kubelet restarts it; a node loss (kubelet, containerd and it
 killed) by a replacement pod on the free node; each seen in the job's status and in the
 launchers' logs. The job then succeeds. A second job whose training process outgrows its
 container's memory limit is OOM-killed by the kernel (a real cgroup limit, which node agents
-do not have) and fails naming that cause and the limit. `helm uninstall` removes the operator.
+do not have) and fails naming that cause and the limit. A third job, labelled for Kueue's
+queue, is admitted by the real Kueue (quota from the kubelets' allocatable) and runs.
+`helm uninstall` removes the operator.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def kubelet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
     started = time.monotonic()
     try:
         info = cluster.up(state_dir, cluster.Topology(nodes=3, zones=1, racks=1), kubelet=True,
-                          images=("operator", "sidecar"), timeout=120)
+                          images=("operator", "sidecar"), timeout=120, with_kueue=True)
         print(f"images built or cached, 3 kubelet nodes up with them imported: "
               f"{time.monotonic() - started:.1f} s")
         plane = ControlPlane.load(state_dir)
@@ -124,6 +126,29 @@ def _an_oom_killed_job_fails_naming_the_memory_limit(custom: client.CustomObject
     assert "out of memory: the kernel's OOM killer" in failed["message"], failed
     assert "memory limit (256 MiB)" in failed["message"], failed
     assert "allocated" not in _trainer_log(core, "greedy-worker-0")
+
+
+def _a_queued_job_is_admitted_by_kueue_and_runs(custom: client.CustomObjectsApi) -> None:
+    body = _job("queued")
+    body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": cluster.LOCAL_QUEUE}
+    body["spec"]["template"]["command"] = ["python", "-c", "print('trained')"]
+    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                           naming.PLURAL, body)
+
+    def state() -> str | None:
+        job: dict[str, Any] = custom.get_namespaced_custom_object(  # type: ignore[assignment]
+            naming.GROUP, naming.VERSION, "default", naming.PLURAL, "queued")
+        found = (job.get("status") or {}).get("state")
+        return found if found in ("Succeeded", "Failed") else None
+
+    assert wait_until(state, 120, "the queued job to end", interval=1) == "Succeeded"
+    workloads = custom.list_namespaced_custom_object(
+        "kueue.x-k8s.io", "v1beta2", "default", "workloads",
+        label_selector=f"{naming.LABEL_JOB}=queued")["items"]
+    conditions = {c["type"]: c["status"] for w in workloads
+                  for c in w.get("status", {}).get("conditions", [])}
+    assert conditions.get("Admitted") == "True" and conditions.get("Finished") == "True", \
+        conditions
 
 
 def _restarts(core: client.CoreV1Api, pod: str) -> int:
@@ -213,6 +238,7 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_a_crash_and_a_node_
     assert "trained" in _trainer_log(core, name)
 
     _an_oom_killed_job_fails_naming_the_memory_limit(custom, core)
+    _a_queued_job_is_admitted_by_kueue_and_runs(custom)
 
     result = helm.run(["uninstall", "gemini", "--namespace", SYSTEM, "--wait", "--timeout",
                        "60s"], kubeconfig=plane.kubeconfig, timeout=120)
