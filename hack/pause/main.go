@@ -4,12 +4,13 @@
 // SIGTERM or SIGINT (as PID 1 of a PID namespace, a signal without a handler is ignored).
 //
 // Two modes check pod networking between nodes:
-//   --echo PORT WORDS...  also answers every TCP connection on PORT with WORDS and a newline;
-//   --dial ADDR           connects to ADDR (host:port) every half second and prints
-//                         "reply: <line>" or "error: <why>" for each try;
-//   --sink PORT           also reads and discards what every TCP connection on PORT sends;
-//   --send ADDR BYTES     sends BYTES bytes to ADDR every second and prints
-//                         "sent <n> bytes in <s> s" (or "error: <why>") for each try.
+//
+//	--echo PORT WORDS...  also answers every TCP connection on PORT with WORDS and a newline;
+//	--dial ADDR           connects to ADDR (host:port) every half second and prints
+//	                      "reply: <line>" or "error: <why>" for each try;
+//	--sink PORT           also reads and discards what every TCP connection on PORT sends;
+//	--send ADDR BYTES     sends BYTES bytes to ADDR every second and prints
+//	                      "sent <n> bytes in <s> s" (or "error: <why>") for each try.
 package main
 
 import (
@@ -25,7 +26,8 @@ import (
 	"time"
 )
 
-func echo(port string, words string) {
+// serve accepts TCP connections on port and hands each to handle on its own goroutine.
+func serve(port string, handle func(net.Conn)) {
 	ln, err := net.Listen("tcp", ":"+port)
 	if err != nil {
 		fmt.Println("error:", err)
@@ -37,10 +39,16 @@ func echo(port string, words string) {
 			if err != nil {
 				continue
 			}
-			fmt.Fprintln(conn, words)
-			conn.Close()
+			go func() {
+				handle(conn)
+				conn.Close()
+			}()
 		}
 	}()
+}
+
+func echo(port string, words string) {
+	serve(port, func(conn net.Conn) { fmt.Fprintln(conn, words) })
 }
 
 func dial(addr string) {
@@ -66,23 +74,7 @@ func dial(addr string) {
 }
 
 func sink(port string) {
-	ln, err := net.Listen("tcp", ":"+port)
-	if err != nil {
-		fmt.Println("error:", err)
-		os.Exit(1)
-	}
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				continue
-			}
-			go func() {
-				io.Copy(io.Discard, conn)
-				conn.Close()
-			}()
-		}
-	}()
+	serve(port, func(conn net.Conn) { io.Copy(io.Discard, conn) })
 }
 
 func send(addr string, size int64) {
