@@ -3,7 +3,7 @@
 // arguments it prints them as one line and then waits the same way. Either way it exits 0 on
 // SIGTERM or SIGINT (as PID 1 of a PID namespace, a signal without a handler is ignored).
 //
-// Two modes check pod networking between nodes:
+// Four modes check pod networking between nodes:
 //
 //	--echo PORT WORDS...  also answers every TCP connection on PORT with WORDS and a newline;
 //	--dial ADDR           connects to ADDR (host:port) every half second and prints
