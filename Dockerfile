@@ -13,21 +13,27 @@
 # the locked version and nothing else is installed); tests/unit/packaging checks this file.
 
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
+# The trainer images' third-party layer (torch, its CUDA libraries, DeepSpeed: about 5 GB): the
+# `trainer-deps` stage below, or an image of it built earlier (hack/build-images.sh passes one,
+# keyed by requirements.lock and pyproject.toml, so a code change rebuilds a thin layer only).
+ARG TRAINER_DEPS=trainer-deps
 
 # ---- build: one virtual environment per image, in /opt/gemini -----------------------------------
-FROM ${PYTHON_IMAGE} AS build-base
+FROM ${PYTHON_IMAGE} AS build-env
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/gemini
 WORKDIR /src
-COPY requirements.lock pyproject.toml README.md ./
+COPY requirements.lock pyproject.toml ./
+# The Kubernetes client ships a second, asyncio copy of itself (kubernetes/aio: 68 MB of the
+# client's 126 MB) that nothing here imports (tests/unit/packaging/test_dockerfile.py checks).
+ENV UNUSED="/opt/gemini/lib/python3.11/site-packages/kubernetes/aio"
+
+FROM build-env AS build-base
+COPY README.md ./
 COPY gemini/ gemini/
 COPY cli/ cli/
 COPY operator/ operator/
 COPY trainer_sidecar/ trainer_sidecar/
-
-# The Kubernetes client ships a second, asyncio copy of itself (kubernetes/aio: 68 MB of the
-# client's 126 MB) that nothing here imports (tests/unit/packaging/test_dockerfile.py checks).
-ENV UNUSED="/opt/gemini/lib/python3.11/site-packages/kubernetes/aio"
 
 FROM build-base AS build-operator
 # The operator (and the CLI): the project's own dependencies only, no pip left in the venv.
@@ -39,11 +45,24 @@ FROM build-base AS build-sidecar
 RUN /opt/gemini/bin/pip install --constraint requirements.lock "/src[sidecar]" \
     && /opt/gemini/bin/pip uninstall -q -y pip setuptools && rm -rf ${UNUSED}
 
-FROM build-base AS build-trainer
-# The sidecar's dependencies plus torch and DeepSpeed (the `train` extra) and the Hugging Face
-# Trainer/Accelerate integration (the `hf` extra: transformers, accelerate).
-RUN /opt/gemini/bin/pip install --constraint requirements.lock "/src[train,hf]" \
+FROM build-env AS build-trainer-deps
+# The trainer's third-party dependencies without the project (it sees only requirements.lock
+# and pyproject.toml, so a code change leaves this layer cached): the sidecar's, torch and
+# DeepSpeed (the `train` extra), the Hugging Face Trainer and Accelerate (the `hf` extra).
+RUN /opt/gemini/bin/pip install --constraint requirements.lock $(python -c "import tomllib; \
+      p = tomllib.load(open('pyproject.toml', 'rb'))['project']; \
+      extras = [r for e in ('sidecar', 'train', 'hf') for r in p['optional-dependencies'][e]]; \
+      print(*(r for r in p['dependencies'] + extras if not r.startswith(p['name'])))") \
     && rm -rf ${UNUSED}
+# DeepSpeed on CPU nodes loads its shared-memory collective op, which it otherwise compiles at
+# the first run (no compiler in the image: the training fails). Built here, ahead of time, into
+# the installed package (a C++ compiler and Python's headers in this build stage only).
+RUN apt-get update -q && apt-get install -y -q --no-install-recommends g++ $(python -c \
+      "import os, sysconfig; print('' if os.path.exists(sysconfig.get_paths()['include'] \
+      + '/Python.h') else 'python3.11-dev')") >/dev/null \
+    && DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 /opt/gemini/bin/pip install -q \
+       --no-deps --no-build-isolation --force-reinstall --constraint requirements.lock deepspeed \
+    && DS_ACCELERATOR=cpu /opt/gemini/bin/python -c "import torch, deepspeed.ops.comm.deepspeed_shm_comm_op"
 
 # ---- runtime images ------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS runtime-base
@@ -68,8 +87,21 @@ COPY --from=build-sidecar /opt/gemini /opt/gemini
 USER 65532:65532
 ENTRYPOINT ["gemini", "sidecar"]
 
-FROM runtime-base AS trainer
-COPY --from=build-trainer /opt/gemini /opt/gemini
+FROM runtime-base AS trainer-deps
+COPY --from=build-trainer-deps /opt/gemini /opt/gemini
+
+FROM ${TRAINER_DEPS} AS build-trainer
+# The project over the dependencies, alone: the files its install wrote go to /project, the
+# trainer image's thin top layer.
+WORKDIR /src
+COPY --from=build-base /src ./
+RUN touch /tmp/before && /opt/gemini/bin/pip install -q --no-deps --constraint requirements.lock . \
+    && mkdir /project && cd / && find opt/gemini -type f -newer /tmp/before \
+    | tar -cf - -T - | tar -xf - -C /project
+
+FROM ${TRAINER_DEPS} AS trainer
+COPY --from=build-trainer /project/opt/gemini /opt/gemini
+WORKDIR /home/gemini
 USER 65532:65532
 # `gemini launch -- CMD` runs the training command and restarts it in place after a failure.
 ENTRYPOINT ["gemini", "launch", "--"]

@@ -1,24 +1,26 @@
-"""The operator and sidecar images built from the Dockerfile, on real kubelet nodes.
+"""The images built from the Dockerfile, on real kubelet nodes.
 
-`gemini local up --kubelet --images operator,sidecar`: three real kubelets (containerd, runc)
-with the images built here (hack/build-images.sh, cached) imported into their containerd. The
-Helm chart installs the operator from its image; a GeminiJob of two workers runs in the
-sidecar image (Python and `gemini launch`, no torch: the trainer image is not built here) with
-the operator's native sidecar. Three crashes of the training process are each recovered in
-place by the launcher, the container never restarting (so the kubelet's restart back-off
-never applies); a crash of the whole trainer container (killed through containerd) is
-recovered after the kubelet restarts it; a node loss (kubelet, containerd and its containers
-killed) by a replacement pod on the free node; each seen in the job's status and in the
-launchers' logs. The job then succeeds. A second job whose training process outgrows its
-container's memory limit is OOM-killed by the kernel (a real cgroup limit, which node agents
-do not have) and fails naming that cause and the limit. A third job, labelled for Kueue's
-queue, is admitted by the real Kueue (quota from the kubelets' allocatable) and runs.
-`helm uninstall` removes the operator.
+`gemini local up --kubelet --images operator,sidecar,examples`: three real kubelets
+(containerd, runc) with the images built here (hack/build-images.sh, cached) imported into
+their containerd. The Helm chart installs the operator from its image. A GeminiJob of two
+workers runs in the sidecar image (Python and `gemini launch`) with the operator's native
+sidecar: three crashes of the training process are each recovered in place by the launcher,
+the container never restarting (so the kubelet's restart back-off never applies); a kill of
+the whole trainer container (through containerd) is recovered after the kubelet restarts it.
+A second job whose training process outgrows its container's memory limit is OOM-killed by
+the kernel (a real cgroup limit, which node agents do not have) and fails naming that cause
+and the limit. A third, labelled for Kueue's queue, is admitted by the real Kueue (quota from
+the kubelets' allocatable) and runs. Last, examples/train_gpt_zero3.py trains with DeepSpeed
+in the examples image (torch as the Dockerfile installs it): a crash restored from local
+memory, then a node loss (kubelet, containerd and its containers killed) restored by a
+replacement fetching its shard from its peer; the survivor's losses equal an uninterrupted
+run's. `helm uninstall` removes the operator.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +37,7 @@ from gemini_operator import naming
 from tests.fixtures.helm import CHART, Helm
 from tests.fixtures.kubelet_host import missing_tools
 from tests.fixtures.nodes import wait_until
+from tests.fixtures.trainers import STEP_LINE, SharedReferences
 
 pytestmark = pytest.mark.e2e
 
@@ -54,7 +57,8 @@ def kubelet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
     started = time.monotonic()
     try:
         info = cluster.up(state_dir, cluster.Topology(nodes=3, zones=1, racks=1), kubelet=True,
-                          images=("operator", "sidecar"), timeout=120, with_kueue=True)
+                          images=("operator", "sidecar", "examples"), timeout=120,
+                          with_kueue=True)
         print(f"images built or cached, 3 kubelet nodes up with them imported: "
               f"{time.monotonic() - started:.1f} s")
         plane = ControlPlane.load(state_dir)
@@ -72,10 +76,14 @@ def _job(name: str) -> dict[str, Any]:
                      "template": {"image": images.image_name("sidecar"), "command": COMMAND}}}
 
 
-def _status(custom: client.CustomObjectsApi) -> dict[str, Any]:
+def _status_of(custom: client.CustomObjectsApi, name: str) -> dict[str, Any]:
     job: dict[str, Any] = custom.get_namespaced_custom_object(  # type: ignore[assignment]
-        naming.GROUP, naming.VERSION, "default", naming.PLURAL, JOB)
+        naming.GROUP, naming.VERSION, "default", naming.PLURAL, name)
     return dict(job.get("status") or {})
+
+
+def _status(custom: client.CustomObjectsApi) -> dict[str, Any]:
+    return _status_of(custom, JOB)
 
 
 def _recovered(custom: client.CustomObjectsApi, epoch: int) -> dict[str, Any] | None:
@@ -162,12 +170,12 @@ def _image_id(pod: Any, container: str) -> str:
     return str(next(s.image_id for s in statuses if s.name == container))
 
 
-def test_helm_installs_the_operator_image_and_a_job_recovers_a_crash_and_a_node_loss(
-        kubelet_cluster: dict[str, Any], helm: Helm) -> None:
+@pytest.fixture(scope="module")
+def installed_operator(kubelet_cluster: dict[str, Any], helm: Helm) -> Iterator[str]:
+    """The chart installed from the operator image on a kubelet node; that node's name.
+    `helm uninstall` at the end removes it."""
     plane: ControlPlane = kubelet_cluster["plane"]
-    state_dir: Path = kubelet_cluster["state_dir"]
-    api = kubelet_cluster["api"]
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    core = client.CoreV1Api(kubelet_cluster["api"])
     core.create_namespace({"metadata": {"name": SYSTEM}})
     # No kube-proxy and no DNS on these nodes: the operator runs in the node's network and
     # reaches the API server on loopback; launchers report failures by the 2 s poll.
@@ -181,10 +189,21 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_a_crash_and_a_node_
                       kubeconfig=plane.kubeconfig, timeout=180)
     assert result.returncode == 0, result.stderr
     (operator_pod,) = core.list_namespaced_pod(SYSTEM).items
-    operator_node = operator_pod.spec.node_name
-    assert operator_node.startswith("127.0.50."), operator_node  # a kubelet node
+    assert operator_pod.spec.node_name.startswith("127.0.50."), operator_pod.spec.node_name
     assert operator_pod.spec.containers[0].image == images.image_name("operator")
+    yield str(operator_pod.spec.node_name)
+    result = helm.run(["uninstall", "gemini", "--namespace", SYSTEM, "--wait", "--timeout",
+                       "60s"], kubeconfig=plane.kubeconfig, timeout=120)
+    assert result.returncode == 0, result.stderr
+    wait_until(lambda: not core.list_namespaced_pod(SYSTEM).items, 60,
+               "the operator pod to be gone")
 
+
+def test_helm_installs_the_operator_image_and_a_job_recovers_crashes_in_place(
+        kubelet_cluster: dict[str, Any], installed_operator: str) -> None:
+    state_dir: Path = kubelet_cluster["state_dir"]
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
                                            naming.PLURAL, _job(JOB))
     wait_until(lambda: _status(custom).get("state") == "Running", 90, "the job Running",
@@ -193,10 +212,7 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_a_crash_and_a_node_
         "default", label_selector=f"{naming.LABEL_JOB}={JOB}").items}
     sidecar_image_id = _image_id(next(iter(pods.values())), "gemini-sidecar")
     assert all(_image_id(p, "trainer") == sidecar_image_id for p in pods.values())
-    # The worker to lose is on a node without the operator (3 nodes: one always is).
-    victim = next(p for p in pods.values() if p.spec.node_name != operator_node)
-    name, lost_node = victim.metadata.name, victim.spec.node_name
-
+    name = next(iter(pods))
     epoch = 1
     downtimes = []
     for _ in range(3):  # the training process dies, its launcher (the container) stays
@@ -221,16 +237,7 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_a_crash_and_a_node_
                f"{name}'s launcher to start the training process again")
     assert _restarts(core, name) == 1
 
-    faults.lose_node(state_dir, lost_node)
-    loss = wait_until(lambda: _recovered(custom, crash["epoch"] + 1), 90,
-                      "the node loss recovered", interval=0.5)
-    assert loss["cause"] == "hardware", loss
-    replacement = core.read_namespaced_pod(name, "default")
-    assert replacement.spec.node_name not in (lost_node, None), replacement.spec.node_name
-    wait_until(lambda: _started_in_epoch(core, name, loss["epoch"]), 60,
-               f"the replacement {name} on {replacement.spec.node_name} to start training")
-    print(f"crash recovered in {crash['durationSeconds']} s, node loss in "
-          f"{loss['durationSeconds']} s ({loss['breakdown']})")
+    print(f"container kill recovered in {crash['durationSeconds']} s")
 
     final = wait_until(lambda: _status(custom) if _status(custom).get("state") in
                        ("Succeeded", "Failed") else None, 120, "the job to finish", interval=1)
@@ -240,8 +247,103 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_a_crash_and_a_node_
     _an_oom_killed_job_fails_naming_the_memory_limit(custom, core)
     _a_queued_job_is_admitted_by_kueue_and_runs(custom)
 
-    result = helm.run(["uninstall", "gemini", "--namespace", SYSTEM, "--wait", "--timeout",
-                       "60s"], kubeconfig=plane.kubeconfig, timeout=120)
-    assert result.returncode == 0, result.stderr
-    wait_until(lambda: not core.list_namespaced_pod(SYSTEM).items, 60,
-               "the operator pod to be gone")
+
+TRAINING, STEPS = "gpt", 12
+# examples/train_gpt_zero3.py as the examples image has it (the Dockerfile copies it there),
+# the fault matrix's model: one uninterrupted reference run per session serves both.
+MODEL = ["--engine", "deepspeed", "--steps", str(STEPS), "--layers", "1", "--d-model", "32"]
+
+
+def _training_job() -> dict[str, Any]:
+    trainer = {"name": "trainer", "image": images.image_name("examples"),
+               "command": ["python", "/app/examples/train_gpt_zero3.py", *MODEL,
+                           "--step-sleep", "1"],
+               "env": [{"name": "OMP_NUM_THREADS", "value": "1"}]}
+    return {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
+            "metadata": {"name": TRAINING, "namespace": "default"},
+            "spec": {"numNodes": 2, "checkpoint": {"replicas": 2},
+                     "failurePolicy": {"maxRestarts": 5},
+                     "template": {"spec": {"containers": [trainer]}}}}
+
+
+def _steps(text: str) -> list[tuple[int, str]]:
+    """(step, loss) in the order the log printed them."""
+    return [(int(m.group(1)), m.group(2)) for line in text.splitlines()
+            if (m := STEP_LINE.match(line.strip()))]
+
+
+def _resumed_at(text: str, restored: int) -> bool:
+    """The log's last restore is of step `restored` and the next step it ran is its successor:
+    it went on from the restored state, no step before it ran again."""
+    found = list(re.finditer(r"^restored step (\d+) .*\n(?:.*\n)*?step (\d+) loss", text, re.M))
+    return bool(found) and (int(found[-1].group(1)), int(found[-1].group(2))) == (
+        restored, restored + 1)
+
+
+def _recovery_after(custom: client.CustomObjectsApi, epoch: int) -> dict[str, Any] | None:
+    job: dict[str, Any] = custom.get_namespaced_custom_object(  # type: ignore[assignment]
+        naming.GROUP, naming.VERSION, "default", naming.PLURAL, TRAINING)
+    last = (job.get("status") or {}).get("lastRecovery") or {}
+    return last if last.get("epoch", 0) > epoch and last.get("completionTime") else None
+
+
+def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_loss(
+        kubelet_cluster: dict[str, Any], installed_operator: str,
+        shared_references: SharedReferences) -> None:
+    """examples/train_gpt_zero3.py in the examples image (torch and DeepSpeed as the Dockerfile
+    installs them), 2 workers, m = 2, on real kubelets: rank 0's training process killed
+    (restored in place from local memory), then rank 1's node lost (its replacement fetches
+    the shard from rank 0's sidecar over pod IPs). Rank 0's losses equal an uninterrupted run
+    of the host's venv bit for bit, and each restore is followed by the restored step + 1."""
+    state_dir: Path = kubelet_cluster["state_dir"]
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                           naming.PLURAL, _training_job())
+    wait_until(lambda: _status_of(custom, TRAINING).get("state") == "Running", 120,
+               "the training job Running", interval=0.5)
+    # The node to lose runs a worker and not the operator (3 nodes: one always does); the
+    # other worker survives both faults, and its losses are compared.
+    pods = {p.metadata.name: p for p in core.list_namespaced_pod(
+        "default", label_selector=f"{naming.LABEL_JOB}={TRAINING}").items}
+    lost = next(n for n, p in sorted(pods.items(), reverse=True)
+                if p.spec.node_name != installed_operator)
+    (kept,) = set(pods) - {lost}
+    reference = shared_references(2, MODEL, rank=int(kept.rsplit("-", 1)[1]))
+
+    def newest(pod: str) -> int:
+        return max((s for s, _ in _steps(_trainer_log(core, pod))), default=0)
+
+    wait_until(lambda: newest(kept) >= 3, 240, f"{kept} to train 3 steps", interval=0.5)
+    kill_training_process(state_dir, "default", kept)
+    crash = wait_until(lambda: _recovery_after(custom, 1), 90, "the crash recovered",
+                       interval=0.5)
+    assert crash["cause"] == "software" and crash["source"] == "Local", crash
+    wait_until(lambda: _resumed_at(_trainer_log(core, kept), crash["restoredStep"]), 60,
+               f"{kept} to step on from the restored step")
+    assert _restarts(core, kept) == 0, "the training process was restarted in place"
+
+    reached = newest(kept)
+    wait_until(lambda: newest(kept) >= reached + 2, 60, "two more steps", interval=0.5)
+    lost_node = pods[lost].spec.node_name
+    faults.lose_node(state_dir, lost_node)
+    loss = wait_until(lambda: _recovery_after(custom, crash["epoch"]), 120,
+                      "the node loss recovered", interval=0.5)
+    assert loss["cause"] == "hardware" and loss["source"] == "Peers", loss
+    replacement = core.read_namespaced_pod(lost, "default").spec.node_name
+    assert replacement not in (lost_node, None), replacement
+    for pod in (kept, lost):
+        wait_until(lambda p=pod: _resumed_at(_trainer_log(core, p), loss["restoredStep"]), 120,
+                   f"{pod} to step on from the restored step")
+    print(f"on kubelet nodes: crash recovered in {crash['durationSeconds']} s (step "
+          f"{crash['restoredStep']}), node loss in {loss['durationSeconds']} s (step "
+          f"{loss['restoredStep']}, {loss['breakdown']})")
+
+    final = wait_until(lambda: _status_of(custom, TRAINING) if _status_of(custom, TRAINING)
+                       .get("state") in ("Succeeded", "Failed") else None, 240,
+                       "the training job to finish", interval=1)
+    assert final["state"] == "Succeeded", final
+    printed = _steps(_trainer_log(core, kept))
+    got = dict(printed)
+    assert all(got[s] == loss_hex for s, loss_hex in printed), "a re-run step's loss changed"
+    assert got == reference, f"{kept}'s losses differ from the uninterrupted run: {got}"

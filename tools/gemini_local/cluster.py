@@ -135,21 +135,28 @@ def _image_archives(targets: tuple[str, ...]) -> dict[str, Path]:
 def _start_kubelet_nodes(plane: ControlPlane, state_dir: Path, topology: Topology,
                          timeout: float, archives: dict[str, Path]) -> None:
     from gemini_local import faults, kubelet
+    from gemini_local.kubelet import seed
 
     labels = [topology.labels(i) for i in range(topology.nodes)]
     faults.track_kubelet_connections()  # before the kubelets connect: partitions need it
+    # The images go into the seed store once; every node's containerd starts from hard links
+    # to it. Where hard links cannot reach (another file system) each node imports them.
+    linked = archives and seed.seed_dir().parent.stat().st_dev == state_dir.stat().st_dev
     try:
-        started = kubelet.start_kubelet_nodes(plane, state_dir / KUBELET_NODES, labels, timeout)
-
-        def import_all(node: kubelet.KubeletNode) -> None:
-            for target, archive in archives.items():
-                node.import_image(archive, images_mod.image_name(target),
-                                  images_mod.full_name(target))
-
-        with ThreadPoolExecutor(max_workers=len(started)) as pool:  # one containerd each
-            list(pool.map(import_all, started))
-    except kubelet.KubeletNodeError as err:
+        store = seed.prepare({images_mod.image_name(t): (a, images_mod.full_name(t))
+                              for t, a in archives.items()}) if linked else None
+        started = kubelet.start_kubelet_nodes(plane, state_dir / KUBELET_NODES, labels, timeout,
+                                              images=store)
+        if archives and not linked:
+            with ThreadPoolExecutor(max_workers=len(started)) as pool:  # one containerd each
+                list(pool.map(lambda node: _import_all(node, archives), started))
+    except (kubelet.KubeletNodeError, seed.SeedError) as err:
         raise ControlPlaneError(str(err)) from err
+
+
+def _import_all(node: Any, archives: dict[str, Path]) -> None:
+    for target, archive in archives.items():
+        node.import_image(archive, images_mod.image_name(target), images_mod.full_name(target))
 
 
 def _stop_kubelet_nodes(state_dir: Path) -> list[str]:

@@ -25,6 +25,7 @@ _INPUTS = ("Dockerfile", ".dockerignore", "requirements.lock", "pyproject.toml",
            "gemini", "cli", "operator", "trainer_sidecar", "examples/train_gpt_zero3.py",
            "examples/train_fsdp.py")
 _KEEP = 3
+_LARGE = ("trainer", "examples")  # torch and its CUDA libraries: 3 GB archives
 _SKIPPED = re.compile(r"(__pycache__|\.pyc$|\.egg-info)")
 
 
@@ -98,3 +99,7 @@ def _build(targets: list[str], folder: Path) -> None:
     for old in kept[_KEEP:]:  # the newest few sources' archives (two clones may alternate)
         if old != folder:
             shutil.rmtree(old, ignore_errors=True)
+    for old in kept:  # but the trainer images (3 GB each) of the newest source only
+        for big in _LARGE:
+            if old != folder:
+                (old / f"{big}.tar").unlink(missing_ok=True)

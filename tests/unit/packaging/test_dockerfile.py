@@ -128,7 +128,21 @@ def test_every_pip_install_is_constrained_by_requirements_lock():
         assert re.search(r"(--constraint|-c) requirements\.lock\b", ins.args), (
             f"`{ins.args}` does not install from requirements.lock")
         assert not re.search(r"(-r|--requirement)\s", ins.args), ins.args
-    assert ("build-base", "requirements.lock") in context_copies()
+    assert ("build-env", "requirements.lock") in context_copies()
+
+
+def test_the_trainer_dependencies_are_a_layer_a_code_change_leaves_alone():
+    """The 5 GB of torch and DeepSpeed come from stages that see only the lock and
+    pyproject.toml; the project goes into the trainer image as a layer of its own files."""
+    deps_chain = df.ancestry(STAGES, "build-trainer-deps")
+    seen = {source for stage, source in context_copies()
+            if stage in {s.name for s in deps_chain}}
+    assert seen == {"requirements.lock", "pyproject.toml"}, seen
+    (project,) = BY_NAME["build-trainer"].all("RUN")
+    assert "--no-deps" in project.args and "/project" in project.args
+    (copy,) = BY_NAME["trainer"].all("COPY")
+    assert copy.flags() == {"from": "build-trainer"} and copy.words()[0].startswith("/project/")
+    assert BY_NAME["trainer"].base == BY_NAME["build-trainer"].base == "trainer-deps"
 
 
 def test_runtime_imports_are_declared_dependencies():
@@ -148,11 +162,11 @@ def test_runtime_imports_are_declared_dependencies():
 def test_what_the_images_leave_out_is_imported_by_nothing_they_run():
     """The build stages delete parts of installed packages (the Kubernetes client's asyncio
     copy): no shipped module, and no module of the kept part of that package, imports them."""
-    (env,) = [i for i in BY_NAME["build-base"].all("ENV") if i.args.startswith("UNUSED=")]
+    (env,) = [i for i in BY_NAME["build-env"].all("ENV") if i.args.startswith("UNUSED=")]
     removed = [p.split("/site-packages/")[1].replace("/", ".")
                for p in env.args.partition("=")[2].strip('"').split()]
     assert removed == ["kubernetes.aio"]
-    for stage in ("build-operator", "build-sidecar", "build-trainer"):
+    for stage in ("build-operator", "build-sidecar", "build-trainer-deps"):
         assert any("rm -rf ${UNUSED}" in i.args for i in BY_NAME[stage].all("RUN")), stage
     package_dir = Path(str(metadata.distribution("kubernetes").locate_file("kubernetes")))
     kept = {p: ".".join(("kubernetes", *p.relative_to(package_dir).parent.parts))

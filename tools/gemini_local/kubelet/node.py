@@ -47,7 +47,7 @@ from typing import Any
 
 from gemini_local import processes
 from gemini_local.controlplane import REPO_ROOT, ControlPlane, binaries_dir
-from gemini_local.kubelet import host
+from gemini_local.kubelet import host, seed
 from gemini_local.kubelet.host import CGROUP_ROOT
 from gemini_local.kubelet.oci import write_image
 
@@ -114,6 +114,10 @@ class KubeletNode:
     @property
     def log_dir(self) -> Path:
         return self.state_dir / "logs"
+
+    @property
+    def containerd_root(self) -> Path:
+        return self.state_dir / "containerd" / "root"
 
     @property
     def containerd_socket(self) -> Path:
@@ -192,9 +196,11 @@ def start_kubelet_node(plane: ControlPlane, state_dir: Path, timeout: float = 12
 
 
 def start_kubelet_nodes(plane: ControlPlane, root: Path, labels: list[dict[str, str]],
-                        timeout: float = 120.0) -> list[KubeletNode]:
+                        timeout: float = 120.0, images: Path | None = None
+                        ) -> list[KubeletNode]:
     """Start one kubelet node per entry of `labels` (node i under `root/n<i>`, with those
-    labels) and wait until every Node is Ready; the host is recorded once, in `root`. On
+    labels) and wait until every Node is Ready; the host is recorded once, in `root`. Each
+    node's containerd starts with the images of the seed store `images` (`seed.prepare`). On
     failure everything started is torn down again (`stop_kubelet_nodes`)."""
     nodes = [KubeletNode.at(i, root / f"n{i}", node_labels) for i, node_labels in
              enumerate(labels)]
@@ -203,7 +209,7 @@ def start_kubelet_nodes(plane: ControlPlane, root: Path, labels: list[dict[str, 
     host.record(root)
     try:
         for node in nodes:
-            _launch(plane, node, timeout)
+            _launch(plane, node, timeout, images)
         for node in nodes:
             _wait_for(lambda n=node: _node_ready(plane, n.name), timeout,  # type: ignore[misc]
                       f"node {node.name} Ready", node, _KUBELET)
@@ -250,14 +256,18 @@ def _kubelet_names() -> set[str]:
     return names
 
 
-def _launch(plane: ControlPlane, node: KubeletNode, timeout: float) -> None:
-    """Start the node's containerd, import the pause image, start its kubelet (not waiting for
-    the Node to be Ready)."""
+def _launch(plane: ControlPlane, node: KubeletNode, timeout: float,
+            images: Path | None = None) -> None:
+    """Start the node's containerd (its root a copy of the image seed `images`, if given),
+    import the pause image, start its kubelet (not waiting for the Node to be Ready)."""
     pause = pause_binary()
     node.save()
     host.make_cgroup_root(node.cgroup_sub)
     _write_cni_config(node)
-    processes.spawn(_CONTAINERD, ["containerd", f"--config={_write_containerd_config(node)}"],
+    config = _write_containerd_config(node)
+    if images is not None:
+        seed.clone(images, node.containerd_root)
+    processes.spawn(_CONTAINERD, ["containerd", f"--config={config}"],
                     node.pid_dir, node.log_dir)
     _wait_for(lambda: node.containerd_socket.exists() and _ctr_ok(node), timeout,
               "containerd's socket", node, _CONTAINERD)
@@ -334,7 +344,7 @@ def _write_containerd_config(node: KubeletNode) -> Path:
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     config = f"""\
 version = 2
-root = "{d / 'root'}"
+root = "{node.containerd_root}"
 state = "{d / 'state'}"
 
 [grpc]
