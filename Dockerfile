@@ -5,7 +5,9 @@
 #   docker build --target trainer  -t gemini-trainer:0.1.0  .   a trainer base image with torch,
 #       DeepSpeed, transformers and accelerate whose entrypoint is the launcher
 #       (`gemini launch --`): extend it with your training code and set CMD to your training
-#       command (e.g. CMD ["python", "train.py"]).
+#       command (e.g. CMD ["python", "train.py"]). Its layers: the dependencies (5.5 GB, the
+#       `trainer-deps` stage, which sees only requirements.lock and pyproject.toml), then the
+#       project's own files (a thin layer: a code change rebuilds only that).
 #   docker build --target examples -t gemini-examples:0.1.0 .   the trainer image with the
 #       example training scripts in /app/examples (what examples/geminijob-*.yaml run)
 # The dev tools (tools/: local cluster, demo) and their `tools` extra stay out of every image.

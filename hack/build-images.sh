@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the Dockerfile's images here, without a Docker daemon: buildah (chroot isolation, vfs
-# storage: no daemon, no overlay mounts needed) over a Python base made with mmdebstrap from
+# Builds the Dockerfile's images here, without a Docker daemon: buildah (chroot isolation,
+# overlay storage in a root of its own) over a Python base made with mmdebstrap from
 # Debian's own packages (no registry is reachable here; Debian bookworm's python3.11, given to
 # the Dockerfile as PYTHON_IMAGE in place of python:3.11.14-slim-bookworm).
 #
@@ -58,10 +58,11 @@ bud() {
 
 # The trainer images start from their dependencies' image (torch, DeepSpeed: about 5 GB),
 # built once per requirements.lock, pyproject.toml and Dockerfile: a code change adds a thin
-# layer on top of the same layers (which a node's containerd then already has).
+# layer on top of the same layers (which the kubelet nodes' image seed then already has).
 deps_args=()
 if [[ " ${targets[*]} " =~ \ (trainer|examples)\  ]]; then
-  key=$(cat "$root/requirements.lock" "$root/pyproject.toml" "$root/Dockerfile" | sha256sum | cut -c1-16)
+  key=$(cat "$root/requirements.lock" "$root/pyproject.toml" <(grep -v '^ *#' "$root/Dockerfile") \
+    | sha256sum | cut -c1-16)  # comments change no image
   deps=localhost/gemini-trainer-deps:$key
   if ! buildah "${storage[@]}" inspect --type image "$deps" >/dev/null 2>&1; then
     step "image $deps: torch, DeepSpeed and the rest of the lock (pip, about 4 minutes)"
@@ -90,6 +91,6 @@ for target in "${targets[@]}"; do
   fi
   echo "$target $name $size $seconds"
 done
-# Each build leaves the previous image of its name and the build stages untagged: vfs storage
-# holds every one in full, so drop them (the base image stays tagged).
+# Each build leaves the previous image of its name and the build stages untagged: drop them
+# (the base and the trainer's dependencies stay tagged).
 buildah "${storage[@]}" rmi --prune >/dev/null 2>&1 || true

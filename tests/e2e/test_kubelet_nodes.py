@@ -254,16 +254,52 @@ TRAINING, STEPS = "gpt", 12
 MODEL = ["--engine", "deepspeed", "--steps", str(STEPS), "--layers", "1", "--d-model", "32"]
 
 
+POOL = "gemini.io/pool"  # the label and taint of the nodes set aside for training
+DATASET = "tokens 0-65535, shard 7"
+
+
 def _training_job() -> dict[str, Any]:
+    """The job as a user on a GPU cluster writes it: tainted nodes picked by label, a dataset
+    volume, its own service account and priority class."""
+    train = " ".join(["exec python /app/examples/train_gpt_zero3.py", *MODEL, "--step-sleep 1"])
     trainer = {"name": "trainer", "image": images.image_name("examples"),
-               "command": ["python", "/app/examples/train_gpt_zero3.py", *MODEL,
-                           "--step-sleep", "1"],
-               "env": [{"name": "OMP_NUM_THREADS", "value": "1"}]}
+               "command": ["sh", "-c", f'echo "dataset: $(cat /data/dataset.txt)" && {train}'],
+               "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+               "volumeMounts": [{"name": "dataset", "mountPath": "/data", "readOnly": True}]}
+    pod = {"nodeSelector": {POOL: "trainers"},
+           "tolerations": [{"key": POOL, "operator": "Equal", "value": "trainers",
+                            "effect": "NoSchedule"}],
+           "serviceAccountName": "trainer", "priorityClassName": "training",
+           "volumes": [{"name": "dataset", "configMap": {"name": "dataset"}}],
+           "containers": [trainer]}
     return {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
             "metadata": {"name": TRAINING, "namespace": "default"},
             "spec": {"numNodes": 2, "checkpoint": {"replicas": 2},
-                     "failurePolicy": {"maxRestarts": 5},
-                     "template": {"spec": {"containers": [trainer]}}}}
+                     "failurePolicy": {"maxRestarts": 5}, "template": {"spec": pod}}}
+
+
+def _set_aside_for_training(api: client.ApiClient) -> None:
+    """Label and taint every node, and make the service account, priority class and dataset
+    the job names."""
+    core = client.CoreV1Api(api)
+    for node in core.list_node().items:
+        core.patch_node(node.metadata.name, {
+            "metadata": {"labels": {POOL: "trainers"}},
+            "spec": {"taints": [{"key": POOL, "value": "trainers", "effect": "NoSchedule"}]}})
+    core.create_namespaced_service_account("default", {"metadata": {"name": "trainer"}})
+    client.SchedulingV1Api(api).create_priority_class(
+        {"metadata": {"name": "training"}, "value": 1000})
+    core.create_namespaced_config_map("default", {"metadata": {"name": "dataset"},
+                                                  "data": {"dataset.txt": DATASET}})
+
+
+def _as_templated(pod: Any, log: str) -> None:
+    """The pod carries the template's placement, identity and priority, and its trainer read
+    the dataset volume the kubelet mounted."""
+    assert pod.spec.node_selector == {POOL: "trainers"}, pod.spec.node_selector
+    assert any(t.key == POOL and t.effect == "NoSchedule" for t in pod.spec.tolerations)
+    assert pod.spec.service_account_name == "trainer" and pod.spec.priority == 1000
+    assert f"dataset: {DATASET}" in log, log[-2000:]
 
 
 def _steps(text: str) -> list[tuple[int, str]]:
@@ -291,13 +327,16 @@ def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_los
         kubelet_cluster: dict[str, Any], installed_operator: str,
         shared_references: SharedReferences) -> None:
     """examples/train_gpt_zero3.py in the examples image (torch and DeepSpeed as the Dockerfile
-    installs them), 2 workers, m = 2, on real kubelets: rank 0's training process killed
-    (restored in place from local memory), then rank 1's node lost (its replacement fetches
-    the shard from rank 0's sidecar over pod IPs). Rank 0's losses equal an uninterrupted run
-    of the host's venv bit for bit, and each restore is followed by the restored step + 1."""
+    installs them), 2 workers, m = 2, on real kubelets whose nodes are tainted and labelled
+    for training, with a dataset volume, a service account and a priority class: one
+    worker's training process killed (restored in place from local memory), then the other
+    worker's node lost (its replacement, templated alike, fetches the shard from the
+    survivor's sidecar over pod IPs). The survivor's losses equal an uninterrupted run of the
+    host's venv bit for bit, and each restore is followed by the restored step + 1."""
     state_dir: Path = kubelet_cluster["state_dir"]
     api = kubelet_cluster["api"]
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    _set_aside_for_training(api)
     custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
                                            naming.PLURAL, _training_job())
     wait_until(lambda: _status_of(custom, TRAINING).get("state") == "Running", 120,
@@ -335,6 +374,7 @@ def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_los
     for pod in (kept, lost):
         wait_until(lambda p=pod: _resumed_at(_trainer_log(core, p), loss["restoredStep"]), 120,
                    f"{pod} to step on from the restored step")
+        _as_templated(core.read_namespaced_pod(pod, "default"), _trainer_log(core, pod))
     print(f"on kubelet nodes: crash recovered in {crash['durationSeconds']} s (step "
           f"{crash['restoredStep']}), node loss in {loss['durationSeconds']} s (step "
           f"{loss['restoredStep']}, {loss['breakdown']})")
