@@ -1,8 +1,9 @@
 """The images built from the Dockerfile, on real kubelet nodes.
 
-`gemini local up --kubelet --images operator,sidecar,examples`: three real kubelets
-(containerd, runc) with the images built here (hack/build-images.sh, cached) imported into
-their containerd. The Helm chart installs the operator from its image. A GeminiJob of two
+`gemini local up --kubelet --nodes 4 --images operator,sidecar,examples --with-s3`: four real
+kubelets (containerd, runc) with the images built here (hack/build-images.sh, cached) in their
+containerd, and the local S3 listening where their pods reach the host. The Helm chart
+installs the operator from its image. A GeminiJob of two
 workers runs in the sidecar image (Python and `gemini launch`) with the operator's native
 sidecar: three crashes of the training process are each recovered in place by the launcher,
 the container never restarting (so the kubelet's restart back-off never applies); a kill of
@@ -14,7 +15,8 @@ the kubelets' allocatable) and runs. Last, examples/train_gpt_zero3.py trains wi
 in the examples image (torch as the Dockerfile installs it): a crash restored from local
 memory, then a node loss (kubelet, containerd and its containers killed) restored by a
 replacement fetching its shard from its peer; the survivor's losses equal an uninterrupted
-run's. `helm uninstall` removes the operator.
+run's. The same job with one copy per shard and S3 persistence loses a node: every worker
+restores the step committed to S3. `helm uninstall` removes the operator.
 """
 
 from __future__ import annotations
@@ -33,10 +35,12 @@ from kubernetes import client, config
 from gemini_demo.crash import kill_training_process
 from gemini_local import cluster, faults, images
 from gemini_local.controlplane import ControlPlane
+from gemini_local.s3 import S3Endpoint
 from gemini_operator import naming
 from tests.fixtures.helm import CHART, Helm
 from tests.fixtures.kubelet_host import missing_tools
 from tests.fixtures.nodes import wait_until
+from tests.fixtures.s3 import create_credentials_secret, persistence_spec
 from tests.fixtures.trainers import STEP_LINE, SharedReferences
 
 pytestmark = pytest.mark.e2e
@@ -56,10 +60,10 @@ def kubelet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
     state_dir = tmp_path_factory.mktemp("kubelet-images")
     started = time.monotonic()
     try:
-        info = cluster.up(state_dir, cluster.Topology(nodes=3, zones=1, racks=1), kubelet=True,
+        info = cluster.up(state_dir, cluster.Topology(nodes=4, zones=1, racks=1), kubelet=True,
                           images=("operator", "sidecar", "examples"), timeout=120,
-                          with_kueue=True)
-        print(f"images built or cached, 3 kubelet nodes up with them imported: "
+                          with_kueue=True, with_s3=True)
+        print(f"images built or cached, 4 kubelet nodes up with them imported, S3: "
               f"{time.monotonic() - started:.1f} s")
         plane = ControlPlane.load(state_dir)
         assert plane is not None
@@ -105,6 +109,16 @@ def _started_in_epoch(core: client.CoreV1Api, pod: str, epoch: int) -> bool:
     log = _trainer_log(core, pod)
     marker = f"epoch {epoch},"
     return marker in log and "started" in log.split(marker, 1)[1]
+
+
+def _wait_started(core: client.CoreV1Api, pod: str, epoch: int) -> None:
+    try:
+        wait_until(lambda: _started_in_epoch(core, pod, epoch), 30,
+                   f"{pod}'s launcher to start the training process in epoch {epoch}",
+                   interval=0.2)
+    except AssertionError as err:
+        tail = "\n".join(_trainer_log(core, pod).splitlines()[-30:])
+        raise AssertionError(f"{err}\n--- {pod}'s trainer log, last lines:\n{tail}") from err
 
 
 def _an_oom_killed_job_fails_naming_the_memory_limit(custom: client.CustomObjectsApi,
@@ -222,8 +236,7 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_crashes_in_place(
                            "the training process's crash recovered", interval=0.2)
         assert crash["cause"] == "software" and crash["source"] == "Local", crash
         epoch = crash["epoch"]
-        wait_until(lambda e=epoch: _started_in_epoch(core, name, e), 30,
-                   f"{name}'s launcher to start the training process again", interval=0.2)
+        _wait_started(core, name, epoch)
         downtimes.append(time.monotonic() - killed)
     assert _restarts(core, name) == 0, "the kubelet restarted the trainer container"
     print(f"training process crashes: kill -> training again {[round(d, 2) for d in downtimes]}"
@@ -233,8 +246,7 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_crashes_in_place(
     crash = wait_until(lambda: _recovered(custom, epoch + 1), 60, "the crash recovered",
                        interval=0.5)
     assert crash["cause"] == "software" and crash["source"] == "Local", crash
-    wait_until(lambda: _started_in_epoch(core, name, crash["epoch"]), 30,
-               f"{name}'s launcher to start the training process again")
+    _wait_started(core, name, crash["epoch"])
     assert _restarts(core, name) == 1
 
     print(f"container kill recovered in {crash['durationSeconds']} s")
@@ -258,10 +270,12 @@ POOL = "gemini.io/pool"  # the label and taint of the nodes set aside for traini
 DATASET = "tokens 0-65535, shard 7"
 
 
-def _training_job() -> dict[str, Any]:
+def _training_job(name: str = TRAINING, replicas: int = 2, step_sleep: float = 1.0
+                  ) -> dict[str, Any]:
     """The job as a user on a GPU cluster writes it: tainted nodes picked by label, a dataset
     volume, its own service account and priority class."""
-    train = " ".join(["exec python /app/examples/train_gpt_zero3.py", *MODEL, "--step-sleep 1"])
+    train = " ".join(["exec python /app/examples/train_gpt_zero3.py", *MODEL,
+                      f"--step-sleep {step_sleep}"])
     trainer = {"name": "trainer", "image": images.image_name("examples"),
                "command": ["sh", "-c", f'echo "dataset: $(cat /data/dataset.txt)" && {train}'],
                "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
@@ -273,8 +287,8 @@ def _training_job() -> dict[str, Any]:
            "volumes": [{"name": "dataset", "configMap": {"name": "dataset"}}],
            "containers": [trainer]}
     return {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
-            "metadata": {"name": TRAINING, "namespace": "default"},
-            "spec": {"numNodes": 2, "checkpoint": {"replicas": 2},
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"numNodes": 2, "checkpoint": {"replicas": replicas},
                      "failurePolicy": {"maxRestarts": 5}, "template": {"spec": pod}}}
 
 
@@ -316,11 +330,33 @@ def _resumed_at(text: str, restored: int) -> bool:
         restored, restored + 1)
 
 
-def _recovery_after(custom: client.CustomObjectsApi, epoch: int) -> dict[str, Any] | None:
-    job: dict[str, Any] = custom.get_namespaced_custom_object(  # type: ignore[assignment]
-        naming.GROUP, naming.VERSION, "default", naming.PLURAL, TRAINING)
-    last = (job.get("status") or {}).get("lastRecovery") or {}
+def _recovery_after(custom: client.CustomObjectsApi, epoch: int, name: str = TRAINING
+                    ) -> dict[str, Any] | None:
+    last = _status_of(custom, name).get("lastRecovery") or {}
     return last if last.get("epoch", 0) > epoch and last.get("completionTime") else None
+
+
+def _workers(core: client.CoreV1Api, job: str, operator_node: str) -> tuple[dict[str, Any], str,
+                                                                          str]:
+    """The job's pods by name; the one to lose (on a node without the operator: one always
+    is) and the one that stays."""
+    pods = {p.metadata.name: p for p in core.list_namespaced_pod(
+        "default", label_selector=f"{naming.LABEL_JOB}={job}").items}
+    lost = next(n for n, p in sorted(pods.items(), reverse=True)
+                if p.spec.node_name != operator_node)
+    (kept,) = set(pods) - {lost}
+    return pods, lost, kept
+
+
+def _newest_step(core: client.CoreV1Api, pod: str) -> int:
+    return max((s for s, _ in _steps(_trainer_log(core, pod))), default=0)
+
+
+def _assert_losses(core: client.CoreV1Api, pod: str, reference: dict[int, str]) -> None:
+    printed = _steps(_trainer_log(core, pod))
+    got = dict(printed)
+    assert all(got[s] == loss_hex for s, loss_hex in printed), "a re-run step's loss changed"
+    assert got == reference, f"{pod}'s losses differ from the uninterrupted run: {got}"
 
 
 def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_loss(
@@ -341,17 +377,12 @@ def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_los
                                            naming.PLURAL, _training_job())
     wait_until(lambda: _status_of(custom, TRAINING).get("state") == "Running", 120,
                "the training job Running", interval=0.5)
-    # The node to lose runs a worker and not the operator (3 nodes: one always does); the
-    # other worker survives both faults, and its losses are compared.
-    pods = {p.metadata.name: p for p in core.list_namespaced_pod(
-        "default", label_selector=f"{naming.LABEL_JOB}={TRAINING}").items}
-    lost = next(n for n, p in sorted(pods.items(), reverse=True)
-                if p.spec.node_name != installed_operator)
-    (kept,) = set(pods) - {lost}
+    # The worker that stays survives both faults; its losses are compared.
+    pods, lost, kept = _workers(core, TRAINING, installed_operator)
     reference = shared_references(2, MODEL, rank=int(kept.rsplit("-", 1)[1]))
 
     def newest(pod: str) -> int:
-        return max((s for s, _ in _steps(_trainer_log(core, pod))), default=0)
+        return _newest_step(core, pod)
 
     wait_until(lambda: newest(kept) >= 3, 240, f"{kept} to train 3 steps", interval=0.5)
     kill_training_process(state_dir, "default", kept)
@@ -383,7 +414,51 @@ def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_los
                        .get("state") in ("Succeeded", "Failed") else None, 240,
                        "the training job to finish", interval=1)
     assert final["state"] == "Succeeded", final
-    printed = _steps(_trainer_log(core, kept))
-    got = dict(printed)
-    assert all(got[s] == loss_hex for s, loss_hex in printed), "a re-run step's loss changed"
-    assert got == reference, f"{kept}'s losses differ from the uninterrupted run: {got}"
+    _assert_losses(core, kept, reference)
+
+
+def test_a_job_that_loses_every_copy_of_a_shard_restores_from_s3_over_the_pod_network(
+        kubelet_cluster: dict[str, Any], installed_operator: str,
+        shared_references: SharedReferences) -> None:
+    """The same job with one in-memory copy per shard (m = 1) and persistence to the local S3,
+    which the pods reach at the first node's bridge address: a worker's node lost, its shard's
+    only copy with it, so both workers restore the step committed to S3 (the replacement on
+    the free node). The survivor resumes at that step + 1 with the uninterrupted losses."""
+    state_dir: Path = kubelet_cluster["state_dir"]
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    s3 = kubelet_cluster["info"]["s3"]
+    endpoint = S3Endpoint.from_dict(s3)
+    create_credentials_secret(core, "default", endpoint)
+    body = _training_job("durable", replicas=1, step_sleep=2.0)  # time to see uploads land
+    body["spec"]["persistence"] = {**persistence_spec(endpoint, "durable/", 1),
+                                   "endpoint": s3["podURL"]}
+    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                           naming.PLURAL, body)
+    wait_until(lambda: _status_of(custom, "durable").get("state") == "Running", 120,
+               "the durable job Running", interval=0.5)
+    pods, lost, kept = _workers(core, "durable", installed_operator)
+    reference = shared_references(2, MODEL, rank=int(kept.rsplit("-", 1)[1]))
+
+    def persisted_step() -> int:
+        return int((_status_of(custom, "durable").get("checkpoint") or {}).get("persistedStep")
+                   or 0)
+
+    persisted = wait_until(lambda: (step := persisted_step()) >= 3 and step, 180,
+                           "step 3 committed to S3", interval=0.5)
+
+    faults.lose_node(state_dir, pods[lost].spec.node_name)
+    recovery = wait_until(lambda: _recovery_after(custom, 1, "durable"), 120,
+                          "the recovery from S3", interval=0.5)
+    assert recovery["source"] == "S3" and recovery["restoredStep"] >= persisted, recovery
+    for pod in (kept, lost):
+        wait_until(lambda p=pod: _resumed_at(_trainer_log(core, p), recovery["restoredStep"]),
+                   120, f"{pod} to step on from the step restored from S3")
+    print(f"on kubelet nodes, from S3: persisted step {persisted}, restored step "
+          f"{recovery['restoredStep']} in {recovery['durationSeconds']} s "
+          f"({recovery['breakdown']})")
+    final = wait_until(lambda: _status_of(custom, "durable") if _status_of(custom, "durable")
+                       .get("state") in ("Succeeded", "Failed") else None, 240,
+                       "the durable job to finish", interval=1)
+    assert final["state"] == "Succeeded", final
+    _assert_losses(core, kept, reference)

@@ -30,6 +30,9 @@ class CephLayout:
     # failsafe, no manager needed): 1 GiB was full after one 4 x 256 MiB checkpoint, and the
     # next upload's requests hung until the client closed them.
     capacity_bytes: int = 8 << 30
+    # Addresses the gateway listens on besides 127.0.0.1 (kubelet nodes' pods reach the host
+    # at their bridge's address, not at its loopback).
+    also_on: tuple[str, ...] = ()
 
     @property
     def conf(self) -> Path:
@@ -155,7 +158,8 @@ def _osd_options(layout: CephLayout) -> dict[str, str]:
 
 def _rgw_options(layout: CephLayout) -> dict[str, str]:
     return {
-        "rgw frontends": f"beast endpoint=127.0.0.1:{layout.rgw_port}",
+        "rgw frontends": "beast " + " ".join(
+            f"endpoint={address}:{layout.rgw_port}" for address in ("127.0.0.1", *layout.also_on)),
         "rgw data": str(layout.rgw_dir),
         # 512 worker threads by default; a handful is plenty on loopback.
         "rgw thread pool size": "64",

@@ -89,7 +89,7 @@ def up(state_dir: Path, topology: Topology, with_s3: bool = False,
             _start_kubelet_nodes(plane, state_dir, topology, timeout, archives)
         else:
             _start_node_agents(plane, state_dir, topology, timeout)
-        s3 = _start_s3(state_dir) if with_s3 else None
+        s3 = _start_s3(state_dir, kubelet) if with_s3 else None
         queue = _start_kueue(plane, state_dir) if with_kueue else None
     except BaseException:
         down(state_dir)
@@ -143,14 +143,29 @@ def _start_kubelet_nodes(plane: ControlPlane, state_dir: Path, topology: Topolog
     # to it. Where hard links cannot reach (another file system) each node imports them.
     linked = archives and seed.seed_dir().parent.stat().st_dev == state_dir.stat().st_dev
     try:
-        store = seed.prepare({images_mod.image_name(t): (a, images_mod.full_name(t))
-                              for t, a in archives.items()}) if linked else None
+        store = _seed(archives) if linked else None
         started = kubelet.start_kubelet_nodes(plane, state_dir / KUBELET_NODES, labels, timeout,
                                               images=store)
         if archives and not linked:
             with ThreadPoolExecutor(max_workers=len(started)) as pool:  # one containerd each
                 list(pool.map(lambda node: _import_all(node, archives), started))
     except (kubelet.KubeletNodeError, seed.SeedError) as err:
+        raise ControlPlaneError(str(err)) from err
+
+
+def seed_images(targets: list[str]) -> Path:
+    """The images `targets`, built if their source changed, in the kubelet nodes' image seed
+    (`./dev test` prepares it before the tests); the seed's containerd root."""
+    return _seed(_image_archives(tuple(targets)))
+
+
+def _seed(archives: dict[str, Path]) -> Path:
+    from gemini_local.kubelet import seed
+
+    try:
+        return seed.prepare({images_mod.image_name(t): (a, images_mod.full_name(t))
+                             for t, a in archives.items()})
+    except seed.SeedError as err:
         raise ControlPlaneError(str(err)) from err
 
 
@@ -176,10 +191,18 @@ def _stop_kubelet_nodes(state_dir: Path) -> list[str]:
     return running
 
 
-def _start_s3(state_dir: Path) -> dict[str, Any]:
+def _start_s3(state_dir: Path, kubelet: bool) -> dict[str, Any]:
+    """The S3 endpoint; on kubelet nodes also `podURL`, where pods reach it (the first
+    node's bridge address: node agents' pods share the host's loopback, a real pod does not)."""
     from gemini_local import s3
+    from gemini_local.kubelet import KubeletNode
 
-    return s3.start_s3(state_dir / "s3").to_dict()
+    gateway = KubeletNode.at(0, state_dir / KUBELET_NODES / "n0").gateway if kubelet else None
+    endpoint = s3.start_s3(state_dir / "s3", also_on=[gateway] if gateway else [])
+    info = endpoint.to_dict()
+    if gateway:
+        info["podURL"] = endpoint.url.replace("127.0.0.1", gateway)
+    return info
 
 
 def _start_kueue(plane: ControlPlane, state_dir: Path) -> dict[str, Any]:

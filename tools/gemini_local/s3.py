@@ -102,9 +102,10 @@ class S3Endpoint:
 
 def start_s3(
     state_dir: Path, port: int | None = None, bucket: str = "gemini", *,
-    timeout_s: float = 60.0, stop_with_pid: int | None = None,
+    timeout_s: float = 60.0, stop_with_pid: int | None = None, also_on: Sequence[str] = (),
 ) -> S3Endpoint:
-    """Start mon, OSD and gateway on 127.0.0.1:`port` (free port if None); wait for the bucket.
+    """Start mon, OSD and gateway on 127.0.0.1:`port` (free port if None; the gateway also on
+    the addresses `also_on`); wait for the bucket.
 
     With `stop_with_pid`, a detached watchdog stops the server once that process is gone, so
     a test session killed outright leaves nothing behind. Memory: ~130 MB when empty, plus
@@ -123,7 +124,8 @@ def start_s3(
             f"an S3 server already runs in {state_dir} (pids {sorted(running.values())}); "
             "stop it first with stop_s3 / `gemini local down`, or use another state directory"
         )
-    layout = CephLayout(state_dir, str(uuid.uuid4()), _free_port(), _choose_port(port))
+    layout = CephLayout(state_dir, str(uuid.uuid4()), _free_port(), _choose_port(port),
+                        also_on=tuple(also_on))
     deadline = time.monotonic() + timeout_s
     started = time.monotonic()
     try:

@@ -97,6 +97,11 @@ class KubeletNode:
         return f"10.250.{50 + self.index}.0/24"
 
     @property
+    def gateway(self) -> str:
+        """The bridge's address: the pods' gateway, and the host as its pods reach it."""
+        return f"10.250.{50 + self.index}.1"
+
+    @property
     def gid(self) -> int:
         """The kubelet's group id, by which nftables tells its packets apart (a partition);
         above the node agents' (gemini_local.nodeagent.addressing), below their first."""
@@ -264,6 +269,7 @@ def _launch(plane: ControlPlane, node: KubeletNode, timeout: float,
     node.save()
     host.make_cgroup_root(node.cgroup_sub)
     _write_cni_config(node)
+    _make_bridge(node)
     config = _write_containerd_config(node)
     if images is not None:
         seed.clone(images, node.containerd_root)
@@ -320,6 +326,17 @@ def _node_ready(plane: ControlPlane, name: str) -> bool:
     except client.ApiException:
         return False
     return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+
+
+def _make_bridge(node: KubeletNode) -> None:
+    """The node's bridge with its gateway address, before any pod: host services (the local
+    S3) can listen there from the start. The bridge CNI plugin takes it as it finds it."""
+    problems: list[str] = []
+    ok = (host.run(["ip", "link", "add", node.bridge, "type", "bridge"], problems)
+          and host.run(["ip", "addr", "add", f"{node.gateway}/24", "dev", node.bridge], problems)
+          and host.run(["ip", "link", "set", node.bridge, "up"], problems))
+    if not ok:
+        raise KubeletNodeError(f"the bridge of node {node.name}: {'; '.join(problems)}")
 
 
 def _write_cni_config(node: KubeletNode) -> None:
