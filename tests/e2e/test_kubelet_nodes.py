@@ -47,8 +47,11 @@ pytestmark = pytest.mark.e2e
 
 SYSTEM, JOB = "gemini-system", "sleeper"
 # Each epoch's process prints that it started, sleeps, and finishes: a recovery restarts it.
-COMMAND = ["python", "-c", "import os, time; print('rank', os.environ['RANK'], 'started', "
-           "flush=True); time.sleep(30); print('trained', flush=True)"]
+# The epoch comes from the launcher's environment: the process's own line says which start it
+# is (its output and the launcher's log interleave as the two processes are scheduled).
+COMMAND = ["python", "-c", "import os, time; print('rank', os.environ['RANK'], 'started in "
+           "epoch', os.environ['GEMINI_RESTART_EPOCH'], flush=True); time.sleep(30); "
+           "print('trained', flush=True)"]
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +109,8 @@ def _trainer_log(core: client.CoreV1Api, pod: str) -> str:
 
 def _started_in_epoch(core: client.CoreV1Api, pod: str, epoch: int) -> bool:
     """The launcher started the training process in `epoch` and it printed its first line."""
-    log = _trainer_log(core, pod)
-    marker = f"epoch {epoch},"
-    return marker in log and "started" in log.split(marker, 1)[1]
+    return re.search(rf"^rank \d+ started in epoch {epoch}$", _trainer_log(core, pod),
+                     re.M) is not None
 
 
 def _wait_started(core: client.CoreV1Api, pod: str, epoch: int) -> None:
