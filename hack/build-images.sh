@@ -24,18 +24,20 @@ base=localhost/gemini-python:3.11-bookworm
 # overlay: each layer holds only its changes (vfs copies the whole tree per layer, 5 GB a step
 # for the trainer images); a root of its own, apart from the host's default storage.
 storage=(--storage-driver overlay --root /var/lib/containers/gemini --runroot /run/containers/gemini)
-# Builds before 2026-12-05 kept their images in the default (vfs) storage: drop those, once.
-for old in $(buildah --storage-driver vfs images --format '{{.Name}}:{{.Tag}}' 2>/dev/null | grep '^localhost/gemini-' || true); do
-  buildah --storage-driver vfs rmi "$old" >/dev/null 2>&1 || true
-done
-# What an interrupted build left untagged takes disk the trainer images need (5 GB a step).
-buildah "${storage[@]}" rmi --prune >/dev/null 2>&1 || true
 missing=()
 for p in buildah mmdebstrap; do command -v "$p" >/dev/null || missing+=("$p"); done
 if ((${#missing[@]})); then
   step "installing ${missing[*]} (Debian)"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" >&2
 fi
+# Builds before 2026-12-05 kept their images in the default (vfs) storage: drop those, once.
+if [[ -d /var/lib/containers/storage/vfs ]]; then
+  for old in $(buildah --storage-driver vfs images --format '{{.Name}}:{{.Tag}}' 2>/dev/null | grep '^localhost/gemini-' || true); do
+    buildah --storage-driver vfs rmi "$old" >/dev/null 2>&1 || true
+  done
+fi
+# What an interrupted build left untagged takes disk the trainer images need (5 GB a step).
+buildah "${storage[@]}" rmi --prune >/dev/null 2>&1 || true
 
 if ! buildah "${storage[@]}" inspect --type image "$base" >/dev/null 2>&1; then
   step "base image $base: Debian bookworm minbase + python3.11 (mmdebstrap, about 20 s)"
