@@ -141,7 +141,7 @@ def _start_kubelet_nodes(plane: ControlPlane, state_dir: Path, topology: Topolog
     faults.track_kubelet_connections()  # before the kubelets connect: partitions need it
     # The images go into the seed store once; every node's containerd starts from hard links
     # to it. Where hard links cannot reach (another file system) each node imports them.
-    linked = archives and seed.seed_dir().parent.stat().st_dev == state_dir.stat().st_dev
+    linked = bool(archives) and seed.links_reach(state_dir)
     try:
         store = _seed(archives) if linked else None
         started = kubelet.start_kubelet_nodes(plane, state_dir / KUBELET_NODES, labels, timeout,

@@ -23,6 +23,11 @@ from gemini_local.pki import Pki
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cache_root() -> Path:
+    """Where builds and images outlive a clone: $GEMINI_CACHE, else ~/.cache/gemini-operator."""
+    return Path(os.environ.get("GEMINI_CACHE", Path.home() / ".cache" / "gemini-operator"))
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-binaries.sh"
 SERVICE_CIDR = "10.0.0.0/24"
 NODE_GRACE_ENV = "GEMINI_NODE_MONITOR_GRACE_SECONDS"
@@ -91,8 +96,8 @@ def binaries_dir() -> Path:
 
 
 def _cached_bin_dir_hint() -> bool:
-    cache = Path(os.environ.get("GEMINI_CACHE", Path.home() / ".cache" / "gemini-operator"))
-    return any(p.joinpath("kube-apiserver").exists() for p in (cache / "bin").glob("k8s-*"))
+    return any(p.joinpath("kube-apiserver").exists()
+               for p in (cache_root() / "bin").glob("k8s-*"))
 
 
 def running_components(state_dir: Path) -> dict[str, int | None]:

@@ -15,7 +15,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from gemini_local.controlplane import REPO_ROOT
+from gemini_local.controlplane import REPO_ROOT, cache_root
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-images.sh"
 CHART = REPO_ROOT / "helm" / "gemini-operator" / "Chart.yaml"
@@ -34,8 +34,7 @@ class ImageError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("GEMINI_CACHE", Path.home() / ".cache" / "gemini-operator")) \
-        / "images"
+    return cache_root() / "images"
 
 
 def version() -> str:
@@ -99,7 +98,6 @@ def _build(targets: list[str], folder: Path) -> None:
     for old in kept[_KEEP:]:  # the newest few sources' archives (two clones may alternate)
         if old != folder:
             shutil.rmtree(old, ignore_errors=True)
-    for old in kept:  # but the trainer images (3 GB each) of the newest source only
+    for old in (d for d in kept if d != folder):  # trainer images (3 GB each): newest only
         for big in _LARGE:
-            if old != folder:
-                (old / f"{big}.tar").unlink(missing_ok=True)
+            (old / f"{big}.tar").unlink(missing_ok=True)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gemini_local import processes
-from gemini_local.controlplane import REPO_ROOT, ControlPlane
+from gemini_local.controlplane import REPO_ROOT, ControlPlane, cache_root
 from gemini_local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-kwok.sh"
@@ -111,8 +110,7 @@ def kwok_bin_dir() -> Path:
 
 
 def _cached_kwok() -> bool:
-    cache = Path(os.environ.get("GEMINI_CACHE", Path.home() / ".cache" / "gemini-operator"))
-    return any(p.joinpath("kwok").exists() for p in (cache / "bin").glob("kwok-*"))
+    return any(p.joinpath("kwok").exists() for p in (cache_root() / "bin").glob("kwok-*"))
 
 
 def kwok_config(parallelism: int = 16) -> str:

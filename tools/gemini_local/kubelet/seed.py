@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
+from gemini_local.controlplane import cache_root
+
 # Under a containerd root: what is shared by hard links (never written in place).
 _LINKED = ("io.containerd.content.v1.content/blobs",
            "io.containerd.snapshotter.v1.overlayfs/snapshots")
@@ -37,8 +39,13 @@ class SeedError(RuntimeError):
 
 
 def seed_dir() -> Path:
-    cache = os.environ.get("GEMINI_CACHE", str(Path.home() / ".cache" / "gemini-operator"))
-    return Path(cache) / "containerd-seed"
+    return cache_root() / "containerd-seed"
+
+
+def links_reach(folder: Path, seed: Path | None = None) -> bool:
+    """Whether hard links from the seed (the cache's, unless given) reach `folder`: the same
+    file system."""
+    return (seed or seed_dir().parent).stat().st_dev == folder.stat().st_dev
 
 
 def prepare(images: Mapping[str, tuple[Path, str]]) -> Path:
@@ -69,7 +76,7 @@ def prepare(images: Mapping[str, tuple[Path, str]]) -> Path:
 def clone(seed_root: Path, root: Path) -> None:
     """Make `root` (absent) a containerd root with the seed's images: content and layers hard
     linked, everything else copied."""
-    if seed_root.stat().st_dev != root.parent.stat().st_dev:
+    if not links_reach(root.parent, seed_root):
         raise SeedError(f"{root} is on another file system than the image seed {seed_root}: "
                         "hard links cannot reach it")
     with _locked(seed_root.parent / ".lock"):
