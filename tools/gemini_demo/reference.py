@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gemini_demo.report import parse_losses
+from gemini_local.processes import free_port
 
 
 class ReferenceRunError(RuntimeError):
@@ -29,6 +29,7 @@ class ReferenceRun:
     log_dir: Path
     procs: list[subprocess.Popen[bytes]] | None = None
     started_at: float = 0.0
+    restarts_left: int = 2
 
     def start(self) -> ReferenceRun:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -59,20 +60,34 @@ class ReferenceRun:
         return any(p.poll() is None for p in self.procs or [])
 
     def wait(self, timeout: float) -> dict[int, str]:
-        """Rank 0's losses once every rank exited 0; raises with the output otherwise."""
+        """Rank 0's losses once every rank exited 0; raises with the output otherwise.
+
+        A rank that fails ends the run at once (its peers would wait for it until the
+        timeout); a rendezvous port taken meanwhile by another process restarts it."""
         deadline = time.monotonic() + timeout
-        for proc in self.procs or []:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
+        while self.running() and not self._a_rank_failed():
+            if time.monotonic() > deadline:
                 self.stop()
                 raise ReferenceRunError(f"the reference run did not finish in {timeout:.0f}s:\n"
-                                     f"{self.tail()}") from None
+                                     f"{self.tail()}")
+            time.sleep(0.5)
+        self.stop()
         codes = [p.returncode for p in self.procs or []]
+        if any(codes) and self._port_was_taken() and self.restarts_left > 0:
+            self.restarts_left -= 1
+            self.start()
+            return self.wait(max(1.0, deadline - time.monotonic()))
         if any(codes):
             raise ReferenceRunError(f"the reference run failed (exit codes {codes}):\n"
                                  f"{self.tail()}")
         return dict(parse_losses(self.log_path(0).read_text(errors="replace").splitlines()))
+
+    def _a_rank_failed(self) -> bool:
+        return any(p.poll() not in (None, 0) for p in self.procs or [])
+
+    def _port_was_taken(self) -> bool:
+        return any("EADDRINUSE" in self.log_path(rank).read_text(errors="replace")
+                   for rank in range(self.world))
 
     def stop(self) -> None:
         for proc in self.procs or []:
@@ -87,9 +102,3 @@ class ReferenceRun:
             out.append(f"--- reference rank {rank} ({self.log_path(rank)})")
             out += text[-lines:]
         return "\n".join(out)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -88,11 +89,22 @@ def _state(stat: str) -> str:
     return stat.rsplit(")", 1)[-1].split()[0]
 
 
+# Below the kernel's ephemeral range (32768-60999 by default) and Kubernetes' NodePorts
+# (30000-32767): a port the OS hands out for bind(0) can be taken by any outgoing connection
+# in the seconds before a slow server (torch's TCPStore) listens on it. Seen in CI.
+_PORTS = range(20000, 30000)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free right now on `host` (the OS picks it)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port free right now on `host` that no outgoing connection will be given."""
+    for port in random.sample(_PORTS, 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {_PORTS.start}-{_PORTS.stop - 1} on {host}")
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
