@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,11 +38,27 @@ from gemini_local import cluster, faults, images
 from gemini_local.controlplane import ControlPlane
 from gemini_local.s3 import S3Endpoint
 from gemini_operator import naming
+from tests.e2e.kubelet_training import (
+    MODEL,
+    TRAINING,
+    as_templated,
+    assert_losses,
+    held_replicas,
+    newest_step,
+    recovery_after,
+    restarts,
+    resumed_at,
+    set_aside_for_training,
+    status_of,
+    trainer_log,
+    training_job,
+    workers,
+)
 from tests.fixtures.helm import CHART, Helm
 from tests.fixtures.kubelet_host import missing_tools
 from tests.fixtures.nodes import wait_until
 from tests.fixtures.s3 import create_credentials_secret, persistence_spec
-from tests.fixtures.trainers import STEP_LINE, SharedReferences
+from tests.fixtures.trainers import SharedReferences
 
 pytestmark = pytest.mark.e2e
 
@@ -83,14 +100,8 @@ def _job(name: str) -> dict[str, Any]:
                      "template": {"image": images.image_name("sidecar"), "command": COMMAND}}}
 
 
-def _status_of(custom: client.CustomObjectsApi, name: str) -> dict[str, Any]:
-    job: dict[str, Any] = custom.get_namespaced_custom_object(  # type: ignore[assignment]
-        naming.GROUP, naming.VERSION, "default", naming.PLURAL, name)
-    return dict(job.get("status") or {})
-
-
 def _status(custom: client.CustomObjectsApi) -> dict[str, Any]:
-    return _status_of(custom, JOB)
+    return status_of(custom, JOB)
 
 
 def _recovered(custom: client.CustomObjectsApi, epoch: int) -> dict[str, Any] | None:
@@ -100,16 +111,9 @@ def _recovered(custom: client.CustomObjectsApi, epoch: int) -> dict[str, Any] | 
     return last if running and last.get("completionTime") else None
 
 
-def _trainer_log(core: client.CoreV1Api, pod: str) -> str:
-    try:
-        return str(core.read_namespaced_pod_log(pod, "default", container="trainer"))
-    except client.ApiException:
-        return ""
-
-
 def _started_in_epoch(core: client.CoreV1Api, pod: str, epoch: int) -> bool:
     """The launcher started the training process in `epoch` and it printed its first line."""
-    return re.search(rf"^rank \d+ started in epoch {epoch}$", _trainer_log(core, pod),
+    return re.search(rf"^rank \d+ started in epoch {epoch}$", trainer_log(core, pod),
                      re.M) is not None
 
 
@@ -119,7 +123,7 @@ def _wait_started(core: client.CoreV1Api, pod: str, epoch: int) -> None:
                    f"{pod}'s launcher to start the training process in epoch {epoch}",
                    interval=0.2)
     except AssertionError as err:
-        tail = "\n".join(_trainer_log(core, pod).splitlines()[-30:])
+        tail = "\n".join(trainer_log(core, pod).splitlines()[-30:])
         raise AssertionError(f"{err}\n--- {pod}'s trainer log, last lines:\n{tail}") from err
 
 
@@ -149,7 +153,7 @@ def _an_oom_killed_job_fails_naming_the_memory_limit(custom: client.CustomObject
     print(f"greedy job: {failed['message'].splitlines()[0]}")
     assert "out of memory: the kernel's OOM killer" in failed["message"], failed
     assert "memory limit (256 MiB)" in failed["message"], failed
-    assert "allocated" not in _trainer_log(core, "greedy-worker-0")
+    assert "allocated" not in trainer_log(core, "greedy-worker-0")
 
 
 def _a_queued_job_is_admitted_by_kueue_and_runs(custom: client.CustomObjectsApi) -> None:
@@ -173,11 +177,6 @@ def _a_queued_job_is_admitted_by_kueue_and_runs(custom: client.CustomObjectsApi)
                   for c in w.get("status", {}).get("conditions", [])}
     assert conditions.get("Admitted") == "True" and conditions.get("Finished") == "True", \
         conditions
-
-
-def _restarts(core: client.CoreV1Api, pod: str) -> int:
-    statuses = core.read_namespaced_pod(pod, "default").status.container_statuses or []
-    return int(next(s.restart_count for s in statuses if s.name == "trainer"))
 
 
 def _image_id(pod: Any, container: str) -> str:
@@ -240,7 +239,7 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_crashes_in_place(
         epoch = crash["epoch"]
         _wait_started(core, name, epoch)
         downtimes.append(time.monotonic() - killed)
-    assert _restarts(core, name) == 0, "the kubelet restarted the trainer container"
+    assert restarts(core, name) == 0, "the kubelet restarted the trainer container"
     print(f"training process crashes: kill -> training again {[round(d, 2) for d in downtimes]}"
           " s, no container restart")
 
@@ -249,121 +248,103 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_crashes_in_place(
                        interval=0.5)
     assert crash["cause"] == "software" and crash["source"] == "Local", crash
     _wait_started(core, name, crash["epoch"])
-    assert _restarts(core, name) == 1
+    assert restarts(core, name) == 1
 
     print(f"container kill recovered in {crash['durationSeconds']} s")
 
     final = wait_until(lambda: _status(custom) if _status(custom).get("state") in
                        ("Succeeded", "Failed") else None, 120, "the job to finish", interval=1)
     assert final["state"] == "Succeeded", final
-    assert "trained" in _trainer_log(core, name)
+    assert "trained" in trainer_log(core, name)
 
     _an_oom_killed_job_fails_naming_the_memory_limit(custom, core)
     _a_queued_job_is_admitted_by_kueue_and_runs(custom)
 
 
-TRAINING, STEPS = "gpt", 12
-# examples/train_gpt_zero3.py as the examples image has it (the Dockerfile copies it there),
-# the fault matrix's model: one uninterrupted reference run per session serves both.
-MODEL = ["--engine", "deepspeed", "--steps", str(STEPS), "--layers", "1", "--d-model", "32"]
+@pytest.fixture(scope="module")
+def training_nodes(kubelet_cluster: dict[str, Any]) -> None:
+    """Every node labelled and tainted for training; the job's service account, priority class
+    and dataset made."""
+    set_aside_for_training(kubelet_cluster["api"])
 
 
-POOL = "gemini.io/pool"  # the label and taint of the nodes set aside for training
-DATASET = "tokens 0-65535, shard 7"
+FAULTS = "faults"
 
 
-def _training_job(name: str = TRAINING, replicas: int = 2, step_sleep: float = 1.0
-                  ) -> dict[str, Any]:
-    """The job as a user on a GPU cluster writes it: tainted nodes picked by label, a dataset
-    volume, its own service account and priority class."""
-    train = " ".join(["exec python /app/examples/train_gpt_zero3.py", *MODEL,
-                      f"--step-sleep {step_sleep}"])
-    trainer = {"name": "trainer", "image": images.image_name("examples"),
-               "command": ["sh", "-c", f'echo "dataset: $(cat /data/dataset.txt)" && {train}'],
-               "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-               "volumeMounts": [{"name": "dataset", "mountPath": "/data", "readOnly": True}]}
-    pod = {"nodeSelector": {POOL: "trainers"},
-           "tolerations": [{"key": POOL, "operator": "Equal", "value": "trainers",
-                            "effect": "NoSchedule"}],
-           "serviceAccountName": "trainer", "priorityClassName": "training",
-           "volumes": [{"name": "dataset", "configMap": {"name": "dataset"}}],
-           "containers": [trainer]}
-    return {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
-            "metadata": {"name": name, "namespace": "default"},
-            "spec": {"numNodes": 2, "checkpoint": {"replicas": replicas},
-                     "failurePolicy": {"maxRestarts": 5}, "template": {"spec": pod}}}
+def test_deepspeed_training_on_kubelet_nodes_rides_out_a_hang_a_sidecar_crash_and_a_partition(
+        kubelet_cluster: dict[str, Any], installed_operator: str, training_nodes: None,
+        shared_references: SharedReferences) -> None:
+    """The fault matrix's other faults on real kubelets, one job (m = 2) through all three: a
+    training process stopped (SIGSTOP) is found by the hang timeout and restarted in place
+    from local memory; the other worker's sidecar container killed is restarted by the kubelet
+    and holds its peer's replica again without a recovery; that peer's node cut off (its
+    kubelet from the API server, its pods from every other node's) is replaced, its shard
+    fetched from the restarted sidecar, and once healed the node ends the old pod's
+    containers. The survivor's losses equal an uninterrupted run's."""
+    state_dir: Path = kubelet_cluster["state_dir"]
+    core, custom = client.CoreV1Api(kubelet_cluster["api"]), client.CustomObjectsApi(
+        kubelet_cluster["api"])
+    body = training_job(FAULTS, step_sleep=2.0)
+    body["spec"]["failurePolicy"]["hangTimeoutSeconds"] = 20
+    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                           naming.PLURAL, body)
+    wait_until(lambda: status_of(custom, FAULTS).get("state") == "Running", 120,
+               "the job Running", interval=0.5)
+    pods, cut, kept = workers(core, FAULTS, installed_operator)
+    reference = shared_references(2, MODEL, rank=int(kept.rsplit("-", 1)[1]))
+    wait_until(lambda: newest_step(core, cut) >= 2, 240, f"{cut} to train 2 steps",
+               interval=0.5)
 
+    stopped = kill_training_process(state_dir, "default", cut, sig=signal.SIGSTOP)
+    try:
+        hang = wait_until(lambda: recovery_after(custom, 1, FAULTS), 120, "the hang recovered",
+                          interval=0.5)
+    except AssertionError:
+        os.killpg(stopped, signal.SIGKILL)
+        raise
+    assert hang["cause"] == "hang" and hang["source"] == "Local", hang
+    wait_until(lambda: resumed_at(trainer_log(core, cut), hang["restoredStep"]), 60,
+               f"{cut} to step on from the restored step")
+    assert restarts(core, cut) == 0, "the hung process was restarted in place"
 
-def _set_aside_for_training(api: client.ApiClient) -> None:
-    """Label and taint every node, and make the service account, priority class and dataset
-    the job names."""
-    core = client.CoreV1Api(api)
-    for node in core.list_node().items:
-        core.patch_node(node.metadata.name, {
-            "metadata": {"labels": {POOL: "trainers"}},
-            "spec": {"taints": [{"key": POOL, "value": "trainers", "effect": "NoSchedule"}]}})
-    core.create_namespaced_service_account("default", {"metadata": {"name": "trainer"}})
-    client.SchedulingV1Api(api).create_priority_class(
-        {"metadata": {"name": "training"}, "value": 1000})
-    core.create_namespaced_config_map("default", {"metadata": {"name": "dataset"},
-                                                  "data": {"dataset.txt": DATASET}})
+    rank = int(cut.rsplit("-", 1)[1])
+    wait_until(lambda: held_replicas(core, FAULTS, kept, 0) == {rank}, 60,
+               f"{kept}'s sidecar to hold rank {rank}'s replica")
+    killed_at = newest_step(core, cut)
+    faults.kill_container(state_dir, "default", kept, naming.SIDECAR_CONTAINER)
+    # It restarts empty: coverage is back once it holds a replica newer than the kill.
+    wait_until(lambda: held_replicas(core, FAULTS, kept, killed_at) == {rank}, 90,
+               f"the restarted sidecar of {kept} to hold rank {rank}'s replica again",
+               interval=0.5)
+    assert status_of(custom, FAULTS)["lastRecovery"]["epoch"] == hang["epoch"]
 
-
-def _as_templated(pod: Any, log: str) -> None:
-    """The pod carries the template's placement, identity and priority, and its trainer read
-    the dataset volume the kubelet mounted."""
-    assert pod.spec.node_selector == {POOL: "trainers"}, pod.spec.node_selector
-    assert any(t.key == POOL and t.effect == "NoSchedule" for t in pod.spec.tolerations)
-    assert pod.spec.service_account_name == "trainer" and pod.spec.priority == 1000
-    assert f"dataset: {DATASET}" in log, log[-2000:]
-
-
-def _steps(text: str) -> list[tuple[int, str]]:
-    """(step, loss) in the order the log printed them."""
-    return [(int(m.group(1)), m.group(2)) for line in text.splitlines()
-            if (m := STEP_LINE.match(line.strip()))]
-
-
-def _resumed_at(text: str, restored: int) -> bool:
-    """The log's last restore is of step `restored` and the next step it ran is its successor:
-    it went on from the restored state, no step before it ran again."""
-    found = list(re.finditer(r"^restored step (\d+) .*\n(?:.*\n)*?step (\d+) loss", text, re.M))
-    return bool(found) and (int(found[-1].group(1)), int(found[-1].group(2))) == (
-        restored, restored + 1)
-
-
-def _recovery_after(custom: client.CustomObjectsApi, epoch: int, name: str = TRAINING
-                    ) -> dict[str, Any] | None:
-    last = _status_of(custom, name).get("lastRecovery") or {}
-    return last if last.get("epoch", 0) > epoch and last.get("completionTime") else None
-
-
-def _workers(core: client.CoreV1Api, job: str, operator_node: str) -> tuple[dict[str, Any], str,
-                                                                          str]:
-    """The job's pods by name; the one to lose (on a node without the operator: one always
-    is) and the one that stays."""
-    pods = {p.metadata.name: p for p in core.list_namespaced_pod(
-        "default", label_selector=f"{naming.LABEL_JOB}={job}").items}
-    lost = next(n for n, p in sorted(pods.items(), reverse=True)
-                if p.spec.node_name != operator_node)
-    (kept,) = set(pods) - {lost}
-    return pods, lost, kept
-
-
-def _newest_step(core: client.CoreV1Api, pod: str) -> int:
-    return max((s for s, _ in _steps(_trainer_log(core, pod))), default=0)
-
-
-def _assert_losses(core: client.CoreV1Api, pod: str, reference: dict[int, str]) -> None:
-    printed = _steps(_trainer_log(core, pod))
-    got = dict(printed)
-    assert all(got[s] == loss_hex for s, loss_hex in printed), "a re-run step's loss changed"
-    assert got == reference, f"{pod}'s losses differ from the uninterrupted run: {got}"
+    node = pods[cut].spec.node_name
+    faults.partition_node(state_dir, node)
+    try:
+        cut_off = wait_until(lambda: recovery_after(custom, hang["epoch"], FAULTS), 120,
+                             "the partitioned node's worker recovered", interval=0.5)
+    finally:
+        faults.heal_node(state_dir, node)
+    assert cut_off["cause"] == "hardware" and cut_off["source"] == "Peers", cut_off
+    assert core.read_namespaced_pod(cut, "default").spec.node_name != node
+    for pod in (kept, cut):
+        wait_until(lambda p=pod: resumed_at(trainer_log(core, p), cut_off["restoredStep"]), 120,
+                   f"{pod} to step on from the restored step")
+    wait_until(lambda: not faults.container_pids(state_dir, "default", cut, "trainer", node),
+               90, f"the healed node {node} to end the old pod's containers", interval=1)
+    print(f"on kubelet nodes: hang recovered in {hang['durationSeconds']} s, the sidecar "
+          f"crash without a recovery, the partition in {cut_off['durationSeconds']} s "
+          f"({cut_off['breakdown']})")
+    final = wait_until(lambda: status_of(custom, FAULTS) if status_of(custom, FAULTS)
+                       .get("state") in ("Succeeded", "Failed") else None, 240,
+                       "the job to finish", interval=1)
+    assert final["state"] == "Succeeded", final
+    assert_losses(core, kept, reference)
 
 
 def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_loss(
         kubelet_cluster: dict[str, Any], installed_operator: str,
-        shared_references: SharedReferences) -> None:
+        training_nodes: None, shared_references: SharedReferences) -> None:
     """examples/train_gpt_zero3.py in the examples image (torch and DeepSpeed as the Dockerfile
     installs them), 2 workers, m = 2, on real kubelets whose nodes are tainted and labelled
     for training, with a dataset volume, a service account and a priority class: one
@@ -374,49 +355,48 @@ def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_los
     state_dir: Path = kubelet_cluster["state_dir"]
     api = kubelet_cluster["api"]
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    _set_aside_for_training(api)
     custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
-                                           naming.PLURAL, _training_job())
-    wait_until(lambda: _status_of(custom, TRAINING).get("state") == "Running", 120,
+                                           naming.PLURAL, training_job())
+    wait_until(lambda: status_of(custom, TRAINING).get("state") == "Running", 120,
                "the training job Running", interval=0.5)
     # The worker that stays survives both faults; its losses are compared.
-    pods, lost, kept = _workers(core, TRAINING, installed_operator)
+    pods, lost, kept = workers(core, TRAINING, installed_operator)
     reference = shared_references(2, MODEL, rank=int(kept.rsplit("-", 1)[1]))
 
     def newest(pod: str) -> int:
-        return _newest_step(core, pod)
+        return newest_step(core, pod)
 
     wait_until(lambda: newest(kept) >= 3, 240, f"{kept} to train 3 steps", interval=0.5)
     kill_training_process(state_dir, "default", kept)
-    crash = wait_until(lambda: _recovery_after(custom, 1), 90, "the crash recovered",
+    crash = wait_until(lambda: recovery_after(custom, 1), 90, "the crash recovered",
                        interval=0.5)
     assert crash["cause"] == "software" and crash["source"] == "Local", crash
-    wait_until(lambda: _resumed_at(_trainer_log(core, kept), crash["restoredStep"]), 60,
+    wait_until(lambda: resumed_at(trainer_log(core, kept), crash["restoredStep"]), 60,
                f"{kept} to step on from the restored step")
-    assert _restarts(core, kept) == 0, "the training process was restarted in place"
+    assert restarts(core, kept) == 0, "the training process was restarted in place"
 
     reached = newest(kept)
     wait_until(lambda: newest(kept) >= reached + 2, 60, "two more steps", interval=0.5)
     lost_node = pods[lost].spec.node_name
     faults.lose_node(state_dir, lost_node)
-    loss = wait_until(lambda: _recovery_after(custom, crash["epoch"]), 120,
+    loss = wait_until(lambda: recovery_after(custom, crash["epoch"]), 120,
                       "the node loss recovered", interval=0.5)
     assert loss["cause"] == "hardware" and loss["source"] == "Peers", loss
     replacement = core.read_namespaced_pod(lost, "default").spec.node_name
     assert replacement not in (lost_node, None), replacement
     for pod in (kept, lost):
-        wait_until(lambda p=pod: _resumed_at(_trainer_log(core, p), loss["restoredStep"]), 120,
+        wait_until(lambda p=pod: resumed_at(trainer_log(core, p), loss["restoredStep"]), 120,
                    f"{pod} to step on from the restored step")
-        _as_templated(core.read_namespaced_pod(pod, "default"), _trainer_log(core, pod))
+        as_templated(core.read_namespaced_pod(pod, "default"), trainer_log(core, pod))
     print(f"on kubelet nodes: crash recovered in {crash['durationSeconds']} s (step "
           f"{crash['restoredStep']}), node loss in {loss['durationSeconds']} s (step "
           f"{loss['restoredStep']}, {loss['breakdown']})")
 
-    final = wait_until(lambda: _status_of(custom, TRAINING) if _status_of(custom, TRAINING)
+    final = wait_until(lambda: status_of(custom, TRAINING) if status_of(custom, TRAINING)
                        .get("state") in ("Succeeded", "Failed") else None, 240,
                        "the training job to finish", interval=1)
     assert final["state"] == "Succeeded", final
-    _assert_losses(core, kept, reference)
+    assert_losses(core, kept, reference)
 
 
 def test_a_job_that_loses_every_copy_of_a_shard_restores_from_s3_over_the_pod_network(
@@ -432,35 +412,35 @@ def test_a_job_that_loses_every_copy_of_a_shard_restores_from_s3_over_the_pod_ne
     s3 = kubelet_cluster["info"]["s3"]
     endpoint = S3Endpoint.from_dict(s3)
     create_credentials_secret(core, "default", endpoint)
-    body = _training_job("durable", replicas=1, step_sleep=2.0)  # time to see uploads land
+    body = training_job("durable", replicas=1, step_sleep=2.0)  # time to see uploads land
     body["spec"]["persistence"] = {**persistence_spec(endpoint, "durable/", 1),
                                    "endpoint": s3["podURL"]}
     custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
                                            naming.PLURAL, body)
-    wait_until(lambda: _status_of(custom, "durable").get("state") == "Running", 120,
+    wait_until(lambda: status_of(custom, "durable").get("state") == "Running", 120,
                "the durable job Running", interval=0.5)
-    pods, lost, kept = _workers(core, "durable", installed_operator)
+    pods, lost, kept = workers(core, "durable", installed_operator)
     reference = shared_references(2, MODEL, rank=int(kept.rsplit("-", 1)[1]))
 
     def persisted_step() -> int:
-        return int((_status_of(custom, "durable").get("checkpoint") or {}).get("persistedStep")
+        return int((status_of(custom, "durable").get("checkpoint") or {}).get("persistedStep")
                    or 0)
 
     persisted = wait_until(lambda: (step := persisted_step()) >= 3 and step, 180,
                            "step 3 committed to S3", interval=0.5)
 
     faults.lose_node(state_dir, pods[lost].spec.node_name)
-    recovery = wait_until(lambda: _recovery_after(custom, 1, "durable"), 120,
+    recovery = wait_until(lambda: recovery_after(custom, 1, "durable"), 120,
                           "the recovery from S3", interval=0.5)
     assert recovery["source"] == "S3" and recovery["restoredStep"] >= persisted, recovery
     for pod in (kept, lost):
-        wait_until(lambda p=pod: _resumed_at(_trainer_log(core, p), recovery["restoredStep"]),
+        wait_until(lambda p=pod: resumed_at(trainer_log(core, p), recovery["restoredStep"]),
                    120, f"{pod} to step on from the step restored from S3")
     print(f"on kubelet nodes, from S3: persisted step {persisted}, restored step "
           f"{recovery['restoredStep']} in {recovery['durationSeconds']} s "
           f"({recovery['breakdown']})")
-    final = wait_until(lambda: _status_of(custom, "durable") if _status_of(custom, "durable")
+    final = wait_until(lambda: status_of(custom, "durable") if status_of(custom, "durable")
                        .get("state") in ("Succeeded", "Failed") else None, 240,
                        "the durable job to finish", interval=1)
     assert final["state"] == "Succeeded", final
-    _assert_losses(core, kept, reference)
+    assert_losses(core, kept, reference)

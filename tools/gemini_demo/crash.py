@@ -52,13 +52,14 @@ def is_waiting_standby(pid: int) -> bool:
 
 
 def kill_training_process(state_dir: Path, namespace: str, pod: str,
-                          container: str = "trainer") -> int:
-    """SIGKILL the process group of the command the container's launcher runs; its pid.
-    Node agents' containers and real kubelet nodes' alike."""
+                          container: str = "trainer", sig: int = signal.SIGKILL) -> int:
+    """Send `sig` (SIGKILL: a crash; SIGSTOP: a hang) to the process group of the command the
+    container's launcher runs; its pid. Node agents' containers and real kubelet nodes'
+    alike."""
     for launcher in container_pids(state_dir, namespace, pod, container):
         for child in group_leaders_below(launcher):
             try:
-                os.killpg(child, signal.SIGKILL)
+                os.killpg(child, sig)
                 return child
             except ProcessLookupError:
                 continue

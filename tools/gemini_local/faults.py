@@ -69,19 +69,21 @@ def kill_container(
                      f"local node of {state_dir}")
 
 
-def container_pids(state_dir: Path, namespace: str, pod: str, container: str) -> list[int]:
+def container_pids(state_dir: Path, namespace: str, pod: str, container: str,
+                   node: str | None = None) -> list[int]:
     """Host pids of the first process of the running container (as recorded by node agents,
-    or the task containerd runs on a kubelet node); empty when it runs nowhere."""
+    or the task containerd runs on a kubelet node), on `node` only if given; empty when it
+    runs nowhere."""
     pids = []
-    pattern = f"nodes/*/pods/{namespace}_{pod}_*/containers/{container}.pid"
+    pattern = f"nodes/{node or '*'}/pods/{namespace}_{pod}_*/containers/{container}.pid"
     for pid_file in sorted(state_dir.glob(pattern)):
         try:
             pids.append(int(pid_file.read_text().split()[0]))
         except (OSError, ValueError, IndexError):
             continue
-    for node in _kubelet_nodes(state_dir):
-        if node.running_pids()["containerd"] is not None:
-            pid = node.task_pid(namespace, pod, container)
+    for real in _kubelet_nodes(state_dir):
+        if node in (None, real.name) and real.running_pids()["containerd"] is not None:
+            pid = real.task_pid(namespace, pod, container)
             pids += [pid] if pid is not None else []
     return pids
 

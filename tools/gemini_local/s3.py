@@ -31,6 +31,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from gemini_local.ceph_conf import MON_ID, OSD_ID, RGW_NAME, CephLayout, render_ceph_conf
+from gemini_local.processes import free_port
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def start_s3(
             f"an S3 server already runs in {state_dir} (pids {sorted(running.values())}); "
             "stop it first with stop_s3 / `gemini local down`, or use another state directory"
         )
-    layout = CephLayout(state_dir, str(uuid.uuid4()), _free_port(), _choose_port(port),
+    layout = CephLayout(state_dir, str(uuid.uuid4()), free_port(), _choose_port(port),
                         also_on=tuple(also_on))
     deadline = time.monotonic() + timeout_s
     started = time.monotonic()
@@ -225,7 +226,7 @@ def _require_binaries() -> None:
 
 def _choose_port(port: int | None) -> int:
     if port is None:
-        return _free_port()
+        return free_port()
     if not _port_free(port):
         raise S3PortBusy(f"port {port} on 127.0.0.1 is in use: free it or pick another port")
     return port
@@ -496,12 +497,6 @@ def _paused_mode(state_dir: Path) -> PauseMode | None:
 
 
 # --- network ------------------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _port_free(port: int) -> bool:

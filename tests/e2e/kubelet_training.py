@@ -1,0 +1,154 @@
+"""The DeepSpeed training job of the kubelet e2e, as a user on a GPU cluster writes it, and the
+reads its assertions need (pod logs, statuses, steps, losses)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import urllib.request
+from typing import Any
+
+from kubernetes import client
+
+from gemini_local import images
+from gemini_operator import naming
+from tests.fixtures.trainers import STEP_LINE
+
+
+def status_of(custom: client.CustomObjectsApi, name: str) -> dict[str, Any]:
+    job: dict[str, Any] = custom.get_namespaced_custom_object(  # type: ignore[assignment]
+        naming.GROUP, naming.VERSION, "default", naming.PLURAL, name)
+    return dict(job.get("status") or {})
+
+
+def trainer_log(core: client.CoreV1Api, pod: str) -> str:
+    try:
+        return str(core.read_namespaced_pod_log(pod, "default", container="trainer"))
+    except client.ApiException:
+        return ""
+
+
+def restarts(core: client.CoreV1Api, pod: str) -> int:
+    statuses = core.read_namespaced_pod(pod, "default").status.container_statuses or []
+    return int(next(s.restart_count for s in statuses if s.name == "trainer"))
+
+
+TRAINING, STEPS = "gpt", 12
+# examples/train_gpt_zero3.py as the examples image has it (the Dockerfile copies it there),
+# the fault matrix's model: one uninterrupted reference run per session serves both.
+MODEL = ["--engine", "deepspeed", "--steps", str(STEPS), "--layers", "1", "--d-model", "32"]
+
+
+POOL = "gemini.io/pool"  # the label and taint of the nodes set aside for training
+DATASET = "tokens 0-65535, shard 7"
+
+
+def training_job(name: str = TRAINING, replicas: int = 2, step_sleep: float = 1.0
+                 ) -> dict[str, Any]:
+    """The job as a user on a GPU cluster writes it: tainted nodes picked by label, a dataset
+    volume, its own service account and priority class."""
+    train = " ".join(["exec python /app/examples/train_gpt_zero3.py", *MODEL,
+                      f"--step-sleep {step_sleep}"])
+    trainer = {"name": "trainer", "image": images.image_name("examples"),
+               "command": ["sh", "-c", f'echo "dataset: $(cat /data/dataset.txt)" && {train}'],
+               "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+               "volumeMounts": [{"name": "dataset", "mountPath": "/data", "readOnly": True}]}
+    pod = {"nodeSelector": {POOL: "trainers"},
+           "tolerations": [{"key": POOL, "operator": "Equal", "value": "trainers",
+                            "effect": "NoSchedule"}],
+           "serviceAccountName": "trainer", "priorityClassName": "training",
+           "volumes": [{"name": "dataset", "configMap": {"name": "dataset"}}],
+           "containers": [trainer]}
+    return {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"numNodes": 2, "checkpoint": {"replicas": replicas},
+                     "failurePolicy": {"maxRestarts": 5}, "template": {"spec": pod}}}
+
+
+def set_aside_for_training(api: client.ApiClient) -> None:
+    """Label and taint every node, and make the service account, priority class and dataset
+    the job names."""
+    core = client.CoreV1Api(api)
+    for node in core.list_node().items:
+        core.patch_node(node.metadata.name, {
+            "metadata": {"labels": {POOL: "trainers"}},
+            "spec": {"taints": [{"key": POOL, "value": "trainers", "effect": "NoSchedule"}]}})
+    core.create_namespaced_service_account("default", {"metadata": {"name": "trainer"}})
+    client.SchedulingV1Api(api).create_priority_class(
+        {"metadata": {"name": "training"}, "value": 1000})
+    core.create_namespaced_config_map("default", {"metadata": {"name": "dataset"},
+                                                  "data": {"dataset.txt": DATASET}})
+
+
+def as_templated(pod: Any, log: str) -> None:
+    """The pod carries the template's placement, identity and priority, and its trainer read
+    the dataset volume the kubelet mounted."""
+    assert pod.spec.node_selector == {POOL: "trainers"}, pod.spec.node_selector
+    assert any(t.key == POOL and t.effect == "NoSchedule" for t in pod.spec.tolerations)
+    assert pod.spec.service_account_name == "trainer" and pod.spec.priority == 1000
+    assert f"dataset: {DATASET}" in log, log[-2000:]
+
+
+def steps(text: str) -> list[tuple[int, str]]:
+    """(step, loss) in the order the log printed them."""
+    return [(int(m.group(1)), m.group(2)) for line in text.splitlines()
+            if (m := STEP_LINE.match(line.strip()))]
+
+
+def resumed_at(text: str, restored: int) -> bool:
+    """The log's last restore is of step `restored` and the next step it ran is its successor:
+    it went on from the restored state, no step before it ran again."""
+    found = list(re.finditer(r"^restored step (\d+) .*\n(?:.*\n)*?step (\d+) loss", text, re.M))
+    return bool(found) and (int(found[-1].group(1)), int(found[-1].group(2))) == (
+        restored, restored + 1)
+
+
+def recovery_after(custom: client.CustomObjectsApi, epoch: int, name: str = TRAINING
+                   ) -> dict[str, Any] | None:
+    last = status_of(custom, name).get("lastRecovery") or {}
+    return last if last.get("epoch", 0) > epoch and last.get("completionTime") else None
+
+
+def workers(core: client.CoreV1Api, job: str, operator_node: str
+            ) -> tuple[dict[str, Any], str, str]:
+    """The job's pods by name; the one to lose (on a node without the operator: one always
+    is) and the one that stays."""
+    pods = {p.metadata.name: p for p in core.list_namespaced_pod(
+        "default", label_selector=f"{naming.LABEL_JOB}={job}").items}
+    lost = next(n for n, p in sorted(pods.items(), reverse=True)
+                if p.spec.node_name != operator_node)
+    (kept,) = set(pods) - {lost}
+    return pods, lost, kept
+
+
+def newest_step(core: client.CoreV1Api, pod: str) -> int:
+    return max((s for s, _ in steps(trainer_log(core, pod))), default=0)
+
+
+def assert_losses(core: client.CoreV1Api, pod: str, reference: dict[int, str]) -> None:
+    printed = steps(trainer_log(core, pod))
+    got = dict(printed)
+    assert all(got[s] == loss_hex for s, loss_hex in printed), "a re-run step's loss changed"
+    assert got == reference, f"{pod}'s losses differ from the uninterrupted run: {got}"
+
+
+def held_replicas(core: client.CoreV1Api, job: str, pod: str, newer_than: int) -> set[int]:
+    """Ranks whose complete replica newer than step `newer_than` the pod's sidecar holds
+    (its /inventory over the pod network, with the job's token); empty while it does not
+    answer."""
+    found = core.read_namespaced_pod(pod, "default")
+    secret = core.read_namespaced_secret(naming.secret_name(job), "default")
+    token = base64.b64decode(secret.data[naming.SECRET_TOKEN_KEY]).decode()
+    containers = [*(found.spec.init_containers or []), *found.spec.containers]
+    ports = [p.container_port for c in containers for p in c.ports or []
+             if p.name == "sidecar-api"]
+    request = urllib.request.Request(f"http://{found.status.pod_ip}:{ports[0]}/inventory",
+                                     headers={"Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=2) as answer:
+            inventory = json.loads(answer.read())
+    except OSError:
+        return set()
+    return {int(r["rank"]) for r in inventory.get("replicas") or ()
+            if r.get("complete") and int(r["version"]) > newer_than}
