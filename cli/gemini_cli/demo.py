@@ -58,6 +58,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--persist-interval", type=int, default=PERSIST_INTERVAL_SECONDS,
                         help="persistence.intervalSeconds: seconds from one S3 upload's end to "
                         f"the next's start (default {PERSIST_INTERVAL_SECONDS}; 1: back to back)")
+    parser.add_argument("--kubelet", action="store_true",
+                        help="real kubelet nodes (containerd, runc; root) running the images "
+                        "built from the Dockerfile (sidecar, examples; built once, cached) "
+                        "instead of node agents running this checkout")
     parser.add_argument("--keep", action="store_true",
                         help="leave the cluster, operator and job running afterwards")
     parser.add_argument("--plot", type=Path, default=None, help="write the figure to this PNG")
@@ -75,7 +79,7 @@ def config_of(args: argparse.Namespace) -> DemoConfig:
                           model_size=args.model_size, steps=args.steps, failures=failures,
                           step_sleep=args.step_sleep, warm_standby=args.warm_standby,
                           procs_per_node=args.procs_per_node, engine=args.engine,
-                          persist_interval=args.persist_interval)
+                          persist_interval=args.persist_interval, kubelet=args.kubelet)
     except ValueError as err:
         raise CliError(str(err), exit_code=2) from err
 

@@ -1,9 +1,10 @@
 """Follow one rank's trainer output on the local nodes, across restarts and replacement pods.
 
 The node agents append each container run's output to
-`<state>/nodes/<node>/pods/<ns>_<pod>_<uid>/logs/<container>/<run>.log`. Reading the files
-(not the API) keeps the lines of pods that are gone, and timestamps each line when first seen,
-which is what downtime is measured with.
+`<state>/nodes/<node>/pods/<ns>_<pod>_<uid>/logs/<container>/<run>.log`, real kubelets to
+`<state>/kubelet-nodes/<node>/kubelet/pod-logs/<ns>_<pod>_<uid>/<container>/<restart>.log`. Reading
+the files (not the API) keeps the lines of pods that are gone, and timestamps each line when
+first seen, which is what downtime is measured with.
 """
 
 from __future__ import annotations
@@ -17,6 +18,10 @@ from pathlib import Path
 from gemini_demo.report import rank0_loss
 
 _RESTORED = re.compile(r"^(?:\[rank0\]: )?restored step (\d+)")
+# A real kubelet writes each container's output under its node's podLogsDir, each line
+# prefixed with its time, stream and tag (the CRI log format).
+KUBELET_LOGS = "kubelet-nodes/*/kubelet/pod-logs"
+_CRI_PREFIX = re.compile(r"^\S+ (?:stdout|stderr) [FP] ")
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,9 @@ class StepLog:
     generation: int = 0
 
     def files(self) -> list[Path]:
-        pattern = f"nodes/*/pods/{self.namespace}_{self.pod}_*/logs/{self.container}/*.log"
-        found = list(self.state_dir.glob(pattern))
+        pod = f"{self.namespace}_{self.pod}_*"
+        found = [*self.state_dir.glob(f"nodes/*/pods/{pod}/logs/{self.container}/*.log"),
+                 *self.state_dir.glob(f"{KUBELET_LOGS}/{pod}/{self.container}/*.log")]
         return sorted(found, key=lambda p: (p.stat().st_mtime if p.exists() else 0.0, str(p)))
 
     def poll(self) -> list[StepLine]:
@@ -72,7 +78,7 @@ class StepLog:
         return new
 
     def _line(self, raw: str, now: float) -> list[StepLine]:
-        line = raw.strip()
+        line = _CRI_PREFIX.sub("", raw, count=1).strip()
         if _RESTORED.match(line):
             self.generation += 1
             return []

@@ -56,6 +56,7 @@ class DemoConfig:
     procs_per_node: int = 1  # training processes per worker pod (numProcPerNode)
     engine: str = "deepspeed"
     persist_interval: int = PERSIST_INTERVAL_SECONDS  # persistence.intervalSeconds
+    kubelet: bool = False  # real kubelet nodes running the Dockerfile's images
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.failures if f not in FAILURE_KINDS]
@@ -152,12 +153,12 @@ def trainer_args(config: DemoConfig, with_sleep: bool = True) -> list[str]:
 
 
 def job_manifest(config: DemoConfig, script: str, s3_url: str, bucket: str,
-                 prefix: str) -> dict[str, Any]:
+                 prefix: str, image: str = "gemini:local") -> dict[str, Any]:
     """The GeminiJob (v1beta1, a pod template): procs_per_node trainers per node, a checkpoint
     every iteration, S3 persistence."""
     trainer = {
         "name": "trainer",
-        "image": "gemini:local",  # local nodes run the host's Python; nothing is pulled
+        "image": image,  # node agents run the host's Python whatever it names
         "command": ["python", script],
         "args": trainer_args(config),
         "env": [{"name": "OMP_NUM_THREADS", "value": "1"},

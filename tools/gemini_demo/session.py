@@ -30,11 +30,13 @@ from gemini_demo.logs import StepLine, StepLog, resumption
 from gemini_demo.plan import DemoConfig
 from gemini_demo.reference import ReferenceRun, ReferenceRunError
 from gemini_demo.report import FailureRecord, failure_row, losses_match
-from gemini_local import cluster, faults
+from gemini_local import cluster, faults, images
 from gemini_local.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "train_gpt_zero3.py"
+IMAGE_SCRIPT = "/app/examples/train_gpt_zero3.py"  # where the examples image has it
+KUBELET_IMAGES = ("sidecar", "examples")  # the operator runs here, as with node agents
 CRD_PATH = REPO / "crds" / "geminijob.yaml"
 POLL_S = 0.2
 PRINT_EVERY_S = 1.0
@@ -243,7 +245,8 @@ class Demo:
                  "zones, S3")
         try:
             info = cluster.up(self.state_dir, cluster.Topology(nodes=nodes, zones=2, racks=2),
-                              with_s3=True, timeout=120)
+                              with_s3=True, timeout=120, kubelet=self.config.kubelet,
+                              images=KUBELET_IMAGES if self.config.kubelet else ())
             self.cluster_started = True  # from here on, teardown owns it
         except DemoInterrupted:
             # up stops what it started when interrupted; the teardown makes sure (and says so)
@@ -305,24 +308,35 @@ class Demo:
 
     def start_operator(self) -> None:
         log = self.work / "operator.log"
-        hint_port = free_port()
+        command = [sys.executable, "-m", "gemini_cli", "operator", "run", "--kubeconfig",
+                   str(self.kubeconfig), "--namespace", plan.NAMESPACE, "--lease-namespace",
+                   plan.NAMESPACE, "--sidecar-image", self.image("sidecar")]
+        if not self.config.kubelet:
+            # launchers tell it of a failure at once (gemini_operator.hints); a kubelet node's
+            # pods have no route to the host's loopback: the operator's 2 s poll finds it
+            hint_port = free_port()
+            command += ["--hint-port", str(hint_port),
+                        "--hint-url", f"http://127.0.0.1:{hint_port}"]
         # a signal now would lose the operator's handle: it waits until the handle is kept
         with self.guard.shielded(), open(log, "wb") as out:
-            self.operator = subprocess.Popen(
-                [sys.executable, "-m", "gemini_cli", "operator", "run", "--kubeconfig",
-                 str(self.kubeconfig), "--namespace", plan.NAMESPACE, "--lease-namespace",
-                 plan.NAMESPACE, "--sidecar-image", "gemini:local",
-                 # launchers tell it of a failure at once (gemini_operator.hints)
-                 "--hint-port", str(hint_port), "--hint-url", f"http://127.0.0.1:{hint_port}"],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO)
+            self.operator = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                             start_new_session=True, cwd=REPO)
         (self.work / "operator.pid").write_text(str(self.operator.pid))
         # `gemini local down` stops it too (after --keep, or a demo killed with SIGKILL)
         cluster.attach(self.state_dir, "demo-operator", self.operator.pid, sys.executable)
         self.say(f"operator started (pid {self.operator.pid}, log {log})")
 
+    def image(self, target: str) -> str:
+        """The Dockerfile target's image on kubelet nodes; node agents run this checkout."""
+        return images.image_name(target) if self.config.kubelet else "gemini:local"
+
     def submit(self) -> None:
-        body = plan.job_manifest(self.config, str(SCRIPT), self.s3["url"], self.s3["bucket"],
-                                 f"demo-{int(time.time())}")
+        if self.config.kubelet:  # the examples image's copy; S3 where its pods reach it
+            script, url = IMAGE_SCRIPT, self.s3["podURL"]
+        else:
+            script, url = str(SCRIPT), self.s3["url"]
+        body = plan.job_manifest(self.config, script, url, self.s3["bucket"],
+                                 f"demo-{int(time.time())}", image=self.image("examples"))
         self.prefix = body["spec"]["persistence"]["bucketURI"].split("/", 3)[3]
         self.custom.create_namespaced_custom_object(
             "gemini.io", "v1beta1", plan.NAMESPACE, "geminijobs", body)

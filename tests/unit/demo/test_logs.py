@@ -91,3 +91,17 @@ def test_detection_prefers_the_operators_own_clock_over_what_the_watch_saw() -> 
     watch.started_unix = {990.0, 1000.4}
     first = watch.first_after(10.0, wall=1000.0)
     assert first is not None and abs(first - 10.4) < 1e-9
+
+
+def test_a_real_kubelets_cri_log_lines_are_read_like_a_node_agents(tmp_path: Path) -> None:
+    """A kubelet node keeps each container's output under its podLogsDir, each line prefixed
+    with its time, stream and tag."""
+    log = StepLog(tmp_path, "ns", "job-worker-0")
+    path = tmp_path / "kubelet-nodes/n1/kubelet/pod-logs/ns_job-worker-0_u1/trainer/0.log"
+    path.parent.mkdir(parents=True)
+    path.write_text("2026-12-05T10:20:51.49Z stderr F launcher started python\n"
+                    "2026-12-05T10:20:53.91Z stdout F step 1 loss 0x1.0p+1\n"
+                    "2026-12-05T10:20:54.11Z stdout F restored step 1 extra {}\n"
+                    "2026-12-05T10:20:55.01Z stdout F step 2 loss 0x1.8p+0\n")
+    assert [(s.step, s.loss, s.generation) for s in log.poll()] == [
+        (1, "0x1.0p+1", 1), (2, "0x1.8p+0", 2)]
