@@ -11,8 +11,9 @@ the whole trainer container (through containerd) is recovered after the kubelet 
 A second job whose training process outgrows its container's memory limit is OOM-killed by
 the kernel (a real cgroup limit, which node agents do not have) and fails naming that cause
 and the limit. A third, labelled for Kueue's queue, is admitted by the real Kueue (quota from
-the kubelets' allocatable) and runs. Last, examples/train_gpt_zero3.py trains with DeepSpeed
-in the examples image (torch as the Dockerfile installs it): a crash restored from local
+the kubelets' allocatable) and runs. Then examples/train_gpt_zero3.py trains with DeepSpeed
+in the examples image (torch as the Dockerfile installs it): first through a hang, a sidecar
+crash and a partition healed later; then a crash restored from local
 memory, then a node loss (kubelet, containerd and its containers killed) restored by a
 replacement fetching its shard from its peer; the survivor's losses equal an uninterrupted
 run's. The same job with one copy per shard and S3 persistence loses a node: every worker
