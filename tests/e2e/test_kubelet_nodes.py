@@ -22,6 +22,7 @@ restores the step committed to S3. `helm uninstall` removes the operator.
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import signal
@@ -32,9 +33,11 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
+import yaml
 from kubernetes import client, config
 
 from gemini_demo.crash import kill_training_process
+from gemini_demo.reference import ReferenceRun
 from gemini_local import cluster, faults, images
 from gemini_local.controlplane import ControlPlane
 from gemini_local.s3 import S3Endpoint
@@ -55,6 +58,7 @@ from tests.e2e.kubelet_training import (
     training_job,
     workers,
 )
+from tests.e2e.test_examples import MANIFESTS, REPO, TINY, with_options
 from tests.fixtures.helm import CHART, Helm
 from tests.fixtures.kubelet_host import missing_tools
 from tests.fixtures.nodes import wait_until
@@ -260,6 +264,65 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_crashes_in_place(
 
     _an_oom_killed_job_fails_naming_the_memory_limit(custom, core)
     _a_queued_job_is_admitted_by_kueue_and_runs(custom)
+
+
+def _shipped_on_kubelet_nodes(manifest: dict[str, Any], s3: dict[str, Any]) -> dict[str, Any]:
+    """The shipped manifest with the edits the 2-core box needs, and only those: 2 workers, a
+    tiny model, one thread, the local S3 at the pods' address. Image, command, resources,
+    placement and failure policy stay as shipped."""
+    job = copy.deepcopy(manifest)
+    job["metadata"]["namespace"] = "default"
+    spec = job["spec"]
+    spec["numNodes"] = 2
+    (trainer,) = spec["template"]["spec"]["containers"]
+    trainer["args"] = with_options(trainer["args"], {**TINY, "--step-sleep": "1.0"})
+    trainer["env"] = [{"name": "OMP_NUM_THREADS", "value": "1"}]
+    spec["persistence"].update(bucketURI=f"s3://{s3['bucket']}/{job['metadata']['name']}",
+                               endpoint=s3["podURL"])
+    return job
+
+
+def test_the_fsdp_example_as_shipped_recovers_a_crash_in_its_image(
+        kubelet_cluster: dict[str, Any], installed_operator: str, tmp_path: Path) -> None:
+    """examples/geminijob-fsdp.yaml in the examples image it names (train_fsdp.py with PyTorch
+    FSDP2), its resources (a real cgroup limit) and placement as shipped: a crash of a
+    worker's training process is restored in place from local memory, the job succeeds with
+    a checkpoint in S3, and rank 0's losses equal an uninterrupted loopback run's."""
+    state_dir: Path = kubelet_cluster["state_dir"]
+    core, custom = client.CoreV1Api(kubelet_cluster["api"]), client.CustomObjectsApi(
+        kubelet_cluster["api"])
+    job = _shipped_on_kubelet_nodes(yaml.safe_load(MANIFESTS["fsdp"].read_text()),
+                                    kubelet_cluster["info"]["s3"])
+    name, (trainer,) = job["metadata"]["name"], job["spec"]["template"]["spec"]["containers"]
+    assert trainer["image"] == images.image_name("examples"), trainer["image"]
+    script = REPO / trainer["command"][1].removeprefix("/app/")  # the image's copy of it
+    reference = ReferenceRun(script, trainer["args"], 2, tmp_path / "reference").start()
+    try:
+        create_credentials_secret(core, "default", S3Endpoint.from_dict(
+            kubelet_cluster["info"]["s3"]), job["spec"]["persistence"]["credentialsSecretRef"]
+            ["name"])
+        custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                               naming.PLURAL, job)
+        crashed = f"{name}-worker-1"
+        wait_until(lambda: newest_step(core, crashed) >= 4, 240, f"{crashed} at step 4",
+                   interval=0.5)
+        kill_training_process(state_dir, "default", crashed)
+        crash = wait_until(lambda: recovery_after(custom, 1, name), 90, "the crash recovered",
+                           interval=0.5)
+        assert (crash["cause"], crash["source"]) == ("software", "Local"), crash
+        wait_until(lambda: resumed_at(trainer_log(core, crashed), crash["restoredStep"]), 60,
+                   f"{crashed} to step on from the restored step")
+        final = wait_until(lambda: status_of(custom, name) if status_of(custom, name)
+                           .get("state") in ("Succeeded", "Failed") else None, 240,
+                           "the example to finish", interval=1)
+        assert final["state"] == "Succeeded", final
+        assert final.get("checkpoint", {}).get("persistedStep"), final  # S3 as configured
+        print(f"fsdp example on kubelet nodes: crash recovered in {crash['durationSeconds']} s")
+        assert_losses(core, f"{name}-worker-0", reference.wait(timeout=300))
+    finally:
+        reference.stop()
+    custom.delete_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                           naming.PLURAL, name)
 
 
 @pytest.fixture(scope="module")
