@@ -396,7 +396,8 @@ def test_deepspeed_training_on_kubelet_nodes_rides_out_a_hang_a_sidecar_crash_an
                    f"{pod} to step on from the restored step")
     wait_until(lambda: not faults.container_pids(state_dir, "default", cut, "trainer", node),
                90, f"the healed node {node} to end the old pod's containers", interval=1)
-    print(f"on kubelet nodes: hang recovered in {hang['durationSeconds']} s, the sidecar "
+    print(f"on kubelet nodes: hang recovered in {hang['durationSeconds']} s "
+          f"({hang['breakdown']}), the sidecar "
           f"crash without a recovery, the partition in {cut_off['durationSeconds']} s "
           f"({cut_off['breakdown']})")
     final = wait_until(lambda: status_of(custom, FAULTS) if status_of(custom, FAULTS)
