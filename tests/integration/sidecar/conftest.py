@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gemini_local.processes import free_port as free_port  # the tests here import it
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import PeerAddress, SidecarConfig, make_placement
 from gemini_trainer.shm import ShardSlots, SlotInfo, shard_path
