@@ -476,6 +476,9 @@ class Launcher:
         if proc.poll() is not None:
             return
         _signal_group(proc, signal.SIGTERM)
+        # A stopped process (a hang injected with SIGSTOP, a debugger) acts on SIGTERM only
+        # once continued; without this it would wait out the whole grace (systemd does same).
+        _signal_group(proc, signal.SIGCONT)
         try:
             proc.wait(timeout=self.config.grace_s)
         except subprocess.TimeoutExpired:

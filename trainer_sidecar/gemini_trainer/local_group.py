@@ -113,6 +113,7 @@ class LocalGroup:
 
     def _stop_the_rest(self) -> None:
         self.signal_groups(signal.SIGTERM)
+        self.signal_groups(signal.SIGCONT)  # a stopped process acts on SIGTERM once continued
         deadline = time.monotonic() + self.grace_s
         while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
             time.sleep(_POLL_S)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -108,3 +109,29 @@ def _until(predicate: Any, timeout: float = 20.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("the condition never held")
+
+
+@pytest.mark.integration
+def test_a_restart_ends_a_stopped_training_process_without_waiting_out_the_grace() -> None:
+    """The operator restarts a hung rank; a process stopped (SIGSTOP: the fault matrix's
+    hang) acts on the launcher's SIGTERM once continued, not at the grace period's end."""
+    config = LauncherConfig(command=(sys.executable, "-c", "import time; time.sleep(60)"),
+                            port=0, hold=True, grace_s=30.0, insecure_local=True)
+    launcher = Launcher(config, env=dict(os.environ))
+    thread = threading.Thread(target=launcher.run, daemon=True)
+    thread.start()
+    try:
+        _until(lambda: launcher.port)
+        _post(launcher.port, "/restart", {"epoch": 1, "version": None})
+        # (a loaded machine starts the warm standby's interpreter slowly)
+        _until(lambda: launcher.status()["state"] == "running" and launcher.status()["pid"],
+               timeout=90)
+        os.killpg(int(launcher.status()["pid"]), signal.SIGSTOP)
+        start = time.monotonic()
+        assert _post(launcher.port, "/restart", {"epoch": 2, "version": None})["result"] == \
+            "restarted"
+        assert time.monotonic() - start < 10
+    finally:
+        launcher.stop()
+        launcher.finish()
+        thread.join(10)

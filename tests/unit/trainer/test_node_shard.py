@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -109,3 +110,16 @@ def test_the_first_failure_stops_the_other_local_processes_and_is_the_groups_cod
 def test_a_group_succeeds_when_every_process_exits_zero() -> None:
     group = LocalGroup([spawn("pass"), spawn("import time; time.sleep(0.3)")], grace_s=5)
     assert group.wait(timeout=30) == 0
+
+
+def test_a_stopped_process_is_ended_without_waiting_out_the_grace_period() -> None:
+    """A hung local process (here stopped) gets SIGTERM and SIGCONT: it ends at once rather
+    than at the grace period's SIGKILL."""
+    stopped = spawn("import time; time.sleep(60)")
+    os.killpg(stopped.pid, signal.SIGSTOP)
+    group = LocalGroup([stopped, spawn("import time; time.sleep(0.5); raise SystemExit(3)")],
+                       grace_s=30)
+    start = time.monotonic()
+    assert group.wait(timeout=60) == 3
+    assert time.monotonic() - start < 10
+    assert stopped.returncode == -signal.SIGTERM
