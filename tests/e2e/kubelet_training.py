@@ -13,6 +13,7 @@ from kubernetes import client
 
 from gemini_local import images
 from gemini_operator import naming
+from tests.fixtures.nodes import wait_until
 from tests.fixtures.trainers import STEP_LINE
 
 
@@ -27,6 +28,27 @@ def trainer_log(core: client.CoreV1Api, pod: str) -> str:
         return str(core.read_namespaced_pod_log(pod, "default", container="trainer"))
     except client.ApiException:
         return ""
+
+
+def create_job(custom: client.CustomObjectsApi, body: dict[str, Any]) -> None:
+    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                           naming.PLURAL, body)
+
+
+def finished(custom: client.CustomObjectsApi, name: str, timeout: float = 240
+             ) -> dict[str, Any]:
+    """The job's status once it Succeeded or Failed."""
+    def ended() -> dict[str, Any] | None:
+        status = status_of(custom, name)
+        return status if status.get("state") in ("Succeeded", "Failed") else None
+
+    found: dict[str, Any] = wait_until(ended, timeout, f"{name} to finish", interval=1)
+    return found
+
+
+def rank_of(pod: str) -> int:
+    """The rank in a worker pod's name (`<job>-worker-<rank>`)."""
+    return int(pod.rsplit("-", 1)[1])
 
 
 def restarts(core: client.CoreV1Api, pod: str) -> int:

@@ -47,8 +47,11 @@ from tests.e2e.kubelet_training import (
     TRAINING,
     as_templated,
     assert_losses,
+    create_job,
+    finished,
     held_replicas,
     newest_step,
+    rank_of,
     recovery_after,
     restarts,
     resumed_at,
@@ -143,16 +146,9 @@ def _an_oom_killed_job_fails_naming_the_memory_limit(custom: client.CustomObject
                          "name": "trainer", "image": images.image_name("sidecar"),
                          "command": ["python", "-c", grow],
                          "resources": {"limits": {"memory": "256Mi"}}}]}}}}
-    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
-                                           naming.PLURAL, body)
+    create_job(custom, body)
 
-    def finished() -> dict[str, Any] | None:
-        job: dict[str, Any] = custom.get_namespaced_custom_object(  # type: ignore[assignment]
-            naming.GROUP, naming.VERSION, "default", naming.PLURAL, "greedy")
-        status = job.get("status") or {}
-        return status if status.get("state") in ("Succeeded", "Failed") else None
-
-    status = wait_until(finished, 120, "the greedy job to end", interval=1)
+    status = finished(custom, "greedy", 120)
     assert status["state"] == "Failed", status
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")
     print(f"greedy job: {failed['message'].splitlines()[0]}")
@@ -165,16 +161,9 @@ def _a_queued_job_is_admitted_by_kueue_and_runs(custom: client.CustomObjectsApi)
     body = _job("queued")
     body["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": cluster.LOCAL_QUEUE}
     body["spec"]["template"]["command"] = ["python", "-c", "print('trained')"]
-    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
-                                           naming.PLURAL, body)
+    create_job(custom, body)
 
-    def state() -> str | None:
-        job: dict[str, Any] = custom.get_namespaced_custom_object(  # type: ignore[assignment]
-            naming.GROUP, naming.VERSION, "default", naming.PLURAL, "queued")
-        found = (job.get("status") or {}).get("state")
-        return found if found in ("Succeeded", "Failed") else None
-
-    assert wait_until(state, 120, "the queued job to end", interval=1) == "Succeeded"
+    assert finished(custom, "queued", 120)["state"] == "Succeeded"
     workloads = custom.list_namespaced_custom_object(
         "kueue.x-k8s.io", "v1beta2", "default", "workloads",
         label_selector=f"{naming.LABEL_JOB}=queued")["items"]
@@ -224,8 +213,7 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_crashes_in_place(
     state_dir: Path = kubelet_cluster["state_dir"]
     api = kubelet_cluster["api"]
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
-                                           naming.PLURAL, _job(JOB))
+    create_job(custom, _job(JOB))
     wait_until(lambda: _status(custom).get("state") == "Running", 90, "the job Running",
                interval=0.5)
     pods = {p.metadata.name: p for p in core.list_namespaced_pod(
@@ -257,8 +245,7 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_crashes_in_place(
 
     print(f"container kill recovered in {crash['durationSeconds']} s")
 
-    final = wait_until(lambda: _status(custom) if _status(custom).get("state") in
-                       ("Succeeded", "Failed") else None, 120, "the job to finish", interval=1)
+    final = finished(custom, JOB, 120)
     assert final["state"] == "Succeeded", final
     assert "trained" in trainer_log(core, name)
 
@@ -289,8 +276,8 @@ def test_the_fsdp_example_as_shipped_recovers_a_crash_in_its_image(
     worker's training process is restored in place from local memory, the job succeeds with
     a checkpoint in S3, and rank 0's losses equal an uninterrupted loopback run's."""
     state_dir: Path = kubelet_cluster["state_dir"]
-    core, custom = client.CoreV1Api(kubelet_cluster["api"]), client.CustomObjectsApi(
-        kubelet_cluster["api"])
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     job = _shipped_on_kubelet_nodes(yaml.safe_load(MANIFESTS["fsdp"].read_text()),
                                     kubelet_cluster["info"]["s3"])
     name, (trainer,) = job["metadata"]["name"], job["spec"]["template"]["spec"]["containers"]
@@ -301,8 +288,7 @@ def test_the_fsdp_example_as_shipped_recovers_a_crash_in_its_image(
         create_credentials_secret(core, "default", S3Endpoint.from_dict(
             kubelet_cluster["info"]["s3"]), job["spec"]["persistence"]["credentialsSecretRef"]
             ["name"])
-        custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
-                                               naming.PLURAL, job)
+        create_job(custom, job)
         crashed = f"{name}-worker-1"
         wait_until(lambda: newest_step(core, crashed) >= 4, 240, f"{crashed} at step 4",
                    interval=0.5)
@@ -312,9 +298,7 @@ def test_the_fsdp_example_as_shipped_recovers_a_crash_in_its_image(
         assert (crash["cause"], crash["source"]) == ("software", "Local"), crash
         wait_until(lambda: resumed_at(trainer_log(core, crashed), crash["restoredStep"]), 60,
                    f"{crashed} to step on from the restored step")
-        final = wait_until(lambda: status_of(custom, name) if status_of(custom, name)
-                           .get("state") in ("Succeeded", "Failed") else None, 240,
-                           "the example to finish", interval=1)
+        final = finished(custom, name)
         assert final["state"] == "Succeeded", final
         assert final.get("checkpoint", {}).get("persistedStep"), final  # S3 as configured
         print(f"fsdp example on kubelet nodes: crash recovered in {crash['durationSeconds']} s")
@@ -346,16 +330,15 @@ def test_deepspeed_training_on_kubelet_nodes_rides_out_a_hang_a_sidecar_crash_an
     fetched from the restarted sidecar, and once healed the node ends the old pod's
     containers. The survivor's losses equal an uninterrupted run's."""
     state_dir: Path = kubelet_cluster["state_dir"]
-    core, custom = client.CoreV1Api(kubelet_cluster["api"]), client.CustomObjectsApi(
-        kubelet_cluster["api"])
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     body = training_job(FAULTS, step_sleep=2.0)
     body["spec"]["failurePolicy"]["hangTimeoutSeconds"] = 20
-    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
-                                           naming.PLURAL, body)
+    create_job(custom, body)
     wait_until(lambda: status_of(custom, FAULTS).get("state") == "Running", 120,
                "the job Running", interval=0.5)
     pods, cut, kept = workers(core, FAULTS, installed_operator)
-    reference = shared_references(2, MODEL, rank=int(kept.rsplit("-", 1)[1]))
+    reference = shared_references(2, MODEL, rank=rank_of(kept))
     wait_until(lambda: newest_step(core, cut) >= 2, 240, f"{cut} to train 2 steps",
                interval=0.5)
 
@@ -371,7 +354,7 @@ def test_deepspeed_training_on_kubelet_nodes_rides_out_a_hang_a_sidecar_crash_an
                f"{cut} to step on from the restored step")
     assert restarts(core, cut) == 0, "the hung process was restarted in place"
 
-    rank = int(cut.rsplit("-", 1)[1])
+    rank = rank_of(cut)
     wait_until(lambda: held_replicas(core, FAULTS, kept, 0) == {rank}, 60,
                f"{kept}'s sidecar to hold rank {rank}'s replica")
     killed_at = newest_step(core, cut)
@@ -400,9 +383,7 @@ def test_deepspeed_training_on_kubelet_nodes_rides_out_a_hang_a_sidecar_crash_an
           f"({hang['breakdown']}), the sidecar "
           f"crash without a recovery, the partition in {cut_off['durationSeconds']} s "
           f"({cut_off['breakdown']})")
-    final = wait_until(lambda: status_of(custom, FAULTS) if status_of(custom, FAULTS)
-                       .get("state") in ("Succeeded", "Failed") else None, 240,
-                       "the job to finish", interval=1)
+    final = finished(custom, FAULTS)
     assert final["state"] == "Succeeded", final
     assert_losses(core, kept, reference)
 
@@ -420,13 +401,12 @@ def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_los
     state_dir: Path = kubelet_cluster["state_dir"]
     api = kubelet_cluster["api"]
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
-                                           naming.PLURAL, training_job())
+    create_job(custom, training_job())
     wait_until(lambda: status_of(custom, TRAINING).get("state") == "Running", 120,
                "the training job Running", interval=0.5)
     # The worker that stays survives both faults; its losses are compared.
     pods, lost, kept = workers(core, TRAINING, installed_operator)
-    reference = shared_references(2, MODEL, rank=int(kept.rsplit("-", 1)[1]))
+    reference = shared_references(2, MODEL, rank=rank_of(kept))
 
     def newest(pod: str) -> int:
         return newest_step(core, pod)
@@ -457,9 +437,7 @@ def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_los
           f"{crash['restoredStep']}), node loss in {loss['durationSeconds']} s (step "
           f"{loss['restoredStep']}, {loss['breakdown']})")
 
-    final = wait_until(lambda: status_of(custom, TRAINING) if status_of(custom, TRAINING)
-                       .get("state") in ("Succeeded", "Failed") else None, 240,
-                       "the training job to finish", interval=1)
+    final = finished(custom, TRAINING)
     assert final["state"] == "Succeeded", final
     assert_losses(core, kept, reference)
 
@@ -480,12 +458,11 @@ def test_a_job_that_loses_every_copy_of_a_shard_restores_from_s3_over_the_pod_ne
     body = training_job("durable", replicas=1, step_sleep=2.0)  # time to see uploads land
     body["spec"]["persistence"] = {**persistence_spec(endpoint, "durable/", 1),
                                    "endpoint": s3["podURL"]}
-    custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
-                                           naming.PLURAL, body)
+    create_job(custom, body)
     wait_until(lambda: status_of(custom, "durable").get("state") == "Running", 120,
                "the durable job Running", interval=0.5)
     pods, lost, kept = workers(core, "durable", installed_operator)
-    reference = shared_references(2, MODEL, rank=int(kept.rsplit("-", 1)[1]))
+    reference = shared_references(2, MODEL, rank=rank_of(kept))
 
     def persisted_step() -> int:
         return int((status_of(custom, "durable").get("checkpoint") or {}).get("persistedStep")
@@ -504,8 +481,6 @@ def test_a_job_that_loses_every_copy_of_a_shard_restores_from_s3_over_the_pod_ne
     print(f"on kubelet nodes, from S3: persisted step {persisted}, restored step "
           f"{recovery['restoredStep']} in {recovery['durationSeconds']} s "
           f"({recovery['breakdown']})")
-    final = wait_until(lambda: status_of(custom, "durable") if status_of(custom, "durable")
-                       .get("state") in ("Succeeded", "Failed") else None, 240,
-                       "the durable job to finish", interval=1)
+    final = finished(custom, "durable")
     assert final["state"] == "Succeeded", final
     assert_losses(core, kept, reference)

@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gemini_demo.report import rank0_loss
+from gemini_local.cluster import KUBELET_NODES
+from gemini_local.kubelet.node import POD_LOGS
 
 _RESTORED = re.compile(r"^(?:\[rank0\]: )?restored step (\d+)")
 # A real kubelet writes each container's output under its node's podLogsDir, each line
 # prefixed with its time, stream and tag (the CRI log format).
-KUBELET_LOGS = "kubelet-nodes/*/kubelet/pod-logs"
+KUBELET_LOGS = f"{KUBELET_NODES}/*/{POD_LOGS}"
 _CRI_PREFIX = re.compile(r"^\S+ (?:stdout|stderr) [FP] ")
 
 

@@ -35,8 +35,6 @@ from gemini_local.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "train_gpt_zero3.py"
-IMAGE_SCRIPT = "/app/examples/train_gpt_zero3.py"  # where the examples image has it
-KUBELET_IMAGES = ("sidecar", "examples")  # the operator runs here, as with node agents
 CRD_PATH = REPO / "crds" / "geminijob.yaml"
 POLL_S = 0.2
 PRINT_EVERY_S = 1.0
@@ -150,10 +148,32 @@ def recovering_now(status: dict[str, Any]) -> bool:
         for c in status.get("conditions") or [])
 
 
+@dataclass(frozen=True)
+class Pods:
+    """What the job's pods run, by the kind of node."""
+
+    images: tuple[str, ...]  # the Dockerfile's targets the nodes run (the operator: the host)
+    script: str  # the training script as the trainer container sees it
+    s3_key: str  # the S3 address the pods reach: the cluster's s3[s3_key]
+    hints: bool  # launchers reach the operator on the host's loopback (failure hints)
+
+    def image(self, target: str) -> str:
+        return images.image_name(target) if self.images else "gemini:local"
+
+
+# Node agents run this checkout's Python whatever a pod names; a kubelet node's pods run the
+# images (the examples image has the script in /app) and have no route to the host's
+# loopback: the operator's 2 s poll finds their failures.
+NODE_AGENT_PODS = Pods(images=(), script=str(SCRIPT), s3_key="url", hints=True)
+KUBELET_PODS = Pods(images=("sidecar", "examples"),
+                    script="/app/examples/train_gpt_zero3.py", s3_key="podURL", hints=False)
+
+
 class Demo:
     def __init__(self, options: DemoOptions) -> None:
         self.options = options
         self.config = options.config
+        self.pods = KUBELET_PODS if self.config.kubelet else NODE_AGENT_PODS
         self.state_dir = options.state_dir
         self.work = self.state_dir / "demo"
         self.t0 = time.monotonic()
@@ -246,7 +266,7 @@ class Demo:
         try:
             info = cluster.up(self.state_dir, cluster.Topology(nodes=nodes, zones=2, racks=2),
                               with_s3=True, timeout=120, kubelet=self.config.kubelet,
-                              images=KUBELET_IMAGES if self.config.kubelet else ())
+                              images=self.pods.images)
             self.cluster_started = True  # from here on, teardown owns it
         except DemoInterrupted:
             # up stops what it started when interrupted; the teardown makes sure (and says so)
@@ -310,10 +330,8 @@ class Demo:
         log = self.work / "operator.log"
         command = [sys.executable, "-m", "gemini_cli", "operator", "run", "--kubeconfig",
                    str(self.kubeconfig), "--namespace", plan.NAMESPACE, "--lease-namespace",
-                   plan.NAMESPACE, "--sidecar-image", self.image("sidecar")]
-        if not self.config.kubelet:
-            # launchers tell it of a failure at once (gemini_operator.hints); a kubelet node's
-            # pods have no route to the host's loopback: the operator's 2 s poll finds it
+                   plan.NAMESPACE, "--sidecar-image", self.pods.image("sidecar")]
+        if self.pods.hints:  # launchers tell it of a failure at once (gemini_operator.hints)
             hint_port = free_port()
             command += ["--hint-port", str(hint_port),
                         "--hint-url", f"http://127.0.0.1:{hint_port}"]
@@ -326,17 +344,10 @@ class Demo:
         cluster.attach(self.state_dir, "demo-operator", self.operator.pid, sys.executable)
         self.say(f"operator started (pid {self.operator.pid}, log {log})")
 
-    def image(self, target: str) -> str:
-        """The Dockerfile target's image on kubelet nodes; node agents run this checkout."""
-        return images.image_name(target) if self.config.kubelet else "gemini:local"
-
     def submit(self) -> None:
-        if self.config.kubelet:  # the examples image's copy; S3 where its pods reach it
-            script, url = IMAGE_SCRIPT, self.s3["podURL"]
-        else:
-            script, url = str(SCRIPT), self.s3["url"]
-        body = plan.job_manifest(self.config, script, url, self.s3["bucket"],
-                                 f"demo-{int(time.time())}", image=self.image("examples"))
+        body = plan.job_manifest(self.config, self.pods.script, self.s3[self.pods.s3_key],
+                                 self.s3["bucket"], f"demo-{int(time.time())}",
+                                 image=self.pods.image("examples"))
         self.prefix = body["spec"]["persistence"]["bucketURI"].split("/", 3)[3]
         self.custom.create_namespaced_custom_object(
             "gemini.io", "v1beta1", plan.NAMESPACE, "geminijobs", body)

@@ -23,14 +23,14 @@ from gemini_local.pki import Pki
 
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "hack" / "build-binaries.sh"
+SERVICE_CIDR = "10.0.0.0/24"
+NODE_GRACE_ENV = "GEMINI_NODE_MONITOR_GRACE_SECONDS"
 
 
 def cache_root() -> Path:
     """Where builds and images outlive a clone: $GEMINI_CACHE, else ~/.cache/gemini-operator."""
     return Path(os.environ.get("GEMINI_CACHE", Path.home() / ".cache" / "gemini-operator"))
-BUILD_SCRIPT = REPO_ROOT / "hack" / "build-binaries.sh"
-SERVICE_CIDR = "10.0.0.0/24"
-NODE_GRACE_ENV = "GEMINI_NODE_MONITOR_GRACE_SECONDS"
 
 
 class ControlPlaneError(RuntimeError):

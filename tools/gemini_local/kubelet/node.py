@@ -58,6 +58,7 @@ MAX_NODES = 16
 POD_NETWORK = "10.250.0.0/16"  # node i's pods: 10.250.<50+i>.0/24
 CNI_BIN_DIR = Path("/usr/lib/cni")
 NODE_FILE = "node.json"  # in each node's state folder: its name, index and labels
+POD_LOGS = Path("kubelet", "pod-logs")  # under each node's state folder: the podLogsDir
 _CONTAINERD, _KUBELET = "containerd", "kubelet"
 
 
@@ -446,7 +447,7 @@ def _kubelet_args(kubelet: Path, node: KubeletNode, plane: ControlPlane) -> list
         "failCgroupV1": False, "cgroupDriver": "cgroupfs",
         "cgroupRoot": f"{CGROUP_ROOT}/{node.cgroup_sub}",
         "failSwapOn": False, "oomScoreAdj": 0,
-        "podLogsDir": str(d / "pod-logs"), "volumePluginDir": str(d / "volume-plugins"),
+        "podLogsDir": str(node.state_dir / POD_LOGS), "volumePluginDir": str(d / "volume-plugins"),
         # A small shared disk and memory: evict only at the very end, collect no images.
         "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
                          "nodefs.inodesFree": "1%", "imagefs.available": "1%"},
