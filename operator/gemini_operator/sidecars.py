@@ -67,6 +67,9 @@ RELAY_MIN_RANKS = 64
 MIN_BATCH = 16
 # A relay's own calls get this share of the poll's deadline; the rest carries its answer.
 RELAY_SHARE = 0.75
+# A launcher answers /restart once its running process parked: the park's grace (1 s) and,
+# for one that said it is unwinding, the unwind time (8 s), then time to answer.
+RESTART_TIMEOUT_SECONDS = 15.0
 # Listing a job's committed steps costs the sidecar a listing and a marker read per step.
 LISTING_TIMEOUT_SECONDS = 10.0
 
@@ -291,7 +294,7 @@ def launcher_statuses(targets: Mapping[int, Target], token: Bearer,
 
 def restart(targets: Mapping[int, Target], token: Bearer,
             request: RestartRequest | Mapping[int, RestartRequest],
-            timeout: float = TIMEOUT_SECONDS) -> dict[int, RestartAnswer]:
+            timeout: float = RESTART_TIMEOUT_SECONDS) -> dict[int, RestartAnswer]:
     """POST /restart to every launcher (one request for all, or one per rank)."""
     body = _per_rank(request)
     return every(targets, token, lambda r, c: c.restart(body(r)), timeout)

@@ -16,7 +16,8 @@ the script's modules already imported. A survivor's restart costs a rendezvous a
 not an interpreter start.
 
 SIGUSR1 asks a running process to park (the launcher sends it when a restart arrives before
-the process noticed the failure): the handler raises ``RestartRequested`` in the main thread.
+the process noticed the failure): the handler says "parking" on the line and raises
+``RestartRequested`` in the main thread.
 A process stuck in a collective that does not return (a peer vanished without closing its
 sockets) cannot run the handler; the launcher then ends it after a grace period and starts a
 fresh one, as without ``run``.
@@ -56,11 +57,14 @@ class RestartRequested(Exception):
 
 
 _armed = threading.Event()  # SIGUSR1 raises only while main() runs
+_line: list[ProcessLink] = []  # the launcher's line while run() holds it
 
 
 def _on_sigusr1(signum: int, frame: FrameType | None) -> None:
     if _armed.is_set():
         _armed.clear()
+        for link in _line:
+            link.parking()  # before the unwind: the launcher then waits past its grace
         raise RestartRequested("the launcher asked for an in-process restart")
 
 
@@ -72,6 +76,7 @@ def run(main: MainFunction) -> int:
         return _exit_code(main())
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, _on_sigusr1)
+    _line[:] = [link]
     try:
         while True:
             failure = _attempt(main)
@@ -95,6 +100,7 @@ def run(main: MainFunction) -> int:
             link.resumed(epoch)
     finally:
         _armed.clear()
+        _line.clear()
         link.close()
 
 

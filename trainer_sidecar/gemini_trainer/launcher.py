@@ -44,8 +44,10 @@ GEMINI_LAUNCHER_IN_PROCESS=0, one process per node): the child gets GEMINI_INPRO
 Unix socket of the launcher's. A child run through ``gemini_trainer.run`` whose training fails
 parks there, alive: ``state`` "parked", ``error`` its traceback's text. The next /restart sends
 it the new epoch's environment instead of starting a process (``in_process`` counts these);
-a child still running gets SIGUSR1 and GEMINI_LAUNCHER_PARK_GRACE_S (1 s) to park, else it is
-replaced; one parked longer than GEMINI_LAUNCHER_PARK_TIMEOUT_S (60 s) is ended. Without
+a child still running gets SIGUSR1 and GEMINI_LAUNCHER_PARK_GRACE_S (1 s) to park or to say it
+is on its way (then GEMINI_LAUNCHER_PARK_UNWIND_S, 8 s, to get there), else it is replaced (a
+hung child cannot answer, so a hang still costs only the grace); one parked longer than
+GEMINI_LAUNCHER_PARK_TIMEOUT_S (60 s) is ended. Without
 ``exit_on_failure`` the launcher also outlives a child (or local group) that dies, relaying its
 output and keeping the last lines. Either failure is written beside the heartbeat
 (``<heartbeat>.parked``: epoch, error or last lines, exit code), where the sidecar's
@@ -195,6 +197,9 @@ class LauncherConfig:
     insecure_local: bool = False  # allow no or a short token, on a loopback address only
     in_process: bool = True  # offer in-process restarts (gemini_trainer.run) to the child
     park_grace_s: float = 1.0  # a running child asked to park (SIGUSR1) gets this long
+    # one that said it is parking gets this long to get there (within the operator's 15 s
+    # deadline for /restart, gemini_operator.sidecars.RESTART_TIMEOUT_SECONDS)
+    park_unwind_s: float = 8.0
     park_timeout_s: float = 60.0  # a parked child no restart reached by then is ended
     hints: FailureHints | None = None  # tell the operator of a failure at once
 
@@ -222,6 +227,7 @@ class LauncherConfig:
                 "1", "true", "yes"),
             "in_process": resume_link.enabled(env),
             "park_grace_s": float(env.get("GEMINI_LAUNCHER_PARK_GRACE_S", "1")),
+            "park_unwind_s": float(env.get("GEMINI_LAUNCHER_PARK_UNWIND_S", "8")),
             "park_timeout_s": float(env.get("GEMINI_LAUNCHER_PARK_TIMEOUT_S", "60")),
             "hints": FailureHints.from_env(env),
         }
@@ -251,6 +257,7 @@ class Launcher:
         self._restarts = 0
         self._in_process = 0  # restarts answered by a parked process (no new process)
         self._parked_error = ""
+        self._parking: int | None = None  # the pid that said it is on its way to park
         self._state = "starting"
         self._exit_code: int | None = None
         self._memory = oom.MemoryCgroup()
@@ -275,7 +282,8 @@ class Launcher:
         self.parked_file = control.parked_path(self.heartbeat_file)
         self._link: LinkServer | None = None
         if config.in_process and self._local_world == 1:
-            self._link = LinkServer(Path(self._tmp.name) / "inprocess.sock", self._on_parked)
+            self._link = LinkServer(Path(self._tmp.name) / "inprocess.sock", self._on_parked,
+                                    self._on_parking)
         elif config.in_process:
             log.info("no in-process restarts with %d processes per node", self._local_world)
         self.metrics = launcher_metrics.make_registry(
@@ -538,6 +546,12 @@ class Launcher:
         timer.daemon = True
         timer.start()
 
+    def _on_parking(self, pid: int) -> None:
+        """A child asked to park (SIGUSR1) runs Python and is unwinding towards its park."""
+        with self._lock:
+            self._parking = pid
+            self._changed.notify_all()
+
     def _end_parked(self, proc: Child, epoch: int) -> None:
         """No restart reached a parked child in time (no operator, or it gave up on this
         epoch): end it, so the failure shows the usual way (an exit, a container restart)."""
@@ -556,13 +570,9 @@ class Launcher:
             return False
         with self._lock:
             if self._state == "running":
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(proc.pid, signal.SIGUSR1)
-                self._changed.wait_for(lambda: self._state != "running" or not link.has(
-                    proc.pid), self.config.park_grace_s)
+                self._ask_to_park(proc, link)
             if self._state != "parked" or proc is not self._proc or self._stopping:
-                log.info("training process %d did not park in %.1f s; restarting it",
-                         proc.pid, self.config.park_grace_s)
+                log.info("training process %d did not park; restarting it", proc.pid)
                 return False
             previous, self._epoch = self._epoch, req.epoch
             env = self._child_env(req.env())
@@ -573,13 +583,31 @@ class Launcher:
             self._restarts += 1
             self._in_process += 1
             self._restore = control.RestoreOrder(req.version, req.source)
-            self._state, self._parked_error = "running", ""
+            self._state, self._parked_error, self._parking = "running", "", None
             self._exit_code, self._exited_at = None, None
             self._started_at = time.time()
             self.parked_file.unlink(missing_ok=True)
             log.info("restarted training process %d in place (epoch %d)", proc.pid, req.epoch)
             self._publish()
             return True
+
+    def _ask_to_park(self, proc: Child, link: LinkServer) -> None:
+        """SIGUSR1, then the grace for the child to park or say it is parking; one that said so
+        gets the unwind time (its stack's teardown can take seconds on a busy machine)."""
+        self._parking = None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGUSR1)
+
+        def settled() -> bool:
+            return self._state != "running" or not link.has(proc.pid)
+
+        self._changed.wait_for(lambda: settled() or self._parking == proc.pid,
+                               self.config.park_grace_s)
+        if settled() or self._parking != proc.pid:
+            return
+        log.info("training process %d is unwinding towards its park; waiting up to %.0f s",
+                 proc.pid, self.config.park_unwind_s)
+        self._changed.wait_for(settled, self.config.park_unwind_s)
 
     def stop(self) -> control.LauncherStatus:
         with self._lock:

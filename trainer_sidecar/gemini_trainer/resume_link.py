@@ -4,12 +4,15 @@ A training process run by ``gemini_trainer.run`` connects to the Unix socket nam
 GEMINI_INPROCESS_SOCKET (the launcher listens there) and says who it is. When its training
 function fails (a peer died and the collective broke, or the launcher asked it to stop with
 SIGUSR1) it tears its distributed state down and *parks*: it tells the launcher and waits.
+A process asked with SIGUSR1 says "parking" from the signal handler, before its stack unwinds
+(seconds on a busy machine), so the launcher can tell it from one that cannot run Python.
 The launcher answers the operator's next POST /restart by sending the new epoch's environment
 down the line instead of starting a process: torch, the model code and the imports stay
 loaded, and the restart costs a rendezvous and a restore from local memory.
 
 Messages are one JSON object per line:
-    process -> launcher   {"hello": pid}  {"parked": pid, "error": "..."}  {"resumed": epoch}
+    process -> launcher   {"hello": pid}  {"parking": pid}  {"parked": pid, "error": "..."}
+                          {"resumed": epoch}
     launcher -> process   {"restart": epoch, "env": {...}}
 A line over MAX_LINE bytes ends the connection (the process then restarts the usual way).
 """
@@ -94,6 +97,11 @@ class ProcessLink:
             return None
         return cls(sock)
 
+    def parking(self) -> None:
+        """Say the SIGUSR1 arrived and the process is on its way to park."""
+        with contextlib.suppress(OSError):
+            _send(self._sock, {"parking": os.getpid()})
+
     def park(self, error: str) -> bool:
         """Tell the launcher this process failed and will wait for the next epoch. Sent
         before the failed attempt is torn down (which can take seconds on a busy machine),
@@ -126,11 +134,14 @@ class ProcessLink:
 class LinkServer:
     """The launcher's end: accepts the training processes' lines and keeps the latest per pid.
 
-    ``on_parked(pid, error)`` runs on the line's reader thread when a process parks."""
+    ``on_parked(pid, error)`` runs on the line's reader thread when a process parks,
+    ``on_parking(pid)`` when one asked to park says it is on its way."""
 
-    def __init__(self, path: Path, on_parked: Callable[[int, str], None]) -> None:
+    def __init__(self, path: Path, on_parked: Callable[[int, str], None],
+                 on_parking: Callable[[int], None] | None = None) -> None:
         self.path = path
         self._on_parked = on_parked
+        self._on_parking = on_parking
         self._lock = threading.Lock()
         self._links: dict[int, socket.socket] = {}
         path.unlink(missing_ok=True)
@@ -164,6 +175,8 @@ class LinkServer:
         while (message := lines.next()) is not None:
             if "parked" in message:
                 self._on_parked(pid, str(message.get("error", ""))[:ERROR_CHARS])
+            elif "parking" in message and self._on_parking is not None:
+                self._on_parking(pid)
         with self._lock:
             if self._links.get(pid) is conn:
                 del self._links[pid]

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.integration
 # main() appends "<pid> <epoch> <version> <calls>" to argv[1], then, on the first call of all
 # processes: "raise", "die" (exit 3 after a last word), "loop" (sleep in Python until
 # SIGUSR1), "stuck" (SIGUSR1 blocked, as in a collective that never returns), "slow" (as "loop",
-# leaving garbage whose collection in the teardown takes 2 s); "ok" (return 0) on later calls.
+# leaving garbage whose collection in the teardown takes 2 s), "unwind" (as "loop", its stack's
+# unwinding taking 2 s before run() can park); "ok" (return 0) on later calls.
 CHILD = """
 import gc, os, signal, sys, time
 from gemini_trainer import run
@@ -54,6 +55,12 @@ def main():
     if mode in ('loop', 'slow'):
         while True:
             time.sleep(0.05)
+    if mode == 'unwind':
+        try:
+            while True:
+                time.sleep(0.05)
+        finally:
+            time.sleep(2)
     if mode == 'stuck':
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
         time.sleep(120)
@@ -139,6 +146,34 @@ def test_a_process_whose_teardown_outlasts_the_grace_period_still_restarts_in_pl
     assert running.code == 0
     assert [c[:3] for c in calls(tmp_path)] == [[str(first["pid"]), "1", "-"],
                                                 [str(first["pid"]), "2", "7"]]
+
+
+def test_a_process_whose_unwinding_outlasts_the_grace_period_still_restarts_in_place(
+        start: Any, tmp_path: Path) -> None:
+    """Asked with SIGUSR1, it says "parking" before its stack unwinds (finally blocks, engine
+    teardown: seconds on a busy machine), and the launcher waits past the grace for it."""
+    running = start("unwind", park_grace_s=0.5)
+    first = running.until(lambda s: s["state"] == "running" and len(calls(tmp_path)) == 1)
+    time.sleep(0.3)
+    asked = time.monotonic()
+    body = restart(running, 2)
+    assert time.monotonic() - asked >= 1.5, "the answer waited for the park"
+    assert body["pid"] == first["pid"] and body["in_process"] == 1, body
+    running.thread.join(20)
+    assert running.code == 0
+    assert [c[:3] for c in calls(tmp_path)] == [[str(first["pid"]), "1", "-"],
+                                                [str(first["pid"]), "2", "7"]]
+
+
+def test_a_process_that_unwinds_past_the_unwind_time_is_replaced(
+        start: Any, tmp_path: Path) -> None:
+    running = start("unwind", park_grace_s=0.5, park_unwind_s=0.5)
+    first = running.until(lambda s: s["state"] == "running" and len(calls(tmp_path)) == 1)
+    time.sleep(0.3)
+    body = restart(running, 2)
+    assert body["pid"] != first["pid"] and body["in_process"] == 0
+    running.thread.join(30)
+    assert running.code == 0
 
 
 def test_a_process_that_cannot_park_is_replaced_after_the_grace_period(
