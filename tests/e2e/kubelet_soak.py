@@ -49,9 +49,9 @@ from tests.fixtures.nodes import wait_until
 
 KINDS = ("trainer", "node", "partition", "sidecar", "sidecar-hang")
 FAILURES = int(os.environ.get("GEMINI_KUBELET_SOAK_FAILURES") or len(KINDS))
-# A failure uses up to about 24 steps at 1 s each (a spare node started, the random delay, the
-# recovery, steps past the restored one); training goes on past the last failure.
-STEPS = 24 * FAILURES + 12
+# A failure used 2-9 steps at 1 s each (a spare node started, the random delay, the recovery,
+# a step past the restored one); 12 leave a margin, and training goes on past the last one.
+STEPS = 12 * FAILURES + 12
 SOAK_MODEL = [*MODEL[:MODEL.index("--steps")], "--steps", str(STEPS),
               *MODEL[MODEL.index("--steps") + 2:]]
 # (cause, source) of the recovery each kind must end in; None: none at all.
@@ -110,6 +110,17 @@ class KubeletSoak:
         return [n for n in kubelet.kubelet_nodes(self.state_dir / KUBELET_NODES)
                 if n.running_pids()["containerd"] is not None]
 
+    def assert_checks_see_the_job(self) -> None:
+        """The leak checks find what they look for: each current pod's running containers
+        and its memory volume's mount on its node."""
+        nodes = {n.name: n for n in self.live_nodes()}
+        for name, pod in self.pods().items():
+            node = nodes[pod.spec.node_name]
+            uid = pod.metadata.uid
+            assert _containers(node, name, uid) & _running_tasks(node), f"{name}: no container"
+            assert any(uid in m for m in kubelet.mounts_under(node.state_dir)), \
+                f"{name}: no volume mounted under {node.state_dir}"
+
     def stray_containers(self) -> list[str]:
         """Running containers on live nodes of the job's pods other than their current
         incarnations (the pod on that node with that uid)."""
@@ -134,9 +145,11 @@ class KubeletSoak:
             getattr(self, "_" + kind.replace("-", "_"))()
             self.durations.append((kind, round(time.monotonic() - started, 1)))
             print(f"kubelet soak {number}/{len(kinds)}: {kind} done in "
-                  f"{self.durations[-1][1]} s", flush=True)
+                  f"{self.durations[-1][1]} s (rank 0 at step "
+                  f"{max(dict(self.rank0.losses()), default=0)} of {STEPS})", flush=True)
             wait_until(lambda: not self.stray_containers(), 90,
                        "no container of an old incarnation on a live node", interval=1)
+            self.assert_checks_see_the_job()
 
     def wait_training(self) -> None:
         """Both workers printed a step past the newest printed so far."""
@@ -217,13 +230,18 @@ class KubeletSoak:
         wait_until(lambda: not self.core.list_namespaced_pod(
             NAMESPACE, label_selector=f"{naming.LABEL_JOB}={self.name}").items, 120,
             "the job's pods gone")
-        wait_until(lambda: not self.stray_containers() and not self.mounted_volumes(), 90,
-                   "no container or volume of the job left", interval=1)
+        deadline = time.monotonic() + 90
+        while (left := self.stray_containers() + self.mounted_volumes()) and \
+                time.monotonic() < deadline:
+            time.sleep(1)
+        assert not left, f"left of the deleted job on live nodes: {left}"
         return final
 
     def mounted_volumes(self) -> list[str]:
-        root = self.state_dir / KUBELET_NODES
-        return [m for m in kubelet.mounts_under(root) if any(u in m for u in self.uids)]
+        """Mounts of the job's pods' volumes on live nodes (a lost node's stay as it left
+        them: its memory is gone with it in a real power loss)."""
+        return [m for node in self.live_nodes() for m in kubelet.mounts_under(node.state_dir)
+                if any(u in m for u in self.uids)]
 
 
 def add_spare(state_dir: Path, api: client.ApiClient) -> str:

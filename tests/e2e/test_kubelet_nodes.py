@@ -511,8 +511,8 @@ def test_a_soak_of_random_failures_on_kubelet_nodes_recovers_each_and_leaks_noth
                "the soak job Running", interval=0.5)
     soak = KubeletSoak(kubelet_cluster["state_dir"], api, installed_operator, "soak", rng)
     soak.run(kinds)
+    print(f"kubelet soak: {soak.durations}")
     final = soak.finish_and_delete()
     assert final["state"] == "Succeeded", final
     assert final["restarts"] == sum(k in ("trainer", "node", "partition") for k in kinds), final
-    print(f"kubelet soak: {soak.durations}")
     assert soak.losses() == reference.result(timeout=600)
