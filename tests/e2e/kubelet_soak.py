@@ -12,8 +12,8 @@ deleted no container of it runs and no volume of its pods is mounted. Rank 0's l
 from the kubelets' pod-log files of every incarnation (a lost node's stay on its disk), equal
 an uninterrupted run's; a re-run step repeats its loss.
 
-How many: GEMINI_KUBELET_SOAK_FAILURES (default 5: each kind once, what CI runs); the order,
-targets and delays come from GEMINI_SOAK_SEED (printed) when set.
+How many: GEMINI_KUBELET_SOAK_FAILURES (default 5: each kind once, what CI runs; `./dev soak`
+runs 20); the order, targets and delays come from GEMINI_SOAK_SEED (printed) when set.
 """
 
 from __future__ import annotations
@@ -183,14 +183,28 @@ class KubeletSoak:
                                      if p.spec.node_name != self.operator_node))
         return pod, pods[pod].spec.node_name
 
+    def ensure_spare(self) -> None:
+        """A Ready node with none of the job's pods, for the replacement: added if none is
+        (a lost node never comes back; a healed one is free again)."""
+        used = {p.spec.node_name for p in self.pods().values()}
+        for node in self.core.list_node().items:
+            ready = any(c.type == "Ready" and c.status == "True"
+                        for c in node.status.conditions or [])
+            if ready and not node.spec.unschedulable and node.metadata.name not in used:
+                return
+        started = time.monotonic()
+        name = add_spare(self.state_dir, self.api)
+        print(f"kubelet soak: spare node {name} Ready in {time.monotonic() - started:.1f} s",
+              flush=True)
+
     def _node(self) -> None:
-        add_spare(self.state_dir, self.api)
+        self.ensure_spare()
         pod, node = self._away_from_operator()
         faults.lose_node(self.state_dir, node)
         self._recovered("node", moved=(pod, node))
 
     def _partition(self) -> None:
-        add_spare(self.state_dir, self.api)
+        self.ensure_spare()
         pod, node = self._away_from_operator()
         faults.partition_node(self.state_dir, node)
         try:

@@ -496,6 +496,8 @@ def test_a_job_that_loses_every_copy_of_a_shard_restores_from_s3_over_the_pod_ne
     assert_losses(core, kept, reference)
 
 
+@pytest.mark.soak
+@pytest.mark.timeout(600 + 120 * FAILURES)
 def test_a_soak_of_random_failures_on_kubelet_nodes_recovers_each_and_leaks_nothing(
         kubelet_cluster: dict[str, Any], installed_operator: str, training_nodes: None,
         shared_references: SharedReferences) -> None:
