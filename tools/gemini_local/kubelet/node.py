@@ -184,19 +184,15 @@ def pause_binary() -> Path:
 
 
 def start_kubelet_node(plane: ControlPlane, state_dir: Path, timeout: float = 120.0,
-                       index: int = 0, labels: dict[str, str] | None = None,
-                       images: Path | None = None, record: bool = True) -> KubeletNode:
-    """Start containerd (from the image seed `images`, if given) and a kubelet joined to
-    `plane`, import the pause image, and wait until the Node is Ready. `record`: note the
-    host's settings in `state_dir` first (not for a node added to a recorded cluster). On
-    failure everything started is torn down again."""
+                       index: int = 0, labels: dict[str, str] | None = None) -> KubeletNode:
+    """Start containerd and a kubelet joined to `plane`, import the pause image, and wait until
+    the Node is Ready. On failure everything started is torn down again."""
     node = KubeletNode.at(index, state_dir, labels)
     _check_host([node])
     state_dir.mkdir(parents=True, exist_ok=True)
-    if record:
-        host.record(state_dir)
+    host.record(state_dir)
     try:
-        _launch(plane, node, timeout, images)
+        _launch(plane, node, timeout)
         _wait_for(lambda: _node_ready(plane, node.name), timeout, f"node {node.name} Ready",
                   node, _KUBELET)
     except BaseException:
