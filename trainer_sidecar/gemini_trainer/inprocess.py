@@ -44,7 +44,6 @@ import time
 import traceback
 import urllib.parse
 from collections.abc import Callable, Mapping
-from types import FrameType
 from typing import Any
 
 from gemini_trainer.resume_link import ProcessLink
@@ -57,14 +56,12 @@ class RestartRequested(Exception):
 
 
 _armed = threading.Event()  # SIGUSR1 raises only while main() runs
-_line: list[ProcessLink] = []  # the launcher's line while run() holds it
 
 
-def _on_sigusr1(signum: int, frame: FrameType | None) -> None:
+def _on_sigusr1(link: ProcessLink) -> None:
     if _armed.is_set():
         _armed.clear()
-        for link in _line:
-            link.parking()  # before the unwind: the launcher then waits past its grace
+        link.parking()  # before the unwind: the launcher then waits past its grace
         raise RestartRequested("the launcher asked for an in-process restart")
 
 
@@ -75,8 +72,7 @@ def run(main: MainFunction) -> int:
     if link is None:
         return _exit_code(main())
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGUSR1, _on_sigusr1)
-    _line[:] = [link]
+        signal.signal(signal.SIGUSR1, lambda _sig, _frame: _on_sigusr1(link))
     try:
         while True:
             failure = _attempt(main)
@@ -100,7 +96,6 @@ def run(main: MainFunction) -> int:
             link.resumed(epoch)
     finally:
         _armed.clear()
-        _line.clear()
         link.close()
 
 

@@ -258,6 +258,7 @@ class Launcher:
         self._in_process = 0  # restarts answered by a parked process (no new process)
         self._parked_error = ""
         self._parking: int | None = None  # the pid that said it is on its way to park
+        # (reset before each SIGUSR1; compared with the asked child's pid)
         self._state = "starting"
         self._exit_code: int | None = None
         self._memory = oom.MemoryCgroup()
@@ -583,7 +584,7 @@ class Launcher:
             self._restarts += 1
             self._in_process += 1
             self._restore = control.RestoreOrder(req.version, req.source)
-            self._state, self._parked_error, self._parking = "running", "", None
+            self._state, self._parked_error = "running", ""
             self._exit_code, self._exited_at = None, None
             self._started_at = time.time()
             self.parked_file.unlink(missing_ok=True)

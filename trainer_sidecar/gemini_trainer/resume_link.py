@@ -138,7 +138,7 @@ class LinkServer:
     ``on_parking(pid)`` when one asked to park says it is on its way."""
 
     def __init__(self, path: Path, on_parked: Callable[[int, str], None],
-                 on_parking: Callable[[int], None] | None = None) -> None:
+                 on_parking: Callable[[int], None]) -> None:
         self.path = path
         self._on_parked = on_parked
         self._on_parking = on_parking
@@ -175,7 +175,7 @@ class LinkServer:
         while (message := lines.next()) is not None:
             if "parked" in message:
                 self._on_parked(pid, str(message.get("error", ""))[:ERROR_CHARS])
-            elif "parking" in message and self._on_parking is not None:
+            elif "parking" in message:
                 self._on_parking(pid)
         with self._lock:
             if self._links.get(pid) is conn:

@@ -103,6 +103,24 @@ def restart(running: Running, epoch: int) -> dict[str, Any]:
     return body
 
 
+def restart_while_running(running: Running, tmp_path: Path) -> tuple[int, dict[str, Any], float]:
+    """Once main()'s first call runs (and its line is up), POST /restart: the first process's
+    pid, the answer and how long it took."""
+    first = running.until(lambda s: s["state"] == "running" and len(calls(tmp_path)) == 1)
+    time.sleep(0.3)  # connected to the launcher
+    asked = time.monotonic()
+    body = restart(running, 2)
+    return int(first["pid"]), body, time.monotonic() - asked
+
+
+def assert_ran_on_in_place(running: Running, tmp_path: Path, pid: int) -> None:
+    """main() was called again in the same process, with the new epoch and version, and
+    training ended there."""
+    running.thread.join(20)
+    assert running.code == 0
+    assert [c[:3] for c in calls(tmp_path)] == [[str(pid), "1", "-"], [str(pid), "2", "7"]]
+
+
 def test_a_failed_process_parks_and_the_next_restart_runs_main_again_in_it(
         start: Any, tmp_path: Path) -> None:
     running = start("raise")
@@ -123,14 +141,9 @@ def test_a_failed_process_parks_and_the_next_restart_runs_main_again_in_it(
 
 def test_a_running_process_is_asked_to_park_with_sigusr1(start: Any, tmp_path: Path) -> None:
     running = start("loop")
-    first = running.until(lambda s: s["state"] == "running" and len(calls(tmp_path)) == 1)
-    time.sleep(0.3)  # connected to the launcher
-    body = restart(running, 2)
-    assert body["pid"] == first["pid"] and body["in_process"] == 1
-    running.thread.join(20)
-    assert running.code == 0
-    assert [c[:3] for c in calls(tmp_path)] == [[str(first["pid"]), "1", "-"],
-                                                [str(first["pid"]), "2", "7"]]
+    pid, body, _ = restart_while_running(running, tmp_path)
+    assert body["pid"] == pid and body["in_process"] == 1
+    assert_ran_on_in_place(running, tmp_path, pid)
 
 
 def test_a_process_whose_teardown_outlasts_the_grace_period_still_restarts_in_place(
@@ -138,14 +151,9 @@ def test_a_process_whose_teardown_outlasts_the_grace_period_still_restarts_in_pl
     """It says it parks before tearing the failed attempt down (DeepSpeed's state, process
     groups, garbage): on a busy machine that took longer than the grace period."""
     running = start("slow", park_grace_s=0.5)
-    first = running.until(lambda s: s["state"] == "running" and len(calls(tmp_path)) == 1)
-    time.sleep(0.3)
-    body = restart(running, 2)
-    assert body["pid"] == first["pid"] and body["in_process"] == 1, body
-    running.thread.join(20)
-    assert running.code == 0
-    assert [c[:3] for c in calls(tmp_path)] == [[str(first["pid"]), "1", "-"],
-                                                [str(first["pid"]), "2", "7"]]
+    pid, body, _ = restart_while_running(running, tmp_path)
+    assert body["pid"] == pid and body["in_process"] == 1, body
+    assert_ran_on_in_place(running, tmp_path, pid)
 
 
 def test_a_process_whose_unwinding_outlasts_the_grace_period_still_restarts_in_place(
@@ -153,25 +161,17 @@ def test_a_process_whose_unwinding_outlasts_the_grace_period_still_restarts_in_p
     """Asked with SIGUSR1, it says "parking" before its stack unwinds (finally blocks, engine
     teardown: seconds on a busy machine), and the launcher waits past the grace for it."""
     running = start("unwind", park_grace_s=0.5)
-    first = running.until(lambda s: s["state"] == "running" and len(calls(tmp_path)) == 1)
-    time.sleep(0.3)
-    asked = time.monotonic()
-    body = restart(running, 2)
-    assert time.monotonic() - asked >= 1.5, "the answer waited for the park"
-    assert body["pid"] == first["pid"] and body["in_process"] == 1, body
-    running.thread.join(20)
-    assert running.code == 0
-    assert [c[:3] for c in calls(tmp_path)] == [[str(first["pid"]), "1", "-"],
-                                                [str(first["pid"]), "2", "7"]]
+    pid, body, took = restart_while_running(running, tmp_path)
+    assert took >= 1.5, "the answer waited for the park"
+    assert body["pid"] == pid and body["in_process"] == 1, body
+    assert_ran_on_in_place(running, tmp_path, pid)
 
 
 def test_a_process_that_unwinds_past_the_unwind_time_is_replaced(
         start: Any, tmp_path: Path) -> None:
     running = start("unwind", park_grace_s=0.5, park_unwind_s=0.5)
-    first = running.until(lambda s: s["state"] == "running" and len(calls(tmp_path)) == 1)
-    time.sleep(0.3)
-    body = restart(running, 2)
-    assert body["pid"] != first["pid"] and body["in_process"] == 0
+    pid, body, _ = restart_while_running(running, tmp_path)
+    assert body["pid"] != pid and body["in_process"] == 0
     running.thread.join(30)
     assert running.code == 0
 
@@ -179,11 +179,9 @@ def test_a_process_that_unwinds_past_the_unwind_time_is_replaced(
 def test_a_process_that_cannot_park_is_replaced_after_the_grace_period(
         start: Any, tmp_path: Path) -> None:
     running = start("stuck", park_grace_s=0.5)
-    first = running.until(lambda s: s["state"] == "running" and len(calls(tmp_path)) == 1)
-    time.sleep(0.3)
-    body = restart(running, 2)
-    assert body["pid"] != first["pid"] and body["in_process"] == 0
-    assert not alive(first["pid"])
+    pid, body, _ = restart_while_running(running, tmp_path)
+    assert body["pid"] != pid and body["in_process"] == 0
+    assert not alive(pid)
     running.thread.join(30)
     assert running.code == 0
     assert calls(tmp_path)[1][1:] == ["2", "7", "1"], "a fresh process: main()'s first call"
