@@ -43,6 +43,7 @@ def kubelet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
         pytest.skip("real kubelet nodes need root")
     if missing := kubelet_host.missing_tools():
         pytest.fail(f"missing {', '.join(missing)}: run ./dev setup")
+    kubelet_host.reclaim_stale()
     before = kubelet_host.snapshot()
     state_dir = tmp_path_factory.mktemp("kubelet-cluster")
     up = _gemini("local", "--state-dir", str(state_dir), "up", "--kubelet",

@@ -42,6 +42,7 @@ def kubelet_node(control_plane: ControlPlane,
         pytest.skip("a real kubelet node needs root")
     if missing := kubelet_host.missing_tools():
         pytest.fail(f"missing {', '.join(missing)}: run ./dev setup")
+    kubelet_host.reclaim_stale()
     before = kubelet_host.snapshot()
     state_dir = tmp_path_factory.mktemp("kubelet-node")
     started = time.monotonic()

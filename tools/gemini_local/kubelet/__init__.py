@@ -7,6 +7,7 @@ from gemini_local.kubelet.node import (
     KubeletNodeError,
     kubelet_nodes,
     lose_kubelet_node,
+    reclaim_stale_nodes,
     start_kubelet_node,
     start_kubelet_nodes,
     stop_kubelet_node,
@@ -14,5 +15,5 @@ from gemini_local.kubelet.node import (
 )
 
 __all__ = ["PAUSE_IMAGE", "KubeletNode", "KubeletNodeError", "kubelet_nodes",
-           "lose_kubelet_node", "mounts_under", "start_kubelet_node", "start_kubelet_nodes",
-           "stop_kubelet_node", "stop_kubelet_nodes"]
+           "lose_kubelet_node", "mounts_under", "reclaim_stale_nodes", "start_kubelet_node",
+           "start_kubelet_nodes", "stop_kubelet_node", "stop_kubelet_nodes"]

@@ -16,12 +16,17 @@ and IPAM state, logs and pid files. What cannot live there, and what the teardow
   `/var/lib/kubelet/device-plugins`, `/var/log/containers`): removed when the start made them.
 
 One set of kubelet nodes per machine at a time (the bridges, the cgroup root and the sysctls
-are machine-wide): one node alone (`start_kubelet_node`) or several (`start_kubelet_nodes`, the
-host recorded once for all of them). Node `i` is named by its IP, 127.0.50.<i+1>: the kubelet
-refuses a loopback `--node-ip`, but an IP given as `--hostname-override` becomes the node's
-InternalIP, on which the API server reaches the kubelet (logs, exec). Its pods get addresses
-from 10.250.<50+i>.0/24 on its bridge, whose address (.1) is their gateway: pods of different
-nodes reach each other through the host's routes between the bridges, as through a network.
+are machine-wide; `CLAIM` names the set while it exists): one node alone (`start_kubelet_node`)
+or several (`start_kubelet_nodes`, the host recorded once for all of them). Node `i` is named
+by its IP, 127.0.50.<i+1>: the kubelet refuses a loopback `--node-ip`, but an IP given as
+`--hostname-override` becomes the node's InternalIP, on which the API server reaches the
+kubelet (logs, exec). Its pods get addresses from 10.250.<50+i>.0/24 on its bridge, whose
+address (.1) is their gateway: pods of different nodes reach each other through the host's
+routes between the bridges, as through a network.
+
+A run killed before its teardown (SIGKILL, a lost session) leaves its nodes' host changes
+behind with none of their daemons running; the next start finds them by the claim and undoes
+them first (`reclaim_stale_nodes`). A claim whose daemons still run is refused.
 
 Every node has its own containerd (root, state, socket) and its own cgroup root, so that one
 node is lost (`lose_kubelet_node`: kubelet, containerd and every container killed at once)
@@ -40,6 +45,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +63,7 @@ BRIDGE_PREFIX = "gmkubelet"
 MAX_NODES = 16
 POD_NETWORK = "10.250.0.0/16"  # node i's pods: 10.250.<50+i>.0/24
 CNI_BIN_DIR = Path("/usr/lib/cni")
+CLAIM = Path("/run/gemini-kubelet-nodes")  # the record folder of this machine's kubelet nodes
 NODE_FILE = "node.json"  # in each node's state folder: its name, index and labels
 POD_LOGS = Path("kubelet", "pod-logs")  # under each node's state folder: the podLogsDir
 _CONTAINERD, _KUBELET = "containerd", "kubelet"
@@ -191,6 +198,7 @@ def start_kubelet_node(plane: ControlPlane, state_dir: Path, timeout: float = 12
     _check_host([node])
     state_dir.mkdir(parents=True, exist_ok=True)
     host.record(state_dir)
+    _claim(state_dir)
     try:
         _launch(plane, node, timeout)
         _wait_for(lambda: _node_ready(plane, node.name), timeout, f"node {node.name} Ready",
@@ -213,6 +221,7 @@ def start_kubelet_nodes(plane: ControlPlane, root: Path, labels: list[dict[str, 
     _check_host(nodes)
     root.mkdir(parents=True, exist_ok=True)
     host.record(root)
+    _claim(root)
     try:
         for node in nodes:
             _launch(plane, node, timeout, images)
@@ -231,7 +240,49 @@ def kubelet_nodes(root: Path) -> list[KubeletNode]:
     return sorted(found, key=lambda n: n.index)
 
 
+def reclaim_stale_nodes() -> list[str]:
+    """Undo the host changes of kubelet nodes whose run was killed before its teardown (the
+    claim names them and none of their daemons runs); nodes still running are left alone.
+    Returns what was undone and what could not be, for a message (empty: nothing stale)."""
+    root = _claimed_root()
+    if root is None:
+        return []
+    nodes = _recorded_nodes(root)
+    if any(pid is not None for n in nodes for pid in n.running_pids().values()):
+        return []
+    problems: list[str] = []
+    for node in nodes:
+        _kill_shims(node)
+    stale_bridges = sorted(p.name for p in Path("/sys/class/net").glob(f"{BRIDGE_PREFIX}*"))
+    for bridge in stale_bridges:  # named by the prefix: the record folder may be gone
+        host.run(["ip", "link", "delete", bridge], problems)
+    _undo_host(None, root, nodes, problems)
+    CLAIM.unlink(missing_ok=True)
+    return [f"kubelet nodes left under {root} by a run that died ({len(nodes)} nodes, bridges "
+            f"{', '.join(stale_bridges) or 'none'})", *problems]
+
+
+def _claim(record_dir: Path) -> None:
+    CLAIM.write_text(f"{record_dir.resolve()}\n")
+
+
+def _claimed_root() -> Path | None:
+    try:
+        return Path(CLAIM.read_text().strip())
+    except OSError:
+        return None
+
+
+def _recorded_nodes(record_dir: Path) -> list[KubeletNode]:
+    """The nodes recorded under `record_dir`: a set (`n<i>` folders) or one node alone."""
+    if (record_dir / NODE_FILE).exists():
+        return [KubeletNode.load(record_dir)]
+    return kubelet_nodes(record_dir) if record_dir.exists() else []
+
+
 def _check_host(nodes: list[KubeletNode]) -> None:
+    if cleaned := reclaim_stale_nodes():
+        print("note: cleaned up " + "; ".join(cleaned), file=sys.stderr)
     missing = [t for t in ("containerd", "runc", "ctr") if shutil.which(t) is None]
     if missing or not (CNI_BIN_DIR / "bridge").exists():
         raise KubeletNodeError(
@@ -241,6 +292,9 @@ def _check_host(nodes: list[KubeletNode]) -> None:
     if taken := [n.name for n in nodes if n.name in running]:
         raise KubeletNodeError(f"a kubelet for node {taken[0]} already runs on this machine "
                                "(`gemini local down` stops a local cluster's)")
+    if (root := _claimed_root()) is not None:
+        raise KubeletNodeError(f"kubelet nodes under {root} run on this machine (one set at a "
+                               "time; `gemini local down` stops a local cluster's)")
     if taken := [n.bridge for n in nodes if Path(f"/sys/class/net/{n.bridge}").exists()]:
         raise KubeletNodeError(f"bridge {taken[0]} exists: are other kubelet nodes running on "
                                "this machine? (`gemini local down` stops a local cluster's)")
@@ -510,8 +564,10 @@ def _stop_daemons(plane: ControlPlane, node: KubeletNode) -> list[str]:
     return problems
 
 
-def _undo_host(plane: ControlPlane, record_dir: Path, nodes: list[KubeletNode],
+def _undo_host(plane: ControlPlane | None, record_dir: Path, nodes: list[KubeletNode],
                problems: list[str]) -> None:
+    """Put the host back as `record_dir/host.json` recorded it, delete the nodes' bridges,
+    and their Node objects and bindings when `plane` is given; drop the claim."""
     host.unmount_under(record_dir, problems)
     state = host.load(record_dir)
     host.remove_netns(set(state.get("netns", [])), problems)
@@ -522,6 +578,10 @@ def _undo_host(plane: ControlPlane, record_dir: Path, nodes: list[KubeletNode],
     if state:
         host.remove_iptables(state, problems)
     host.restore(state, problems)
+    if _claimed_root() == record_dir.resolve():
+        CLAIM.unlink(missing_ok=True)
+    if plane is None:
+        return
     with contextlib.suppress(Exception):
         from kubernetes import client
 
