@@ -11,7 +11,8 @@ from typing import Any
 from gemini_cli import COMMANDS, CliError
 from gemini_cli.output import add_output_flag, emit
 from gemini_local import cluster, faults, nodes
-from gemini_local.controlplane import ControlPlane
+from gemini_local.controlplane import ControlPlane, ControlPlaneError
+from gemini_local.nodeagent.config import RACK_LABEL, ZONE_LABEL
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -52,12 +53,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         parser.set_defaults(func=func)
 
     add = verbs.add_parser("add-node", help="start a fresh node (a spare)")
-    add.add_argument("node", help="name of the new node")
+    add.add_argument("node", nargs="?", help="name of the new node agent (a kubelet node is "
+                     "named by its address: leave it out)")
     add.add_argument("--zone", required=True)
     add.add_argument("--rack", required=True)
-    add.add_argument("--cpu", default="8")
-    add.add_argument("--memory", default="32Gi")
-    add.add_argument("--gpus", type=int, default=1)
+    add.add_argument("--cpu", default="8", help="node agents only (a kubelet node has the "
+                     "machine's)")
+    add.add_argument("--memory", default="32Gi", help="node agents only")
+    add.add_argument("--gpus", type=int, default=1, help="node agents only")
     add_output_flag(add)
     add.set_defaults(func=_add_node)
 
@@ -146,6 +149,10 @@ def _add_node(args: argparse.Namespace) -> int:
     plane = ControlPlane.load(state_dir)
     if plane is None:
         raise CliError(f"no local cluster in {state_dir}; run `gemini local up` first")
+    if cluster.node_kind(state_dir) == "kubelet":
+        return _add_kubelet_node(args, state_dir)
+    if not args.node:
+        raise CliError("name the new node: gemini fault add-node NAME --zone Z --rack R")
     used = [nodes.node_config(state_dir, n).spec.index for n in nodes.node_names(state_dir)]
     spec = nodes.NodeSpec(args.node, zone=args.zone, rack=args.rack,
                           index=max(used, default=-1) + 1, cpu=args.cpu, memory=args.memory,
@@ -157,3 +164,15 @@ def _add_node(args: argparse.Namespace) -> int:
     return _report(args, {"node": spec.name, "zone": spec.zone, "rack": spec.rack,
                           "index": spec.index, "pid": pid},
                    f"node {spec.name} added in {spec.zone}/{spec.rack} (agent pid {pid})")
+
+
+def _add_kubelet_node(args: argparse.Namespace, state_dir: Path) -> int:
+    if args.node:
+        raise CliError(f"kubelet nodes are named by their address: leave out {args.node!r}")
+    try:
+        name = cluster.add_kubelet_node(state_dir, {ZONE_LABEL: args.zone,
+                                                    RACK_LABEL: args.rack})
+    except ControlPlaneError as err:
+        raise CliError(str(err)) from err
+    return _report(args, {"node": name, "zone": args.zone, "rack": args.rack},
+                   f"kubelet node {name} added in {args.zone}/{args.rack}")

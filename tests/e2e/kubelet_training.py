@@ -66,11 +66,11 @@ POOL = "gemini.io/pool"  # the label and taint of the nodes set aside for traini
 DATASET = "tokens 0-65535, shard 7"
 
 
-def training_job(name: str = TRAINING, replicas: int = 2, step_sleep: float = 1.0
-                 ) -> dict[str, Any]:
+def training_job(name: str = TRAINING, replicas: int = 2, step_sleep: float = 1.0,
+                 model: list[str] = MODEL) -> dict[str, Any]:
     """The job as a user on a GPU cluster writes it: tainted nodes picked by label, a dataset
     volume, its own service account and priority class."""
-    train = " ".join(["exec python /app/examples/train_gpt_zero3.py", *MODEL,
+    train = " ".join(["exec python /app/examples/train_gpt_zero3.py", *model,
                       f"--step-sleep {step_sleep}"])
     trainer = {"name": "trainer", "image": images.image_name("examples"),
                "command": ["sh", "-c", f'echo "dataset: $(cat /data/dataset.txt)" && {train}'],

@@ -17,13 +17,16 @@ crash and a partition healed later; then a crash restored from local
 memory, then a node loss (kubelet, containerd and its containers killed) restored by a
 replacement fetching its shard from its peer; the survivor's losses equal an uninterrupted
 run's. The same job with one copy per shard and S3 persistence loses a node: every worker
-restores the step committed to S3. `helm uninstall` removes the operator.
+restores the step committed to S3. Last, a soak of failures of every kind in a random order
+(tests/e2e/kubelet_soak.py), spare kubelet nodes added as it goes. `helm uninstall` removes the
+operator.
 """
 
 from __future__ import annotations
 
 import copy
 import os
+import random
 import re
 import signal
 import time
@@ -42,6 +45,13 @@ from gemini_local import cluster, faults, images
 from gemini_local.controlplane import ControlPlane
 from gemini_local.s3 import S3Endpoint
 from gemini_operator import naming
+from tests.e2e.kubelet_soak import (
+    FAILURES,
+    SOAK_MODEL,
+    KubeletSoak,
+    failure_kinds,
+    reference_in_background,
+)
 from tests.e2e.kubelet_training import (
     MODEL,
     TRAINING,
@@ -484,3 +494,27 @@ def test_a_job_that_loses_every_copy_of_a_shard_restores_from_s3_over_the_pod_ne
     final = finished(custom, "durable")
     assert final["state"] == "Succeeded", final
     assert_losses(core, kept, reference)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(600 + 120 * FAILURES)
+def test_a_soak_of_random_failures_on_kubelet_nodes_recovers_each_and_leaks_nothing(
+        kubelet_cluster: dict[str, Any], installed_operator: str, training_nodes: None,
+        shared_references: SharedReferences) -> None:
+    seed = int(os.environ.get("GEMINI_SOAK_SEED") or random.randrange(2**32))
+    rng = random.Random(seed)
+    kinds = failure_kinds(rng, FAILURES)
+    print(f"kubelet soak: seed {seed} (GEMINI_SOAK_SEED replays it), failures {kinds}")
+    api = kubelet_cluster["api"]
+    custom = client.CustomObjectsApi(api)
+    reference = reference_in_background(shared_references)
+    create_job(custom, training_job("soak", model=SOAK_MODEL))
+    wait_until(lambda: status_of(custom, "soak").get("state") == "Running", 120,
+               "the soak job Running", interval=0.5)
+    soak = KubeletSoak(kubelet_cluster["state_dir"], api, installed_operator, "soak", rng)
+    soak.run(kinds)
+    print(f"kubelet soak: {soak.durations}")
+    final = soak.finish_and_delete()
+    assert final["state"] == "Succeeded", final
+    assert final["restarts"] == sum(k in ("trainer", "node", "partition") for k in kinds), final
+    assert soak.losses() == reference.result(timeout=600), soak.story()

@@ -153,6 +153,42 @@ def _start_kubelet_nodes(plane: ControlPlane, state_dir: Path, topology: Topolog
         raise ControlPlaneError(str(err)) from err
 
 
+def node_kind(state_dir: Path) -> str:
+    """"kubelet" or "node-agent": what the cluster of `state_dir` was started with."""
+    meta = state_dir / "cluster.json"
+    return str(json.loads(meta.read_text()).get("nodeKind", "node-agent")) if meta.exists() \
+        else "node-agent"
+
+
+def add_kubelet_node(state_dir: Path, labels: dict[str, str] | None = None,
+                     timeout: float = 120.0) -> str:
+    """Start one more kubelet node (a spare) in the running kubelet cluster of `state_dir`, with
+    the images the cluster started with, and wait until it is Ready; its name."""
+    from gemini_local import kubelet
+    from gemini_local.kubelet import seed
+
+    plane = ControlPlane.load(state_dir)
+    meta = state_dir / "cluster.json"
+    if plane is None or not meta.exists():
+        raise ControlPlaneError(f"no local cluster in {state_dir}; run `gemini local up` first")
+    if node_kind(state_dir) != "kubelet":
+        raise ControlPlaneError("this cluster runs node agents: add a node agent instead")
+    info = json.loads(meta.read_text())
+    root = state_dir / KUBELET_NODES
+    index = max((n.index for n in kubelet.kubelet_nodes(root)), default=-1) + 1
+    archives = _image_archives(tuple(info.get("images") or ()))
+    linked = bool(archives) and seed.links_reach(root)
+    try:
+        store = _seed(archives) if linked else None
+        node = kubelet.start_kubelet_node(plane, root / f"n{index}", timeout, index, labels,
+                                          images=store, record=False)
+        if archives and not linked:
+            _import_all(node, archives)
+    except (kubelet.KubeletNodeError, seed.SeedError) as err:
+        raise ControlPlaneError(str(err)) from err
+    return node.name
+
+
 def seed_images(targets: list[str]) -> Path:
     """The images `targets`, built if their source changed, in the kubelet nodes' image seed
     (`./dev test` prepares it before the tests); the seed's containerd root."""

@@ -191,20 +191,27 @@ def pause_binary() -> Path:
 
 
 def start_kubelet_node(plane: ControlPlane, state_dir: Path, timeout: float = 120.0,
-                       index: int = 0, labels: dict[str, str] | None = None) -> KubeletNode:
-    """Start containerd and a kubelet joined to `plane`, import the pause image, and wait until
-    the Node is Ready. On failure everything started is torn down again."""
+                       index: int = 0, labels: dict[str, str] | None = None,
+                       images: Path | None = None, record: bool = True) -> KubeletNode:
+    """Start containerd (from the image seed `images`, if given) and a kubelet joined to
+    `plane`, import the pause image, and wait until the Node is Ready. `record`: note the
+    host's settings in `state_dir` first (not for a node added to a recorded cluster). On
+    failure everything started is torn down again."""
     node = KubeletNode.at(index, state_dir, labels)
-    _check_host([node])
+    _check_host([node], joining=None if record else state_dir.parent)
     state_dir.mkdir(parents=True, exist_ok=True)
-    host.record(state_dir)
-    _claim(state_dir)
+    if record:
+        host.record(state_dir)
+        _claim(state_dir)
     try:
-        _launch(plane, node, timeout)
+        _launch(plane, node, timeout, images)
         _wait_for(lambda: _node_ready(plane, node.name), timeout, f"node {node.name} Ready",
                   node, _KUBELET)
     except BaseException:
-        stop_kubelet_node(plane, node)
+        if record:
+            stop_kubelet_node(plane, node)
+        else:  # the machine-wide changes belong to the running set: leave them
+            _remove_added_node(plane, node)
         raise
     return node
 
@@ -280,7 +287,9 @@ def _recorded_nodes(record_dir: Path) -> list[KubeletNode]:
     return kubelet_nodes(record_dir) if record_dir.exists() else []
 
 
-def _check_host(nodes: list[KubeletNode]) -> None:
+def _check_host(nodes: list[KubeletNode], joining: Path | None = None) -> None:
+    """Refuse a start that would collide with kubelet nodes on this machine (a node `joining`
+    the running set recorded there is no collision) or that lacks a tool."""
     if cleaned := reclaim_stale_nodes():
         print("note: cleaned up " + "; ".join(cleaned), file=sys.stderr)
     missing = [t for t in ("containerd", "runc", "ctr") if shutil.which(t) is None]
@@ -292,7 +301,8 @@ def _check_host(nodes: list[KubeletNode]) -> None:
     if taken := [n.name for n in nodes if n.name in running]:
         raise KubeletNodeError(f"a kubelet for node {taken[0]} already runs on this machine "
                                "(`gemini local down` stops a local cluster's)")
-    if (root := _claimed_root()) is not None:
+    root = _claimed_root()
+    if root is not None and (joining is None or root != joining.resolve()):
         raise KubeletNodeError(f"kubelet nodes under {root} run on this machine (one set at a "
                                "time; `gemini local down` stops a local cluster's)")
     if taken := [n.bridge for n in nodes if Path(f"/sys/class/net/{n.bridge}").exists()]:
@@ -550,6 +560,17 @@ def lose_kubelet_node(node: KubeletNode) -> int:
     _kill_shims(node)
     host.kill_cgroup_processes(node.cgroup_sub)
     return len(running)
+
+
+def _remove_added_node(plane: ControlPlane, node: KubeletNode) -> list[str]:
+    """Undo what a node added to a running set owns alone: its daemons, containers, mounts
+    and bridge (the set's cgroup root, sysctls and iptables stay)."""
+    problems = _stop_daemons(plane, node)
+    host.kill_cgroup_processes(node.cgroup_sub)
+    host.unmount_under(node.state_dir, problems)
+    if Path(f"/sys/class/net/{node.bridge}").exists():
+        host.run(["ip", "link", "delete", node.bridge], problems)
+    return problems
 
 
 def _stop_daemons(plane: ControlPlane, node: KubeletNode) -> list[str]:
