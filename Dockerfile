@@ -17,8 +17,8 @@
 ARG PYTHON_IMAGE=python:3.11.14-slim-bookworm
 # The trainer images' third-party layer (torch, its CUDA libraries, DeepSpeed: about 5 GB): the
 # `trainer-deps` stage below, or an image of it built earlier (hack/build-images.sh passes one,
-# keyed by requirements.lock, pyproject.toml and this file's instructions, so a code change
-# rebuilds a thin layer only).
+# keyed by requirements.lock, pyproject.toml's dependency lists and this file's instructions,
+# so a code change rebuilds a thin layer only).
 ARG TRAINER_DEPS=trainer-deps
 
 # ---- build: one virtual environment per image, in /opt/gemini -----------------------------------

@@ -65,11 +65,17 @@ bud() {
 }
 
 # The trainer images start from their dependencies' image (torch, DeepSpeed: about 5 GB),
-# built once per requirements.lock, pyproject.toml and Dockerfile: a code change adds a thin
-# layer on top of the same layers (which the kubelet nodes' image seed then already has).
+# built once per requirements.lock, the project's dependency lists and the Dockerfile: a code
+# change adds a thin layer on top of the same layers (which the kubelet nodes' image seed then
+# already has), and so does a change to pyproject.toml's tool settings.
+project_deps() {
+  python3 -c 'import json, sys, tomllib; p = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print(json.dumps([p["name"], p["dependencies"], p["optional-dependencies"]], sort_keys=True))' \
+    "$root/pyproject.toml"
+}
 deps_args=()
 if [[ " ${targets[*]} " =~ \ (trainer|examples)\  ]]; then
-  key=$(cat "$root/requirements.lock" "$root/pyproject.toml" <(grep -v '^ *#' "$root/Dockerfile") \
+  key=$(cat "$root/requirements.lock" <(project_deps) <(grep -v '^ *#' "$root/Dockerfile") \
     | sha256sum | cut -c1-16)  # comments change no image
   deps=localhost/gemini-trainer-deps:$key
   if ! buildah "${storage[@]}" inspect --type image "$deps" >/dev/null 2>&1; then

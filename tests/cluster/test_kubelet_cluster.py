@@ -5,11 +5,13 @@ over their pod IPs (each node's bridge routes to the others); the fault verbs wo
 nodes: a partition cuts both the pods' traffic and the kubelet's heartbeat (the Node goes
 NotReady) and a heal restores both, a slow link holds pod traffic to its rate until healed, a
 killed container is restarted by its kubelet, a lost node goes NotReady while the others stay
-Ready; `gemini local down` leaves the host as it was.
+Ready; a spare node added to the running cluster runs pods; `gemini local down` leaves the
+host as it was.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from kubernetes import client, config
 from gemini_local.kubelet import PAUSE_IMAGE
 from gemini_local.kubelet.host import cgroup_dirs
 from gemini_local.kubelet.node import BRIDGE_PREFIX
+from gemini_local.nodeagent.config import RACK_LABEL
 from tests.fixtures import kubelet_host
 from tests.fixtures.nodes import wait_until
 
@@ -169,6 +172,24 @@ def _slow_link_holds_pod_traffic_to_its_rate(core: client.CoreV1Api, state_dir: 
     # nftables lets one second's worth plus 64 KiB through at once: 3.7 s here, not 5.
     assert (SENT - SLOW_RATE - 65_536) / SLOW_RATE * 0.8 <= slow <= 2 * SENT / SLOW_RATE
     assert fast < 1.0 and healed < 1.0
+
+
+def test_a_spare_kubelet_node_joins_the_running_cluster(kubelet_cluster: dict[str, Any],
+                                                       core: client.CoreV1Api) -> None:
+    state_dir = kubelet_cluster["state_dir"]
+    added = _gemini("fault", "--state-dir", str(state_dir), "add-node", "--zone", "zone-c",
+                    "--rack", "rack-9", "--output", "json")
+    assert added.returncode == 0, added.stderr
+    spare = json.loads(added.stdout)["node"]
+    assert spare == f"127.0.50.{NODES + 1}"
+    labels = core.read_node(spare).metadata.labels
+    assert (labels["topology.kubernetes.io/zone"], labels[RACK_LABEL]) == ("zone-c", "rack-9")
+    assert _ready(core, spare) == "True"
+    core.create_namespaced_pod("default", _pod("on-spare", spare, ["on the spare"]))
+    wait_until(lambda: _last_line(core, "on-spare") == "on the spare", 60,
+               "the pod on the spare node to run", interval=0.5)
+    ip = core.read_namespaced_pod("on-spare", "default").status.pod_ip
+    assert ip.startswith(f"10.250.{50 + NODES}."), ip
 
 
 def test_a_second_kubelet_cluster_on_the_machine_is_refused_and_leaves_nothing(

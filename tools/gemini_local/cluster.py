@@ -98,7 +98,8 @@ def up(state_dir: Path, topology: Topology, with_s3: bool = False,
         "stateDir": str(state_dir), "kubeconfig": str(plane.kubeconfig),
         "apiServer": plane.api_url, "topology": topology.__dict__,
         "nodeKind": "kubelet" if kubelet else "node-agent",
-        "images": {t: images_mod.image_name(t) for t in images}, "s3": s3,
+        "images": {t: images_mod.image_name(t) for t in images},
+        "imageArchives": {t: str(a) for t, a in archives.items()}, "s3": s3,
         "kueue": queue, "startupSeconds": round(time.monotonic() - started, 2),
     }
     (state_dir / "cluster.json").write_text(json.dumps(info, indent=2))
@@ -176,7 +177,7 @@ def add_kubelet_node(state_dir: Path, labels: dict[str, str] | None = None,
     info = json.loads(meta.read_text())
     root = state_dir / KUBELET_NODES
     index = max((n.index for n in kubelet.kubelet_nodes(root)), default=-1) + 1
-    archives = _image_archives(tuple(info.get("images") or ()))
+    archives = _started_archives(info)
     linked = bool(archives) and seed.links_reach(root)
     try:
         store = _seed(archives) if linked else None
@@ -187,6 +188,18 @@ def add_kubelet_node(state_dir: Path, labels: dict[str, str] | None = None,
     except (kubelet.KubeletNodeError, seed.SeedError) as err:
         raise ControlPlaneError(str(err)) from err
     return node.name
+
+
+def _started_archives(info: dict[str, Any]) -> dict[str, Path]:
+    """The image archives the cluster started with (not a build of the source as it is now:
+    every node runs the same images)."""
+    if "imageArchives" not in info:  # a cluster started before they were recorded
+        return _image_archives(tuple(info.get("images") or ()))
+    archives = {t: Path(a) for t, a in info["imageArchives"].items()}
+    if gone := [str(a) for a in archives.values() if not a.exists()]:
+        raise ControlPlaneError(f"the images this cluster started with are gone from the cache "
+                                f"({gone[0]}): restart it (`gemini local down`, then `up`)")
+    return archives
 
 
 def seed_images(targets: list[str]) -> Path:

@@ -42,3 +42,16 @@ def test_no_cluster_says_how_to_start_one(tmp_path: Path,
     code = main(["fault", "--state-dir", str(tmp_path), "add-node", "--zone", "z", "--rack",
                  "r"])
     assert code == 1 and "run `gemini local up` first" in capsys.readouterr().err
+
+
+def test_a_spare_needs_the_images_the_cluster_started_with(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    state = _cluster(tmp_path / "kubelets", "kubelet")
+    gone = tmp_path / "cache" / "0123456789abcdef" / "examples.tar"
+    (state / "cluster.json").write_text(json.dumps(
+        {"nodeKind": "kubelet", "images": {"examples": "gemini-examples:0.1.0"},
+         "imageArchives": {"examples": str(gone)}}))
+    code = main(["fault", "--state-dir", str(state), "add-node", "--zone", "z", "--rack", "r"])
+    assert code == 1
+    assert f"the images this cluster started with are gone from the cache ({gone})" in \
+        capsys.readouterr().err
