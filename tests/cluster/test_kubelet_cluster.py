@@ -12,7 +12,6 @@ host as it was.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -42,12 +41,7 @@ def _gemini(*args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="module")
 def kubelet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    if os.geteuid() != 0:
-        pytest.skip("real kubelet nodes need root")
-    if missing := kubelet_host.missing_tools():
-        pytest.fail(f"missing {', '.join(missing)}: run ./dev setup")
-    kubelet_host.reclaim_stale()
-    before = kubelet_host.snapshot()
+    before = kubelet_host.host_before_nodes()
     state_dir = tmp_path_factory.mktemp("kubelet-cluster")
     up = _gemini("local", "--state-dir", str(state_dir), "up", "--kubelet",
                  "--nodes", str(NODES), "--output", "json")

@@ -38,12 +38,7 @@ MESSAGE = "hello from a real kubelet"
 @pytest.fixture(scope="module")
 def kubelet_node(control_plane: ControlPlane,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    if os.geteuid() != 0:
-        pytest.skip("a real kubelet node needs root")
-    if missing := kubelet_host.missing_tools():
-        pytest.fail(f"missing {', '.join(missing)}: run ./dev setup")
-    kubelet_host.reclaim_stale()
-    before = kubelet_host.snapshot()
+    before = kubelet_host.host_before_nodes()
     state_dir = tmp_path_factory.mktemp("kubelet-node")
     started = time.monotonic()
     node = start_kubelet_node(control_plane, state_dir)

@@ -5,7 +5,6 @@ behind; the next start undoes them first, while a set whose daemons still run is
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +42,7 @@ def _running(core: client.CoreV1Api, name: str) -> bool:
 
 def test_a_killed_runs_nodes_are_cleaned_up_by_the_next_start(control_plane: ControlPlane,
                                                               tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("a real kubelet node needs root")
-    if missing := kubelet_host.missing_tools():
-        pytest.fail(f"missing {', '.join(missing)}: run ./dev setup")
-    kubelet_host.reclaim_stale()
-    before = kubelet_host.snapshot()
+    before = kubelet_host.host_before_nodes()
     core = client.CoreV1Api(config.new_client_from_config(str(control_plane.kubeconfig)))
     killed = start_kubelet_node(control_plane, tmp_path / "killed")
     try:

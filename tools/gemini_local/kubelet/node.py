@@ -262,9 +262,8 @@ def reclaim_stale_nodes() -> list[str]:
         _kill_shims(node)
     stale_bridges = sorted(p.name for p in Path("/sys/class/net").glob(f"{BRIDGE_PREFIX}*"))
     for bridge in stale_bridges:  # named by the prefix: the record folder may be gone
-        host.run(["ip", "link", "delete", bridge], problems)
-    _undo_host(None, root, nodes, problems)
-    CLAIM.unlink(missing_ok=True)
+        _delete_bridge(bridge, problems)
+    _undo_host(None, root, nodes, problems)  # drops the claim
     return [f"kubelet nodes left under {root} by a run that died ({len(nodes)} nodes, bridges "
             f"{', '.join(stale_bridges) or 'none'})", *problems]
 
@@ -568,9 +567,13 @@ def _remove_added_node(plane: ControlPlane, node: KubeletNode) -> list[str]:
     problems = _stop_daemons(plane, node)
     host.kill_cgroup_processes(node.cgroup_sub)
     host.unmount_under(node.state_dir, problems)
-    if Path(f"/sys/class/net/{node.bridge}").exists():
-        host.run(["ip", "link", "delete", node.bridge], problems)
+    _delete_bridge(node.bridge, problems)
     return problems
+
+
+def _delete_bridge(name: str, problems: list[str]) -> None:
+    if Path(f"/sys/class/net/{name}").exists():
+        host.run(["ip", "link", "delete", name], problems)
 
 
 def _stop_daemons(plane: ControlPlane, node: KubeletNode) -> list[str]:
@@ -593,8 +596,7 @@ def _undo_host(plane: ControlPlane | None, record_dir: Path, nodes: list[Kubelet
     state = host.load(record_dir)
     host.remove_netns(set(state.get("netns", [])), problems)
     for node in nodes:
-        if Path(f"/sys/class/net/{node.bridge}").exists():
-            host.run(["ip", "link", "delete", node.bridge], problems)
+        _delete_bridge(node.bridge, problems)
     host.remove_cgroups(problems)
     if state:
         host.remove_iptables(state, problems)
