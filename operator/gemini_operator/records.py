@@ -15,6 +15,8 @@ from gemini.domain.recovery import MODE_S3, RankSource, RecoveryPlan
 
 MODE_FRESH = "fresh"  # nothing to restore (training never started or never checkpointed)
 RESUME = "resume"  # status.recovery.kind and lastRecovery.cause of a resume after suspend
+# The breakdown entry of a recovery planned again: the time before the new plan began.
+SUPERSEDED = "superseded"
 
 
 class RecoveryPhase(StrEnum):
@@ -155,6 +157,11 @@ class RecoveryRecord:
         """This record moved on to `phase`, with the time the current phase ended marked."""
         marks = {**self.marks, self.phase.value.lower(): round(now_unix - self.started_unix, 3)}
         return replace(self, phase=phase, marks=marks, plan=plan or self.plan)
+
+    def superseded_marks(self, now_unix: float) -> dict[str, float]:
+        """The marks of this recovery planned again (a rank was newly lost): the time so far
+        went into a plan the loss superseded, and the phases are timed afresh from here."""
+        return {SUPERSEDED: round(now_unix - self.started_unix, 3)}
 
     def to_dict(self) -> dict[str, Any]:
         plan = self.plan.to_dict() if self.plan is not None else {}

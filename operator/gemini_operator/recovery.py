@@ -115,7 +115,8 @@ class RecoveryExecutor(PhaseExecutor):
             detected_at=previous.detected_at if previous else api_time(now),
             started_at=previous.started_at if previous else api_time(now),
             started_unix=previous.started_unix if previous else now.timestamp(),
-            marks={},  # cumulative seconds at the end of each phase (a re-plan restarts them)
+            # cumulative seconds at the end of each phase; a re-plan times them afresh
+            marks=previous.superseded_marks(now.timestamp()) if previous else {},
             lost_ranks=tuple(lost),
         )
         self._write(job, {"recovery": record.to_dict()})  # recorded before anything is done

@@ -20,13 +20,13 @@ from gemini_operator.events import Event, EventReason
 from gemini_operator.kube import KubeClient
 from gemini_operator.observed import PodView
 from gemini_operator.outcome import Keep, Outcome, RecoveryWait, kept
-from gemini_operator.records import RESUME, PlanRecord, RecoveryRecord
+from gemini_operator.records import RESUME, SUPERSEDED, PlanRecord, RecoveryRecord
 from gemini_operator.sidecars import TIMEOUT_SECONDS, SidecarError
 from gemini_operator.spec import JobSpec
 from gemini_operator.status import JobStatus
 from gemini_operator.worker_calls import CommittedSteps, WorkerCalls, launch_record
 
-PHASE_ORDER = ("planning", "replacing", "fetching", "restarting")
+PHASE_ORDER = (SUPERSEDED, "planning", "replacing", "fetching", "restarting")
 WriteStatus = Callable[[JobView, Mapping[str, Any]], None]
 
 

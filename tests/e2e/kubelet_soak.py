@@ -33,12 +33,12 @@ from kubernetes import client
 
 from gemini_demo.crash import kill_training_process
 from gemini_demo.logs import StepLog
-from gemini_local import cluster, faults, kubelet
-from gemini_local.cluster import KUBELET_NODES, Topology
+from gemini_local import faults, kubelet
+from gemini_local.cluster import KUBELET_NODES
 from gemini_operator import naming
 from tests.e2e.kubelet_training import (
     MODEL,
-    POOL,
+    ensure_free_nodes,
     finished,
     held_replicas,
     newest_step,
@@ -214,18 +214,12 @@ class KubeletSoak:
         return pod, pods[pod].spec.node_name
 
     def ensure_spare(self) -> None:
-        """A Ready node with none of the job's pods, for the replacement: added if none is
-        (a lost node never comes back; a healed one is free again)."""
-        used = {p.spec.node_name for p in self.pods().values()}
-        for node in self.core.list_node().items:
-            ready = any(c.type == "Ready" and c.status == "True"
-                        for c in node.status.conditions or [])
-            if ready and not node.spec.unschedulable and node.metadata.name not in used:
-                return
+        """A Ready node with none of the job's pods, for the replacement."""
         started = time.monotonic()
-        name = add_spare(self.state_dir, self.api)
-        print(f"kubelet soak: spare node {name} Ready in {time.monotonic() - started:.1f} s",
-              flush=True)
+        used = {p.spec.node_name for p in self.pods().values()}
+        for name in ensure_free_nodes(self.state_dir, self.api, used, 1):
+            print(f"kubelet soak: spare node {name} Ready in {time.monotonic() - started:.1f} s",
+                  flush=True)
 
     def _node(self) -> str:
         self.ensure_spare()
@@ -290,15 +284,6 @@ class KubeletSoak:
         them: its memory is gone with it in a real power loss)."""
         return [m for node in self.live_nodes() for m in kubelet.mounts_under(node.state_dir)
                 if any(u in m for u in self.uids)]
-
-
-def add_spare(state_dir: Path, api: client.ApiClient) -> str:
-    """A fresh kubelet node, labelled and tainted for training like the others; its name."""
-    labels = {**Topology(nodes=1, zones=1, racks=1).labels(0), POOL: "trainers"}
-    name = cluster.add_kubelet_node(state_dir, labels)
-    client.CoreV1Api(api).patch_node(name, {"spec": {"taints": [
-        {"key": POOL, "value": "trainers", "effect": "NoSchedule"}]}})
-    return name
 
 
 def _running_tasks(node: kubelet.KubeletNode) -> set[str]:

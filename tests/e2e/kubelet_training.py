@@ -7,11 +7,13 @@ import base64
 import json
 import re
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-from gemini_local import images
+from gemini_local import cluster, images
+from gemini_local.cluster import RACK_LABEL, ZONE_LABEL, Topology
 from gemini_operator import naming
 from tests.fixtures.nodes import wait_until
 from tests.fixtures.trainers import STEP_LINE
@@ -67,7 +69,7 @@ DATASET = "tokens 0-65535, shard 7"
 
 
 def training_job(name: str = TRAINING, replicas: int = 2, step_sleep: float = 1.0,
-                 model: list[str] = MODEL) -> dict[str, Any]:
+                 model: list[str] = MODEL, nodes: int = 2) -> dict[str, Any]:
     """The job as a user on a GPU cluster writes it: tainted nodes picked by label, a dataset
     volume, its own service account and priority class."""
     train = " ".join(["exec python /app/examples/train_gpt_zero3.py", *model,
@@ -84,7 +86,7 @@ def training_job(name: str = TRAINING, replicas: int = 2, step_sleep: float = 1.
            "containers": [trainer]}
     return {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
             "metadata": {"name": name, "namespace": "default"},
-            "spec": {"numNodes": 2, "checkpoint": {"replicas": replicas},
+            "spec": {"numNodes": nodes, "checkpoint": {"replicas": replicas},
                      "failurePolicy": {"maxRestarts": 5}, "template": {"spec": pod}}}
 
 
@@ -101,6 +103,34 @@ def set_aside_for_training(api: client.ApiClient) -> None:
         {"metadata": {"name": "training"}, "value": 1000})
     core.create_namespaced_config_map("default", {"metadata": {"name": "dataset"},
                                                   "data": {"dataset.txt": DATASET}})
+
+
+def add_spare(state_dir: Path, api: client.ApiClient, zone: str | None = None,
+              rack: str | None = None) -> str:
+    """A fresh kubelet node, labelled and tainted for training like the others (in the
+    others' zone and rack unless said); its name."""
+    labels = {**Topology(nodes=1, zones=1, racks=1).labels(0), POOL: "trainers"}
+    labels.update({k: v for k, v in ((ZONE_LABEL, zone), (RACK_LABEL, rack)) if v})
+    name = cluster.add_kubelet_node(state_dir, labels)
+    client.CoreV1Api(api).patch_node(name, {"spec": {"taints": [
+        {"key": POOL, "value": "trainers", "effect": "NoSchedule"}]}})
+    return name
+
+
+def free_nodes(core: client.CoreV1Api, used: set[str]) -> list[str]:
+    """Ready, schedulable nodes outside `used`."""
+    return [n.metadata.name for n in core.list_node().items
+            if n.metadata.name not in used and not n.spec.unschedulable
+            and any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])]
+
+
+def ensure_free_nodes(state_dir: Path, api: client.ApiClient, used: set[str], count: int
+                      ) -> list[str]:
+    """Spares added until `count` Ready nodes outside `used` (the nodes of a job's pods) wait
+    for its replacements (a lost node never comes back; a healed one is free again); the
+    names of those added."""
+    missing = count - len(free_nodes(client.CoreV1Api(api), used))
+    return [add_spare(state_dir, api) for _ in range(missing)]
 
 
 def as_templated(pod: Any, log: str) -> None:

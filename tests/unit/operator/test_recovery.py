@@ -111,6 +111,29 @@ def test_breakdown_turns_cumulative_marks_into_phase_seconds() -> None:
                                  "restarting": 0.5}
 
 
+def test_a_recovery_planned_again_reports_the_superseded_time_apart_from_its_phases() -> None:
+    from gemini_operator.decide import JobView
+    from gemini_operator.failures import FailureReason, RankFailure
+    from gemini_operator.recovery import RecoveryExecutor
+
+    # Rank 1 lost 4.6 s into a recovery that was replacing rank 0: the new plan keeps the
+    # epoch and start, its phases are timed afresh, and the 4.6 s are reported apart.
+    first = RecoveryRecord.from_dict(RECOVERY_DOC)
+    now = datetime.fromtimestamp(first.started_unix + 4.6, UTC)
+    written: list[dict[str, object]] = []
+    executor = RecoveryExecutor(None, CONFIG,  # type: ignore[arg-type]
+                                lambda job, patch: written.append(dict(patch)), lambda: now)
+    lost = RankFailure(2, FailureKind.HARDWARE, FailureReason.NODE_LOST, None, "node gone")
+    job = JobView("j", "ns", "uid", 1, {})
+    again = executor._begin(job, Recover(FailureKind.HARDWARE, (lost,), SPEC), 2, first)
+    assert (again.epoch, again.started_unix, again.lost_ranks) == (3, first.started_unix, (1, 2))
+    assert again.marks == {"superseded": 4.6} and written == [{"recovery": again.to_dict()}]
+    marks = {**again.marks, "planning": 5.0, "replacing": 8.0, "fetching": 8.25,
+             "restarting": 8.5}
+    assert breakdown(marks) == {"superseded": 4.6, "planning": 0.4, "replacing": 3.0,
+                                "fetching": 0.25, "restarting": 0.25}
+
+
 def test_in_memory_step_is_the_newest_version_complete_on_every_rank() -> None:
     def inv(*versions: tuple[int, bool]) -> dict[str, object]:
         return {"local": [{"rank": 0, "version": v, "complete": c} for v, c in versions]}
