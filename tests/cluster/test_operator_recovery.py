@@ -197,7 +197,9 @@ def test_a_lost_node_gets_one_replacement_pod_that_fetches_its_shard_from_peers(
     # Found by the operator from the pods' silence, before the node controller's NotReady
     # (its grace period here is 8 s; 40 s or more on stock settings): silence.py.
     assert f"node {lost} does not answer" in last["message"], last["message"]
-    assert last["breakdown"]["planning"] < 3.0, last["breakdown"]  # it did not wait for it
+    # It did not wait for it (a plan made again counts from the start, as before it).
+    before_the_plan = last["breakdown"]["planning"] + last["breakdown"].get("superseded", 0)
+    assert before_the_plan < 3.0, last["breakdown"]
     jobs.delete("hard")
 
 

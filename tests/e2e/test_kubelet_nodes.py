@@ -16,7 +16,10 @@ in the examples image (torch as the Dockerfile installs it): first through a han
 crash and a partition healed later; then a crash restored from local
 memory, then a node loss (kubelet, containerd and its containers killed) restored by a
 replacement fetching its shard from its peer; the survivor's losses equal an uninterrupted
-run's. The same job with one copy per shard and S3 persistence loses a node: every worker
+run's. Three workers with three copies per shard lose two nodes at once, then one node during
+the recovery of another: both times the last holder serves every shard. Four workers placed
+across two zones lose a whole zone and restore from the other. The same job with one
+copy per shard and S3 persistence loses a node: every worker
 restores the step committed to S3. Last, a soak of failures of every kind in a random order
 (tests/e2e/kubelet_soak.py), spare kubelet nodes added as it goes. `helm uninstall` removes the
 operator.
@@ -24,6 +27,7 @@ operator.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import random
@@ -55,9 +59,11 @@ from tests.e2e.kubelet_soak import (
 from tests.e2e.kubelet_training import (
     MODEL,
     TRAINING,
+    add_spare,
     as_templated,
     assert_losses,
     create_job,
+    ensure_free_nodes,
     finished,
     held_replicas,
     newest_step,
@@ -450,6 +456,145 @@ def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_los
     final = finished(custom, TRAINING)
     assert final["state"] == "Succeeded", final
     assert_losses(core, kept, reference)
+
+
+GROUP = "group"
+
+
+@contextlib.contextmanager
+def cordoned(core: client.CoreV1Api, *nodes: str) -> Iterator[None]:
+    """`nodes` take no new pods meanwhile (their running ones stay)."""
+    for node in nodes:
+        core.patch_node(node, {"spec": {"unschedulable": True}})
+    try:
+        yield
+    finally:
+        for node in nodes:
+            core.patch_node(node, {"spec": {"unschedulable": False}})
+
+
+def _recoveries_finished(core: client.CoreV1Api, job: str) -> int:
+    return sum(1 for e in core.list_namespaced_event("default").items
+               if e.involved_object.name == job and e.involved_object.kind == naming.KIND
+               and e.reason == "RecoveryFinished")
+
+
+def _lose_nodes_of(state_dir: Path, core: client.CoreV1Api, pods: list[str]) -> set[str]:
+    nodes = {core.read_namespaced_pod(p, "default").spec.node_name for p in pods}
+    for node in nodes:
+        faults.lose_node(state_dir, node)
+    return nodes
+
+
+def test_m_minus_one_nodes_lost_at_once_and_a_node_lost_during_a_recovery_restore_from_peers(
+        kubelet_cluster: dict[str, Any], installed_operator: str, training_nodes: None,
+        shared_references: SharedReferences) -> None:
+    """The fault matrix's multi-node losses on real kubelets: 3 workers, m = 3 (every node
+    holds every shard). Ranks 1 and 2's nodes lost at once (m - 1 of the group): one recovery,
+    both replacements fetch their shards from rank 0's sidecar, the last holder. Then rank 1's
+    node lost, and rank 2's while that recovery replaces or fetches: it joins that recovery,
+    again from rank 0. Each restore is followed by the restored step + 1 in every worker's
+    log, and rank 0's losses equal an uninterrupted 3-worker run's. (The operator's node takes
+    no worker meanwhile, so every worker's node can be lost.)"""
+    state_dir: Path = kubelet_cluster["state_dir"]
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    kept, others = f"{GROUP}-worker-0", [f"{GROUP}-worker-{r}" for r in (1, 2)]
+    with cordoned(core, installed_operator):
+        started = time.monotonic()
+        added = ensure_free_nodes(state_dir, api, set(), 3 + 2 + 2)  # workers, replacements
+        print(f"{len(added)} spare kubelet nodes Ready in {time.monotonic() - started:.1f} s")
+        reference = shared_references(3, MODEL, rank=0)  # before: it takes the CPUs
+        create_job(custom, training_job(GROUP, replicas=3, step_sleep=2.0, nodes=3))
+        wait_until(lambda: newest_step(core, kept) >= 3, 240, f"{kept} to train 3 steps",
+                   interval=0.5)
+        wait_until(lambda: held_replicas(core, GROUP, kept, 0) == {1, 2}, 60,
+                   f"{kept}'s sidecar to hold ranks 1 and 2's replicas")
+        kept_uid = core.read_namespaced_pod(kept, "default").metadata.uid
+
+        lost = _lose_nodes_of(state_dir, core, others)
+        first = wait_until(lambda: recovery_after(custom, 1, GROUP), 180,
+                           "the m-1 node losses recovered", interval=0.5)
+        assert first["cause"] == "hardware" and first["source"] == "Peers", first
+        # Rank 0's training process may fail too (its collective broke): it restarts in place.
+        assert {1, 2} <= set(first["failedRanks"]) and first["stepsLost"] <= 1, first
+        assert core.read_namespaced_pod(kept, "default").metadata.uid == kept_uid
+        assert not {core.read_namespaced_pod(p, "default").spec.node_name
+                    for p in others} & lost
+        for pod in (kept, *others):
+            wait_until(lambda p=pod: resumed_at(trainer_log(core, p), first["restoredStep"]),
+                       120, f"{pod} to step on from the restored step")
+
+        wait_until(lambda: held_replicas(core, GROUP, kept, first["restoredStep"]) == {1, 2},
+                   60, f"{kept}'s sidecar to hold the replacements' newer replicas")
+        _lose_nodes_of(state_dir, core, others[:1])
+        during = wait_until(lambda: (status_of(custom, GROUP).get("recovery") or {}).get(
+            "phase") in ("Replacing", "Fetching") and status_of(custom, GROUP)["recovery"],
+            120, "the recovery to replace or fetch", interval=0.1)
+        _lose_nodes_of(state_dir, core, others[1:])
+        second = wait_until(lambda: recovery_after(custom, first["epoch"], GROUP), 180,
+                            "the second node loss to join the recovery", interval=0.5)
+        assert second["cause"] == "hardware" and second["source"] == "Peers", second
+        assert {1, 2} <= set(second["failedRanks"]) and second["stepsLost"] <= 1, second
+        for pod in (kept, *others):
+            wait_until(lambda p=pod: resumed_at(trainer_log(core, p), second["restoredStep"]),
+                       120, f"{pod} to step on from the restored step")
+        print(f"on kubelet nodes: m-1 losses at once recovered in {first['durationSeconds']} s "
+              f"({first['breakdown']}); a loss during {during['phase']} joined a recovery of "
+              f"{second['durationSeconds']} s ({second['breakdown']})")
+        final = finished(custom, GROUP)
+        assert final["state"] == "Succeeded", final
+        assert _recoveries_finished(core, GROUP) == 2
+        assert_losses(core, kept, reference)
+
+
+ZONES = "zones"
+
+
+def test_losing_a_whole_zone_restores_every_rank_from_its_peer_in_the_other_zone(
+        kubelet_cluster: dict[str, Any], installed_operator: str, training_nodes: None,
+        shared_references: SharedReferences) -> None:
+    """4 workers, m = 2, on four new kubelet nodes in two zones (every other node cordoned):
+    the failure-aware placement gives each group one node in each zone. Both nodes of zone-c
+    are lost at once; each lost rank's replacement, on a spare added in zone-b, fetches its
+    shard from its group's peer there. Every worker resumes at the restored step + 1, and
+    rank 0's losses equal an uninterrupted 4-worker run's."""
+    state_dir: Path = kubelet_cluster["state_dir"]
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    reference = shared_references(4, MODEL, rank=0)  # before: it takes the CPUs
+    with cordoned(core, *(n.metadata.name for n in core.list_node().items)):
+        zone_of = {add_spare(state_dir, api, zone, f"rack-{zone}-{i}"): zone
+                   for zone in ("zone-b", "zone-c") for i in range(2)}
+        create_job(custom, training_job(ZONES, replicas=2, step_sleep=2.0, nodes=4))
+        placement = wait_until(lambda: status_of(custom, ZONES).get("placement"), 240,
+                               "the placement of the 4 workers", interval=0.5)
+        groups = [{zone_of[placement["nodes"][str(r)]] for r in g} for g in placement["groups"]]
+        assert groups == [{"zone-b", "zone-c"}] * 2, placement
+        spares = {add_spare(state_dir, api, "zone-b", "rack-spare") for _ in range(2)}
+        lost_ranks = {int(r) for r, n in placement["nodes"].items() if zone_of[n] == "zone-c"}
+        pods = [f"{ZONES}-worker-{r}" for r in range(4)]
+        wait_until(lambda: min(newest_step(core, p) for p in pods) >= 3, 240,
+                   "every worker to train 3 steps", interval=0.5)
+        for node, zone in zone_of.items():
+            if zone == "zone-c":
+                faults.lose_node(state_dir, node)
+        last = wait_until(lambda: recovery_after(custom, 1, ZONES), 180,
+                          "the zone loss recovered", interval=0.5)
+        assert last["cause"] == "hardware" and last["source"] == "Peers", last
+        # The survivors' training processes may fail too (their collectives broke).
+        assert lost_ranks <= set(last["failedRanks"]) and last["stepsLost"] <= 1, last
+        moved = {core.read_namespaced_pod(f"{ZONES}-worker-{r}", "default").spec.node_name
+                 for r in lost_ranks}
+        assert moved == spares, (moved, spares)
+        for pod in pods:
+            wait_until(lambda p=pod: resumed_at(trainer_log(core, p), last["restoredStep"]),
+                       120, f"{pod} to step on from the restored step")
+        print(f"on kubelet nodes: zone loss (ranks {sorted(lost_ranks)}) recovered in "
+              f"{last['durationSeconds']} s ({last['breakdown']})")
+        final = finished(custom, ZONES)
+        assert final["state"] == "Succeeded", final
+        assert_losses(core, f"{ZONES}-worker-0", reference)
 
 
 def test_a_job_that_loses_every_copy_of_a_shard_restores_from_s3_over_the_pod_network(
