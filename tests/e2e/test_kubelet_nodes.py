@@ -27,7 +27,6 @@ operator.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import random
@@ -79,6 +78,7 @@ from tests.e2e.kubelet_training import (
 )
 from tests.e2e.test_examples import MANIFESTS, REPO, TINY, with_options
 from tests.fixtures.helm import CHART, Helm
+from tests.fixtures.isolated_nodes import cordoned
 from tests.fixtures.kubelet_host import missing_tools
 from tests.fixtures.nodes import wait_until
 from tests.fixtures.s3 import create_credentials_secret, persistence_spec
@@ -461,16 +461,11 @@ def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_los
 GROUP = "group"
 
 
-@contextlib.contextmanager
-def cordoned(core: client.CoreV1Api, *nodes: str) -> Iterator[None]:
-    """`nodes` take no new pods meanwhile (their running ones stay)."""
-    for node in nodes:
-        core.patch_node(node, {"spec": {"unschedulable": True}})
-    try:
-        yield
-    finally:
-        for node in nodes:
-            core.patch_node(node, {"spec": {"unschedulable": False}})
+def _recovery_in(custom: client.CustomObjectsApi, job: str, phases: tuple[str, ...]
+                 ) -> dict[str, Any] | None:
+    """status.recovery while it is in one of `phases`, else None."""
+    recovery: dict[str, Any] = status_of(custom, job).get("recovery") or {}
+    return recovery if recovery.get("phase") in phases else None
 
 
 def _recoveries_finished(core: client.CoreV1Api, job: str) -> int:
@@ -500,7 +495,7 @@ def test_m_minus_one_nodes_lost_at_once_and_a_node_lost_during_a_recovery_restor
     api = kubelet_cluster["api"]
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     kept, others = f"{GROUP}-worker-0", [f"{GROUP}-worker-{r}" for r in (1, 2)]
-    with cordoned(core, installed_operator):
+    with cordoned(core, [installed_operator]):
         started = time.monotonic()
         added = ensure_free_nodes(state_dir, api, set(), 3 + 2 + 2)  # workers, replacements
         print(f"{len(added)} spare kubelet nodes Ready in {time.monotonic() - started:.1f} s")
@@ -528,9 +523,8 @@ def test_m_minus_one_nodes_lost_at_once_and_a_node_lost_during_a_recovery_restor
         wait_until(lambda: held_replicas(core, GROUP, kept, first["restoredStep"]) == {1, 2},
                    60, f"{kept}'s sidecar to hold the replacements' newer replicas")
         _lose_nodes_of(state_dir, core, others[:1])
-        during = wait_until(lambda: (status_of(custom, GROUP).get("recovery") or {}).get(
-            "phase") in ("Replacing", "Fetching") and status_of(custom, GROUP)["recovery"],
-            120, "the recovery to replace or fetch", interval=0.1)
+        during = wait_until(lambda: _recovery_in(custom, GROUP, ("Replacing", "Fetching")),
+                            120, "the recovery to replace or fetch", interval=0.1)
         _lose_nodes_of(state_dir, core, others[1:])
         second = wait_until(lambda: recovery_after(custom, first["epoch"], GROUP), 180,
                             "the second node loss to join the recovery", interval=0.5)
@@ -563,7 +557,7 @@ def test_losing_a_whole_zone_restores_every_rank_from_its_peer_in_the_other_zone
     api = kubelet_cluster["api"]
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     reference = shared_references(4, MODEL, rank=0)  # before: it takes the CPUs
-    with cordoned(core, *(n.metadata.name for n in core.list_node().items)):
+    with cordoned(core, [n.metadata.name for n in core.list_node().items]):
         zone_of = {add_spare(state_dir, api, zone, f"rack-{zone}-{i}"): zone
                    for zone in ("zone-b", "zone-c") for i in range(2)}
         create_job(custom, training_job(ZONES, replicas=2, step_sleep=2.0, nodes=4))
