@@ -70,13 +70,16 @@ def run(main: MainFunction) -> int:
     launcher sends after a failure. Returns the exit code for ``sys.exit``."""
     link = ProcessLink.connect()
     if link is None:
-        return _exit_code(main())
+        code = _exit_code(main())
+        let_go()
+        return code
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGUSR1, lambda _sig, _frame: _on_sigusr1(link))
     try:
         while True:
             failure = _attempt(main)
             if failure is None:
+                let_go()
                 return 0
             _say(f"training failed in epoch {os.environ.get('GEMINI_RESTART_EPOCH', '0')}; "
                  f"parked for an in-process restart: {failure.splitlines()[-1][:300]}")
@@ -133,16 +136,25 @@ def teardown() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
         _abort_groups(dist)
+    _reset_counters()
+    let_go()  # the next attempt's engine builds DeepSpeed's backend on the new group
+    hang_up_connections(keep_ports=_sidecar_ports())
+
+
+def let_go() -> None:
+    """After main() returned: drop what keeps process groups alive (DeepSpeed's globals,
+    reference cycles) while the interpreter is whole. A gloo group that lives into the
+    interpreter's finalization is destroyed there, its worker threads can no longer take the
+    GIL, and a finished training ends by SIGABRT ("terminate called without an active
+    exception", seen once in CI after the last step)."""
     comm: Any = sys.modules.get("deepspeed.comm.comm")
     if comm is not None:
-        comm.cdb = None  # init_distributed then builds a backend on the new group
+        comm.cdb = None
     for name in _GROUP_CACHES:
         module = sys.modules.get(name)
         if module is not None:
             _forget_groups(module)
-    _reset_counters()
     gc.collect()
-    hang_up_connections(keep_ports=_sidecar_ports())
 
 
 # Modules that keep process groups in globals (DeepSpeed's world, data- and model-parallel
