@@ -30,6 +30,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def sidecar_port(pod: Any) -> int:
+    """The port of a worker pod's sidecar API, as the operator rendered it."""
+    containers = [*(pod.spec.init_containers or []), *pod.spec.containers]
+    return next(int(p.container_port) for c in containers for p in c.ports or []
+                if p.name == "sidecar-api")
+
+
 class Jobs:
     def __init__(self, api: client.ApiClient, namespace: str) -> None:
         self.custom, self.core = client.CustomObjectsApi(api), client.CoreV1Api(api)

@@ -8,6 +8,7 @@ node agents' files (one per container restart), so every epoch's lines are seen.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -20,6 +21,8 @@ import pytest
 from kubernetes import client
 
 from gemini_local import faults
+from gemini_local.cluster import KUBELET_NODES
+from gemini_local.kubelet.node import POD_LOGS
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.fixtures.operator import OperatorThread
 from tests.fixtures.s3 import create_credentials_secret, persistence_spec
@@ -44,14 +47,17 @@ def training_job(name: str, workers: int) -> dict[str, Any]:
 
 
 def log_texts(state_dir: Path, namespace: str, pod: str) -> list[str]:
-    """Every trainer log of the pod (all its restarts, every pod of that name), oldest first.
-    A log can vanish while it is read: a healed node's agent deletes its replaced pod's files."""
+    """Every trainer log of the pod (all its restarts, every pod of that name, on node agents
+    and real kubelets), oldest first. A log can vanish while it is read: a healed node's agent
+    deletes its replaced pod's files."""
     dated = []
-    for path in _trainer_logs(state_dir, f"{namespace}_{pod}_"):
+    prefix = f"{namespace}_{pod}_"
+    for path in [*_trainer_logs(state_dir, prefix), *_kubelet_trainer_logs(state_dir, prefix)]:
         try:
-            dated.append((path.stat().st_mtime, path.read_text(errors="replace")))
+            mtime, text = path.stat().st_mtime, path.read_text(errors="replace")
         except FileNotFoundError:
             continue
+        dated.append((mtime, cri_text(text) if KUBELET_NODES in path.parts else text))
     return [text for _, text in sorted(dated, key=lambda item: item[0])]
 
 
@@ -67,6 +73,33 @@ def _trainer_logs(state_dir: Path, pod_prefix: str) -> Iterator[Path]:
             dirs[:] = [d for d in dirs if d.startswith(pod_prefix)]
         elif Path(root).name == "trainer":
             yield from (Path(root, f) for f in files if f.endswith(".log"))
+
+
+def _kubelet_trainer_logs(state_dir: Path, pod_prefix: str) -> Iterator[Path]:
+    """kubelet-nodes/*/kubelet/pod-logs/<pod_prefix>*/trainer/*.log: a lost node's stay."""
+    for node in (state_dir / KUBELET_NODES).glob("n*"):
+        logs = node / POD_LOGS
+        for pod in os.listdir(logs) if logs.is_dir() else ():
+            if pod.startswith(pod_prefix):
+                with contextlib.suppress(FileNotFoundError):
+                    yield from (logs / pod / "trainer" / f
+                                for f in os.listdir(logs / pod / "trainer") if f.endswith(".log"))
+
+
+def cri_text(text: str) -> str:
+    """What the container wrote, from a kubelet's log (CRI format: `<time> <stream> <F|P>
+    <text>` per line, P for a part of a longer line)."""
+    out, part = [], ""
+    whole = text.split("\n")[:-1]  # the last, unless empty, is still being written
+    for line in whole:
+        fields = line.split(" ", 3)
+        if len(fields) < 3 or fields[2] not in ("F", "P"):
+            continue  # a line being written
+        part += fields[3] if len(fields) > 3 else ""
+        if fields[2] == "F":
+            out.append(part)
+            part = ""
+    return "\n".join(out) + ("\n" if out else "")
 
 
 def losses(state_dir: Path, namespace: str, pod: str) -> tuple[dict[int, str], list[str]]:

@@ -7,6 +7,7 @@ import base64
 import json
 import re
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from kubernetes import client
 from gemini_local import cluster, images
 from gemini_local.cluster import RACK_LABEL, ZONE_LABEL, Topology
 from gemini_operator import naming
+from tests.cluster.test_operator import sidecar_port
 from tests.fixtures.nodes import wait_until
 from tests.fixtures.trainers import STEP_LINE
 
@@ -62,6 +64,7 @@ TRAINING, STEPS = "gpt", 12
 # examples/train_gpt_zero3.py as the examples image has it (the Dockerfile copies it there),
 # the fault matrix's model: one uninterrupted reference run per session serves both.
 MODEL = ["--engine", "deepspeed", "--steps", str(STEPS), "--layers", "1", "--d-model", "32"]
+IMAGE_EXAMPLE = "/app/examples/train_gpt_zero3.py"
 
 
 POOL = "gemini.io/pool"  # the label and taint of the nodes set aside for training
@@ -69,20 +72,25 @@ DATASET = "tokens 0-65535, shard 7"
 
 
 def training_job(name: str = TRAINING, replicas: int = 2, step_sleep: float = 1.0,
-                 model: list[str] = MODEL, nodes: int = 2) -> dict[str, Any]:
+                 model: list[str] = MODEL, nodes: int = 2, script: str = IMAGE_EXAMPLE,
+                 env: Mapping[str, str] | None = None,
+                 config_maps: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The job as a user on a GPU cluster writes it: tainted nodes picked by label, a dataset
-    volume, its own service account and priority class."""
-    train = " ".join(["exec python /app/examples/train_gpt_zero3.py", *model,
-                      f"--step-sleep {step_sleep}"])
+    volume, its own service account and priority class. `script` runs with `model`'s
+    arguments and `env`; `config_maps` mounts ConfigMaps (name -> folder) beside the dataset."""
+    train = " ".join([f"exec python {script}", *model, f"--step-sleep {step_sleep}"])
+    mounts = {"dataset": "/data", **(config_maps or {})}
     trainer = {"name": "trainer", "image": images.image_name("examples"),
                "command": ["sh", "-c", f'echo "dataset: $(cat /data/dataset.txt)" && {train}'],
-               "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-               "volumeMounts": [{"name": "dataset", "mountPath": "/data", "readOnly": True}]}
+               "env": [{"name": k, "value": v}
+                       for k, v in {"OMP_NUM_THREADS": "1", **(env or {})}.items()],
+               "volumeMounts": [{"name": n, "mountPath": at, "readOnly": True}
+                                for n, at in mounts.items()]}
     pod = {"nodeSelector": {POOL: "trainers"},
            "tolerations": [{"key": POOL, "operator": "Equal", "value": "trainers",
                             "effect": "NoSchedule"}],
            "serviceAccountName": "trainer", "priorityClassName": "training",
-           "volumes": [{"name": "dataset", "configMap": {"name": "dataset"}}],
+           "volumes": [{"name": n, "configMap": {"name": n}} for n in mounts],
            "containers": [trainer]}
     return {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
             "metadata": {"name": name, "namespace": "default"},
@@ -192,11 +200,8 @@ def held_replicas(core: client.CoreV1Api, job: str, pod: str, newer_than: int) -
     found = core.read_namespaced_pod(pod, "default")
     secret = core.read_namespaced_secret(naming.secret_name(job), "default")
     token = base64.b64decode(secret.data[naming.SECRET_TOKEN_KEY]).decode()
-    containers = [*(found.spec.init_containers or []), *found.spec.containers]
-    ports = [p.container_port for c in containers for p in c.ports or []
-             if p.name == "sidecar-api"]
-    request = urllib.request.Request(f"http://{found.status.pod_ip}:{ports[0]}/inventory",
-                                     headers={"Authorization": f"Bearer {token}"})
+    url = f"http://{found.status.pod_ip}:{sidecar_port(found)}/inventory"
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(request, timeout=2) as answer:
             inventory = json.loads(answer.read())

@@ -2,7 +2,8 @@
 TEST_SHARD_PADDING_BYTES extra bytes (random, fixed per rank) in its extra state (not GEMINI_:
 the operator refuses env names it sets itself).
 
-Run with the example's own arguments (`python tests/e2e/padded_trainer.py --steps 20 ...`).
+Run with the example's own arguments (`python tests/e2e/padded_trainer.py --steps 20 ...`);
+in a container, TEST_EXAMPLE_SCRIPT says where the example is (a ConfigMap's file).
 The padding makes replication cost what a test wants without more training traffic (a bigger
 model would add both), and changes no loss: it is drawn from a generator of its own, never
 from torch's, and training never reads it; losses equal the plain example's with the same
@@ -17,8 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_gpt_zero3.py"
 PADDING_ENV = "TEST_SHARD_PADDING_BYTES"
+EXAMPLE_ENV = "TEST_EXAMPLE_SCRIPT"  # where the example is, when not beside this checkout's
+EXAMPLE = Path(os.environ.get(EXAMPLE_ENV)
+               or Path(__file__).resolve().parents[2] / "examples" / "train_gpt_zero3.py")
 
 
 def main() -> None:

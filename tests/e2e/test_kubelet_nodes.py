@@ -18,7 +18,9 @@ memory, then a node loss (kubelet, containerd and its containers killed) restore
 replacement fetching its shard from its peer; the survivor's losses equal an uninterrupted
 run's. Three workers with three copies per shard lose two nodes at once, then one node during
 the recovery of another: both times the last holder serves every shard. Four workers placed
-across two zones lose a whole zone and restore from the other. The same job with one
+across two zones lose a whole zone and restore from the other. Four workers whose links are
+slowed until replication lags lose nodes at seeded moments, each restored from peer memory
+within the effective interval + 1 steps. The same job with one
 copy per shard and S3 persistence loses a node: every worker
 restores the step committed to S3. Last, a soak of failures of every kind in a random order
 (tests/e2e/kubelet_soak.py), spare kubelet nodes added as it goes. `helm uninstall` removes the
@@ -32,6 +34,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,6 +51,8 @@ from gemini_local import cluster, faults, images
 from gemini_local.controlplane import ControlPlane
 from gemini_local.s3 import S3Endpoint
 from gemini_operator import naming
+from tests.cluster.test_operator import Jobs
+from tests.e2e import test_lagging_replication as lag
 from tests.e2e.kubelet_soak import (
     FAILURES,
     SOAK_MODEL,
@@ -56,6 +61,7 @@ from tests.e2e.kubelet_soak import (
     reference_in_background,
 )
 from tests.e2e.kubelet_training import (
+    IMAGE_EXAMPLE,
     MODEL,
     TRAINING,
     add_spare,
@@ -76,6 +82,7 @@ from tests.e2e.kubelet_training import (
     training_job,
     workers,
 )
+from tests.e2e.padded_trainer import EXAMPLE_ENV
 from tests.e2e.test_examples import MANIFESTS, REPO, TINY, with_options
 from tests.fixtures.helm import CHART, Helm
 from tests.fixtures.isolated_nodes import cordoned
@@ -589,6 +596,60 @@ def test_losing_a_whole_zone_restores_every_rank_from_its_peer_in_the_other_zone
         final = finished(custom, ZONES)
         assert final["state"] == "Succeeded", final
         assert_losses(core, f"{ZONES}-worker-0", reference)
+
+
+LAGGING, LAG_LOSSES = "lagging", 3
+PADDED = "padded-trainer"  # the ConfigMap that carries tests/e2e/padded_trainer.py
+
+
+@pytest.mark.timeout(600 + 90 * LAG_LOSSES)
+def test_node_losses_while_replication_lags_over_slowed_kubelet_links_restore_from_peers(
+        kubelet_cluster: dict[str, Any], installed_operator: str, training_nodes: None,
+        shared_references: SharedReferences) -> None:
+    """tests/e2e/test_lagging_replication.py's case on real kubelets: 4 workers (m = 2) of the
+    padded trainer (from a ConfigMap, beside the examples image's example), each on a kubelet
+    node of its own whose bridge is slowed (nftables) so that one replication takes about 3
+    iterations. The trainers skip snapshots while one is on its way: the effective interval
+    grows and the recoverable version stays pinned. Then LAG_LOSSES node losses at seeded
+    moments: each restored from peers, at least the step that was recoverable before it,
+    losing at most the effective interval + 1 steps; every rank's log restored each planned
+    step and went on with the next; rank 0's losses equal an uninterrupted run's."""
+    state_dir: Path = kubelet_cluster["state_dir"]
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    reference = shared_references(lag.WORKERS, lag.MODEL, rank=0)  # before: it takes the CPUs
+    seed = lag.new_seed()
+    print(f"lagging on kubelet nodes: seed {seed} (replay: GEMINI_LAG_SEED={seed})")
+    core.create_namespaced_config_map("default", {
+        "metadata": {"name": PADDED},
+        "data": {"padded_trainer.py": lag.PADDED_TRAINER.read_text()}})
+    job = lag.LaggingJob(Jobs(api, "default"), state_dir, lambda: add_spare(state_dir, api),
+                         LAGGING, seed)
+    try:
+        with cordoned(core, [n.metadata.name for n in core.list_node().items]):
+            for _ in range(lag.WORKERS):
+                add_spare(state_dir, api)
+            body = training_job(LAGGING, replicas=lag.REPLICAS, step_sleep=lag.STEP_SLEEP,
+                                model=lag.MODEL, nodes=lag.WORKERS,
+                                script=f"/padding/{lag.PADDED_TRAINER.name}",
+                                env={lag.PADDING_ENV: str(lag.PADDING_BYTES),
+                                     EXAMPLE_ENV: IMAGE_EXAMPLE},
+                                config_maps={PADDED: "/padding"})
+            body["spec"]["failurePolicy"]["maxRestarts"] = LAG_LOSSES + 5
+            create_job(custom, body)
+            base = lag.start(job)
+            job.lose_nodes(LAG_LOSSES, base, bound=lambda interval: interval + 1)
+            intervals = [loss.interval for loss in job.done]
+            assert statistics.median(intervals) >= 2, job.say(
+                f"the effective interval at the losses: {intervals}")
+            job.finish(reference)
+    finally:
+        job.heal_links()
+        core.delete_namespaced_config_map(PADDED, "default")
+    print("\n".join(loss.line() for loss in job.done))
+    print(f"on kubelet nodes: {job.summary()}")
+    custom.delete_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                           naming.PLURAL, LAGGING)
 
 
 def test_a_job_that_loses_every_copy_of_a_shard_restores_from_s3_over_the_pod_network(

@@ -53,8 +53,7 @@ from kubernetes import client
 
 from gemini_local import faults
 from gemini_operator import naming
-from gemini_operator.render import RenderConfig
-from tests.cluster.test_operator import Jobs
+from tests.cluster.test_operator import Jobs, sidecar_port
 from tests.cluster.test_operator_recovery import ENV, log_texts, losses
 from tests.e2e.padded_trainer import PADDING_ENV
 from tests.fixtures.isolated_nodes import IsolatedNodes
@@ -81,7 +80,6 @@ LAG_ITERATIONS = 3.0  # one replication over the slow link, in iterations
 GAP_STEPS = (2, 8)  # a loss comes this many steps (uniform) after the last restored step
 MEASURE_STEPS = 5  # iterations timed before the link is slowed
 PADDED_TRAINER = Path(__file__).resolve().with_name("padded_trainer.py")
-PORTS = RenderConfig()
 
 
 @pytest.fixture(scope="module")
@@ -127,10 +125,12 @@ class LaggingJob:
     """The job, its nodes and links, and what the test saw of it (every status read records
     the effective interval and any status.lastRecovery, by epoch)."""
 
-    def __init__(self, jobs: Jobs, nodes: IsolatedNodes, name: str, seed: int) -> None:
-        self.jobs, self.nodes, self.name, self.seed = jobs, nodes, name, seed
+    def __init__(self, jobs: Jobs, state_dir: Path, new_node: Callable[[], str], name: str,
+                 seed: int) -> None:
+        """`new_node()` adds a node for the job (a node agent or a real kubelet); its name."""
+        self.jobs, self.state_dir, self.new_node = jobs, state_dir, new_node
+        self.name, self.seed = name, seed
         self.rng = random.Random(seed)
-        self.state_dir = Path(nodes.cluster.state_dir)
         self.rate: int | None = None  # bytes/s of every slow link while slowing
         self.slowed: list[str] = []
         self.intervals: list[tuple[float, int]] = []  # (monotonic, effectiveInterval)
@@ -219,7 +219,7 @@ class LaggingJob:
 
         def read(rank: int) -> dict[str, Any] | None:
             request = urllib.request.Request(
-                f"http://{pods[rank].status.pod_ip}:{PORTS.sidecar_api_port}/inventory",
+                f"http://{pods[rank].status.pod_ip}:{sidecar_port(pods[rank])}/inventory",
                 headers={"Authorization": f"Bearer {token}"})
             try:
                 with urllib.request.urlopen(request, timeout=5) as resp:
@@ -251,7 +251,7 @@ class LaggingJob:
 
     def add_node(self) -> str:
         """A fresh node, on a slow link while the test slows links."""
-        node = self.nodes.add()
+        node = self.new_node()
         if self.rate is not None:
             self.slow(node)
         return node
@@ -388,7 +388,7 @@ class LaggingJob:
                 f"{statistics.median(steady) if steady else '-'}")
 
 
-def _seed() -> int:
+def new_seed() -> int:
     return int(os.environ.get("GEMINI_LAG_SEED") or time.time_ns() % 1_000_000)
 
 
@@ -402,9 +402,10 @@ def lagging_job(isolated_nodes: IsolatedNodes, gemini_operator: OperatorThread,
     made: list[LaggingJob] = []
 
     def make(name: str, count: int) -> LaggingJob:
-        seed = _seed()
+        seed = new_seed()
         print(f"{name}: seed {seed}, {count} losses (replay: GEMINI_LAG_SEED={seed})")
-        job = LaggingJob(Jobs(kube_api, job_namespace), isolated_nodes, name, seed)
+        job = LaggingJob(Jobs(kube_api, job_namespace), Path(isolated_nodes.cluster.state_dir),
+                         isolated_nodes.add, name, seed)
         for _ in range(WORKERS):
             isolated_nodes.add()
         body = (make_job(name).with_nodes(WORKERS).with_replicas(REPLICAS)
@@ -423,7 +424,7 @@ def lagging_job(isolated_nodes: IsolatedNodes, gemini_operator: OperatorThread,
         job.jobs.delete(job.name)
 
 
-def _lagging(job: LaggingJob) -> int:
+def start(job: LaggingJob) -> int:
     """Slow the links and wait until the interval grew and a version is pinned; the step
     rank 0 has then trained."""
     job.wait(lambda: job.status().get("launch"), 180, "the operator to start training")
@@ -444,7 +445,7 @@ def test_node_losses_while_replication_lags_are_all_recovered_from_peer_memory(
     lagging_job: Any, reference: dict[int, str],
 ) -> None:
     job: LaggingJob = lagging_job("lag", LOSSES)
-    base = _lagging(job)
+    base = start(job)
     job.lose_nodes(LOSSES, base, bound=lambda interval: interval + 1)
     # The lag held through the losses (the replacements' nodes were slowed too).
     intervals = [loss.interval for loss in job.done]
@@ -459,7 +460,7 @@ def test_after_the_link_heals_the_interval_comes_back_to_one(
     lagging_job: Any, reference: dict[int, str],
 ) -> None:
     job: LaggingJob = lagging_job("heal", HEALED_LOSSES)
-    base = _lagging(job)
+    base = start(job)
     half = HEALED_LOSSES // 2
     base = job.lose_nodes(half, base, bound=lambda interval: interval + 1)
     job.heal_links()
