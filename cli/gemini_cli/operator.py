@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from typing import Any
 
 from gemini_cli import COMMANDS
+
+# The Helm chart sets it to the pod's name and uid: a container the kubelet restarts in the same
+# pod retakes its Lease at once instead of waiting for it to expire.
+IDENTITY_ENV = "GEMINI_OPERATOR_IDENTITY"
 
 
 def register(subparsers: Any) -> None:
@@ -33,6 +38,11 @@ def register(subparsers: Any) -> None:
     run_parser.add_argument("--lease-namespace", default=None,
                             help="namespace of the leader-election Lease (default: --namespace "
                             "or 'default')")
+    run_parser.add_argument("--identity", default=os.environ.get(IDENTITY_ENV, ""),
+                            help="this operator's name in the leader-election Lease; a "
+                            "process of the same identity retakes the Lease at once, so give "
+                            "each pod its own, e.g. its name and uid (default: "
+                            f"${IDENTITY_ENV}, else host name, pid and a random suffix)")
     run_parser.add_argument("--metrics-port", type=int, default=None,
                             help="serve Prometheus metrics on this port")
     run_parser.add_argument("--hint-port", type=int, default=None,
@@ -105,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
         namespace=args.namespace,
         sidecar_image=args.sidecar_image,
         lease_namespace=args.lease_namespace or args.namespace or "default",
+        identity=args.identity,
         metrics_port=args.metrics_port,
         render=RenderConfig(worker_priority_class=args.worker_priority_class,
                             spare_priority_class=args.spare_priority_class,

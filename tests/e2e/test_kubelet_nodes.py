@@ -549,6 +549,74 @@ def test_m_minus_one_nodes_lost_at_once_and_a_node_lost_during_a_recovery_restor
         assert_losses(core, kept, reference)
 
 
+TAKEOVER = "takeover"
+
+
+def _operator(core: client.CoreV1Api) -> tuple[Any, int]:
+    """The operator's pod and its container's restart count."""
+    (pod,) = core.list_namespaced_pod(SYSTEM).items
+    statuses = pod.status.container_statuses or []
+    return pod, int(next(s.restart_count for s in statuses if s.name == "operator"))
+
+
+def test_an_operator_killed_during_a_recovery_is_restarted_in_its_pod_and_finishes_it(
+        kubelet_cluster: dict[str, Any], installed_operator: str, training_nodes: None,
+        shared_references: SharedReferences) -> None:
+    """A worker's node lost, and while the recovery replaces or fetches, the operator's
+    container SIGKILLed (through containerd). The kubelet restarts it in the same pod, whose
+    identity (its name and uid, set by the chart) retakes the Lease at once, without a
+    transition, and the restarted operator finishes the recovery from status.recovery: from
+    peers, rank 0's pod kept, every worker resumed at the restored step + 1, rank 0's losses
+    equal an uninterrupted run's."""
+    state_dir: Path = kubelet_cluster["state_dir"]
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    leases = client.CoordinationV1Api(api)
+    kept, moved = f"{TAKEOVER}-worker-0", f"{TAKEOVER}-worker-1"
+    with cordoned(core, [installed_operator]):
+        ensure_free_nodes(state_dir, api, set(), 3)  # the workers and a replacement
+        reference = shared_references(2, MODEL, rank=0)  # before: it takes the CPUs
+        create_job(custom, training_job(TAKEOVER, replicas=2, step_sleep=1.0))
+        wait_until(lambda: newest_step(core, kept) >= 3, 240, f"{kept} to train 3 steps",
+                   interval=0.5)
+        wait_until(lambda: held_replicas(core, TAKEOVER, kept, 0) == {1}, 60,
+                   f"{kept}'s sidecar to hold rank 1's replica")
+        kept_uid = core.read_namespaced_pod(kept, "default").metadata.uid
+        operator, restarted = _operator(core)
+        lease = leases.read_namespaced_lease("gemini-operator", SYSTEM).spec
+        assert lease.holder_identity == f"{operator.metadata.name}_{operator.metadata.uid}"
+        lost = core.read_namespaced_pod(moved, "default").spec.node_name
+        faults.lose_node(state_dir, lost)
+        during = wait_until(lambda: _recovery_in(custom, TAKEOVER, ("Replacing", "Fetching")),
+                            120, "the recovery to replace or fetch", interval=0.1)
+        faults.kill_container(state_dir, SYSTEM, operator.metadata.name, "operator")
+        killed = time.monotonic()
+        last = wait_until(lambda: recovery_after(custom, 1, TAKEOVER), 180,
+                          "the restarted operator to finish the recovery", interval=0.5)
+        took = time.monotonic() - killed
+        assert last["cause"] == "hardware" and last["source"] == "Peers", last
+        assert 1 in last["failedRanks"] and last["stepsLost"] <= 1, last
+        again, restarts_now = _operator(core)
+        assert again.metadata.uid == operator.metadata.uid and restarts_now > restarted
+        after = leases.read_namespaced_lease("gemini-operator", SYSTEM).spec
+        assert after.holder_identity == lease.holder_identity, after
+        assert after.lease_transitions == lease.lease_transitions, (lease, after)
+        assert core.read_namespaced_pod(kept, "default").metadata.uid == kept_uid
+        assert core.read_namespaced_pod(moved, "default").spec.node_name != lost
+        for pod in (kept, moved):
+            wait_until(lambda p=pod: resumed_at(trainer_log(core, p), last["restoredStep"]),
+                       120, f"{pod} to step on from the restored step")
+        print(f"on kubelet nodes: the operator killed during {during['phase']}, restarted in "
+              f"its pod, finished the recovery {took:.1f} s after the kill (recovery "
+              f"{last['durationSeconds']} s: {last['breakdown']})")
+        final = finished(custom, TAKEOVER)
+        assert final["state"] == "Succeeded", final
+        assert_losses(core, kept, reference)
+    custom.delete_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                           naming.PLURAL, TAKEOVER)
+
+
+ZONES = "zones"
 ZONES = "zones"
 
 

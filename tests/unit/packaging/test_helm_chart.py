@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gemini_cli.operator import IDENTITY_ENV
 from gemini_operator import naming, render
 from gemini_operator.spec import parse_spec
 from tests.fixtures.helm import CHART, Helm, RenderError, by_kind, one
@@ -257,6 +258,18 @@ def test_job_tokens_come_from_a_kept_key_unless_read_back_is_chosen(helm: Helm):
     granted = {(g, res): set(r["verbs"]) for r in rbac_rules(legacy)
                for g in r["apiGroups"] for res in r["resources"]}
     assert granted[("", "secrets")] == {"create", "get"}
+
+
+def test_the_lease_holder_is_the_pod_so_a_restarted_container_leads_at_once(helm: Helm):
+    env = {e["name"]: e for e in container(helm.template())["env"]}
+    fields = {n: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+              for n, e in env.items()}
+    assert fields["GEMINI_POD_NAME"] == "metadata.name", env
+    assert fields["GEMINI_POD_UID"] == "metadata.uid", env
+    assert env[IDENTITY_ENV]["value"] == "$(GEMINI_POD_NAME)_$(GEMINI_POD_UID)", env
+    names = list(env)  # a $(VAR) reference resolves only to a variable defined before it
+    assert names.index(IDENTITY_ENV) > max(names.index("GEMINI_POD_NAME"),
+                                           names.index("GEMINI_POD_UID"))
 
 
 def test_watching_one_namespace_adds_only_listing_namespaces(helm: Helm):
