@@ -211,27 +211,32 @@ def _sidecar_pid(state: Path, namespace: str, pod: str) -> int:
     return int(pid_file.read_text().split()[0])
 
 
-def _inventory(ip: str, token: str) -> dict[str, Any]:
+def sidecar_inventory(ip: str, token: str) -> dict[str, Any]:
     url = f"http://{ip}:{RenderConfig().sidecar_api_port}/inventory"
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     with urllib.request.urlopen(req, timeout=5) as resp:
         return dict(json.loads(resp.read()))
 
 
-def _sending_to(doc: dict[str, Any], rank: int) -> int:
+def sending_to(doc: dict[str, Any], rank: int) -> int:
     """The version the sidecar of `doc` is sending to `rank` now (-1: none)."""
     peer = doc["sending"]["peers"].get(str(rank)) or {}
     return int(peer.get("sending_version", -1))
 
 
-def _stuck_sending(ip: str, token: str, rank: int) -> int | None:
+def stuck_sending(ip: str, token: str, rank: int) -> int | None:
     """The version the sidecar at `ip` has been sending to `rank` for half a second (a send
     normally takes milliseconds), or None."""
-    first = _sending_to(_inventory(ip, token), rank)
+    first = sending_to(sidecar_inventory(ip, token), rank)
     if first < 0:
         return None
     time.sleep(0.5)
-    return first if _sending_to(_inventory(ip, token), rank) == first else None
+    return first if sending_to(sidecar_inventory(ip, token), rank) == first else None
+
+
+def begun(doc: dict[str, Any], rank: int, version: int) -> list[dict[str, Any]]:
+    """The replicas of `rank`'s `version` the sidecar of `doc` has taken in (complete or not)."""
+    return [r for r in doc["replicas"] if r["rank"] == rank and r["version"] == version]
 
 
 def test_a_node_lost_while_sending_its_replica_is_recovered_from_the_last_complete_one(
@@ -260,13 +265,13 @@ def test_a_node_lost_while_sending_its_replica_is_recovered_from_the_last_comple
     before = jobs.get("midrep")["status"]
     os.killpg(frozen, signal.SIGSTOP)
     try:
-        in_flight = wait_for(lambda: _stuck_sending(sender.status.pod_ip, token, 0), 60,
+        in_flight = wait_for(lambda: stuck_sending(sender.status.pod_ip, token, 0), 60,
                              "rank 1 to be stuck sending a version to rank 0")
         faults.lose_node(state, sender.spec.node_name)
     finally:
         os.killpg(frozen, signal.SIGCONT)
-    half = wait_for(lambda: [r for r in _inventory(receiver.status.pod_ip, token)["replicas"]
-                             if r["rank"] == 1 and r["version"] == in_flight], 30,
+    half = wait_for(lambda: begun(sidecar_inventory(receiver.status.pod_ip, token), 1, in_flight),
+                    30,
                     f"rank 0's sidecar to take in the begun version {in_flight}")
     print(f"rank 1's version {in_flight} on rank 0 when rank 1's node went: {half}")
     assert not half[0]["complete"] and half[0]["received_bytes"] < half[0]["bytes"], half

@@ -17,7 +17,9 @@ crash and a partition healed later; then a crash restored from local
 memory, then a node loss (kubelet, containerd and its containers killed) restored by a
 replacement fetching its shard from its peer; the survivor's losses equal an uninterrupted
 run's. Three workers with three copies per shard lose two nodes at once, then one node during
-the recovery of another: both times the last holder serves every shard. Four workers placed
+the recovery of another: both times the last holder serves every shard. The operator's
+container killed during a recovery is restarted in its pod and finishes it; a node lost while
+its sidecar sends a replica is restored from the last complete one. Four workers placed
 across two zones lose a whole zone and restore from the other. Four workers whose links are
 slowed until replication lags lose nodes at seeded moments, each restored from peer memory
 within the effective interval + 1 steps. The same job with one
@@ -29,6 +31,7 @@ operator.
 
 from __future__ import annotations
 
+import base64
 import copy
 import os
 import random
@@ -84,6 +87,7 @@ from tests.e2e.kubelet_training import (
 )
 from tests.e2e.padded_trainer import EXAMPLE_ENV
 from tests.e2e.test_examples import MANIFESTS, REPO, TINY, with_options
+from tests.e2e.test_fault_matrix_b import begun, sidecar_inventory, stuck_sending
 from tests.fixtures.helm import CHART, Helm
 from tests.fixtures.isolated_nodes import cordoned
 from tests.fixtures.kubelet_host import missing_tools
@@ -614,6 +618,62 @@ def test_an_operator_killed_during_a_recovery_is_restarted_in_its_pod_and_finish
         assert_losses(core, kept, reference)
     custom.delete_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
                                            naming.PLURAL, TAKEOVER)
+
+
+MIDREP = "midrep"
+
+
+def test_a_node_lost_while_sending_its_replica_restores_the_last_complete_one(
+        kubelet_cluster: dict[str, Any], installed_operator: str, training_nodes: None,
+        shared_references: SharedReferences) -> None:
+    """Rank 0's sidecar container frozen (SIGSTOP to all its processes, through containerd), so
+    the version rank 1 sends next stays in flight; rank 1's node lost in the middle of it, then
+    the sidecar thawed: it holds that version begun, not complete, and the recovery restores
+    an older, complete one from it. Both workers resume at the restored step + 1 and rank 0's
+    losses equal an uninterrupted run's."""
+    state_dir: Path = kubelet_cluster["state_dir"]
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    receiver, sender = f"{MIDREP}-worker-0", f"{MIDREP}-worker-1"
+    with cordoned(core, [installed_operator]):
+        ensure_free_nodes(state_dir, api, set(), 3)  # the workers and a replacement
+        reference = shared_references(2, MODEL, rank=0)  # before: it takes the CPUs
+        create_job(custom, training_job(MIDREP, replicas=2, step_sleep=1.0))
+        wait_until(lambda: newest_step(core, receiver) >= 3, 240, f"{receiver} to train 3 steps",
+                   interval=0.5)
+        wait_until(lambda: held_replicas(core, MIDREP, receiver, 0) == {1}, 60,
+                   f"{receiver}'s sidecar to hold rank 1's replica")
+        secret = core.read_namespaced_secret(naming.secret_name(MIDREP), "default")
+        token = base64.b64decode(secret.data[naming.SECRET_TOKEN_KEY]).decode()
+        into, out_of = (core.read_namespaced_pod(p, "default") for p in (receiver, sender))
+        faults.kill_container(state_dir, "default", receiver, naming.SIDECAR_CONTAINER,
+                              signal.SIGSTOP)
+        try:
+            in_flight = wait_until(lambda: stuck_sending(out_of.status.pod_ip, token, 0), 60,
+                                   "rank 1 to be stuck sending a version to rank 0")
+            faults.lose_node(state_dir, out_of.spec.node_name)
+        finally:
+            faults.kill_container(state_dir, "default", receiver, naming.SIDECAR_CONTAINER,
+                                  signal.SIGCONT)
+        half = wait_until(lambda: begun(sidecar_inventory(into.status.pod_ip, token), 1,
+                                        in_flight), 30,
+                          f"rank 0's sidecar to take in the begun version {in_flight}")
+        assert not half[0]["complete"] and half[0]["received_bytes"] < half[0]["bytes"], half
+        last = wait_until(lambda: recovery_after(custom, 1, MIDREP), 180,
+                          "the recovery from the node lost mid-send", interval=0.5)
+        assert last["cause"] == "hardware" and last["source"] == "Peers", last
+        assert last["restoredStep"] < in_flight and last["stepsLost"] <= 1, last
+        for pod in (receiver, sender):
+            wait_until(lambda p=pod: resumed_at(trainer_log(core, p), last["restoredStep"]),
+                       120, f"{pod} to step on from the restored step")
+        print(f"on kubelet nodes: rank 1's node lost while sending version {in_flight} "
+              f"({half[0]['received_bytes']} of {half[0]['bytes']} bytes in): restored "
+              f"{last['restoredStep']} in {last['durationSeconds']} s ({last['breakdown']})")
+        final = finished(custom, MIDREP)
+        assert final["state"] == "Succeeded", final
+        assert_losses(core, receiver, reference)
+    custom.delete_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                           naming.PLURAL, MIDREP)
 
 
 ZONES = "zones"
