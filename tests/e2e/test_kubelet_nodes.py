@@ -32,6 +32,7 @@ operator.
 from __future__ import annotations
 
 import base64
+import contextlib
 import copy
 import os
 import random
@@ -751,12 +752,17 @@ def test_node_losses_while_replication_lags_over_slowed_kubelet_links_restore_fr
     core.create_namespaced_config_map("default", {
         "metadata": {"name": PADDED},
         "data": {"padded_trainer.py": lag.PADDED_TRAINER.read_text()}})
-    job = lag.LaggingJob(Jobs(api, "default"), state_dir, lambda: add_spare(state_dir, api),
-                         LAGGING, seed)
+    added: list[str] = []
+
+    def spare() -> str:
+        added.append(add_spare(state_dir, api))
+        return added[-1]
+
+    job = lag.LaggingJob(Jobs(api, "default"), state_dir, spare, LAGGING, seed)
     try:
         with cordoned(core, [n.metadata.name for n in core.list_node().items]):
             for _ in range(lag.WORKERS):
-                add_spare(state_dir, api)
+                spare()
             body = training_job(LAGGING, replicas=lag.REPLICAS, step_sleep=lag.STEP_SLEEP,
                                 model=lag.MODEL, nodes=lag.WORKERS,
                                 script=f"/padding/{lag.PADDED_TRAINER.name}",
@@ -778,6 +784,12 @@ def test_node_losses_while_replication_lags_over_slowed_kubelet_links_restore_fr
     print(f"on kubelet nodes: {job.summary()}")
     custom.delete_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
                                            naming.PLURAL, LAGGING)
+    wait_until(lambda: not core.list_namespaced_pod(
+        "default", label_selector=f"{naming.LABEL_JOB}={LAGGING}").items, 120,
+        "the lagging job's pods to be gone")
+    for node in added:  # seven kubelets fewer to run beside the tests after this one
+        with contextlib.suppress(faults.FaultError):
+            faults.lose_node(state_dir, node)
 
 
 def test_a_job_that_loses_every_copy_of_a_shard_restores_from_s3_over_the_pod_network(

@@ -60,7 +60,9 @@ from gemini_local.kubelet.oci import write_image
 PAUSE_IMAGE = "gemini.local/pause:1"
 PAUSE_BUILD_SCRIPT = REPO_ROOT / "hack" / "build-pause.sh"
 BRIDGE_PREFIX = "gmkubelet"
-MAX_NODES = 16
+# Spares added as nodes are lost take new indices: a long test run uses dozens. The group
+# ids stay below the node agents' of cluster 51 (gemini_local.nodeagent.addressing).
+MAX_NODES = 64
 POD_NETWORK = "10.250.0.0/16"  # node i's pods: 10.250.<50+i>.0/24
 CNI_BIN_DIR = Path("/usr/lib/cni")
 CLAIM = Path("/run/gemini-kubelet-nodes")  # the record folder of this machine's kubelet nodes
