@@ -7,7 +7,7 @@ import base64
 import json
 import re
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +55,21 @@ def rank_of(pod: str) -> int:
     return int(pod.rsplit("-", 1)[1])
 
 
-def restarts(core: client.CoreV1Api, pod: str) -> int:
-    statuses = core.read_namespaced_pod(pod, "default").status.container_statuses or []
-    return int(next(s.restart_count for s in statuses if s.name == "trainer"))
+def delete_job(custom: client.CustomObjectsApi, name: str) -> None:
+    custom.delete_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
+                                           naming.PLURAL, name)
+
+
+def restarts(core: client.CoreV1Api, pod: str, container: str = "trainer",
+             namespace: str = "default") -> int:
+    statuses = core.read_namespaced_pod(pod, namespace).status.container_statuses or []
+    return int(next(s.restart_count for s in statuses if s.name == container))
+
+
+def job_token(core: client.CoreV1Api, job: str) -> str:
+    """The job's peer-auth token (its Secret), what the sidecars' API asks for."""
+    secret = core.read_namespaced_secret(naming.secret_name(job), "default")
+    return base64.b64decode(secret.data[naming.SECRET_TOKEN_KEY]).decode()
 
 
 TRAINING, STEPS = "gpt", 12
@@ -182,6 +194,22 @@ def workers(core: client.CoreV1Api, job: str, operator_node: str
     return pods, lost, kept
 
 
+def all_resumed_at(core: client.CoreV1Api, pods: Iterable[str], restored: int,
+                   timeout: float = 120) -> None:
+    """Wait until every pod's trainer went on from the restored step (`resumed_at`)."""
+    for pod in pods:
+        wait_until(lambda p=pod: resumed_at(trainer_log(core, p), restored), timeout,
+                   f"{pod} to step on from the restored step")
+
+
+def succeeds_as_uninterrupted(custom: client.CustomObjectsApi, core: client.CoreV1Api,
+                              name: str, pod: str, reference: dict[int, str]) -> None:
+    """The job ends Succeeded and `pod` printed an uninterrupted run's losses."""
+    final = finished(custom, name)
+    assert final["state"] == "Succeeded", final
+    assert_losses(core, pod, reference)
+
+
 def newest_step(core: client.CoreV1Api, pod: str) -> int:
     return max((s for s, _ in steps(trainer_log(core, pod))), default=0)
 
@@ -198,9 +226,8 @@ def held_replicas(core: client.CoreV1Api, job: str, pod: str, newer_than: int) -
     (its /inventory over the pod network, with the job's token); empty while it does not
     answer."""
     found = core.read_namespaced_pod(pod, "default")
-    secret = core.read_namespaced_secret(naming.secret_name(job), "default")
-    token = base64.b64decode(secret.data[naming.SECRET_TOKEN_KEY]).decode()
     url = f"http://{found.status.pod_ip}:{sidecar_port(found)}/inventory"
+    token = job_token(core, job)
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(request, timeout=2) as answer:

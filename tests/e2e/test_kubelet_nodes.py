@@ -31,7 +31,6 @@ operator.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import copy
 import os
@@ -69,12 +68,15 @@ from tests.e2e.kubelet_training import (
     MODEL,
     TRAINING,
     add_spare,
+    all_resumed_at,
     as_templated,
     assert_losses,
     create_job,
+    delete_job,
     ensure_free_nodes,
     finished,
     held_replicas,
+    job_token,
     newest_step,
     rank_of,
     recovery_after,
@@ -82,6 +84,7 @@ from tests.e2e.kubelet_training import (
     resumed_at,
     set_aside_for_training,
     status_of,
+    succeeds_as_uninterrupted,
     trainer_log,
     training_job,
     workers,
@@ -333,8 +336,7 @@ def test_the_fsdp_example_as_shipped_recovers_a_crash_in_its_image(
         assert_losses(core, f"{name}-worker-0", reference.wait(timeout=300))
     finally:
         reference.stop()
-    custom.delete_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
-                                           naming.PLURAL, name)
+    delete_job(custom, name)
 
 
 @pytest.fixture(scope="module")
@@ -402,18 +404,14 @@ def test_deepspeed_training_on_kubelet_nodes_rides_out_a_hang_a_sidecar_crash_an
         faults.heal_node(state_dir, node)
     assert cut_off["cause"] == "hardware" and cut_off["source"] == "Peers", cut_off
     assert core.read_namespaced_pod(cut, "default").spec.node_name != node
-    for pod in (kept, cut):
-        wait_until(lambda p=pod: resumed_at(trainer_log(core, p), cut_off["restoredStep"]), 120,
-                   f"{pod} to step on from the restored step")
+    all_resumed_at(core, (kept, cut), cut_off["restoredStep"])
     wait_until(lambda: not faults.container_pids(state_dir, "default", cut, "trainer", node),
                90, f"the healed node {node} to end the old pod's containers", interval=1)
     print(f"on kubelet nodes: hang recovered in {hang['durationSeconds']} s "
           f"({hang['breakdown']}), the sidecar "
           f"crash without a recovery, the partition in {cut_off['durationSeconds']} s "
           f"({cut_off['breakdown']})")
-    final = finished(custom, FAULTS)
-    assert final["state"] == "Succeeded", final
-    assert_losses(core, kept, reference)
+    succeeds_as_uninterrupted(custom, core, FAULTS, kept, reference)
 
 
 def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_loss(
@@ -465,9 +463,7 @@ def test_deepspeed_training_in_the_trainer_image_survives_a_crash_and_a_node_los
           f"{crash['restoredStep']}), node loss in {loss['durationSeconds']} s (step "
           f"{loss['restoredStep']}, {loss['breakdown']})")
 
-    final = finished(custom, TRAINING)
-    assert final["state"] == "Succeeded", final
-    assert_losses(core, kept, reference)
+    succeeds_as_uninterrupted(custom, core, TRAINING, kept, reference)
 
 
 GROUP = "group"
@@ -528,9 +524,7 @@ def test_m_minus_one_nodes_lost_at_once_and_a_node_lost_during_a_recovery_restor
         assert core.read_namespaced_pod(kept, "default").metadata.uid == kept_uid
         assert not {core.read_namespaced_pod(p, "default").spec.node_name
                     for p in others} & lost
-        for pod in (kept, *others):
-            wait_until(lambda p=pod: resumed_at(trainer_log(core, p), first["restoredStep"]),
-                       120, f"{pod} to step on from the restored step")
+        all_resumed_at(core, (kept, *others), first["restoredStep"])
 
         wait_until(lambda: held_replicas(core, GROUP, kept, first["restoredStep"]) == {1, 2},
                    60, f"{kept}'s sidecar to hold the replacements' newer replicas")
@@ -542,9 +536,7 @@ def test_m_minus_one_nodes_lost_at_once_and_a_node_lost_during_a_recovery_restor
                             "the second node loss to join the recovery", interval=0.5)
         assert second["cause"] == "hardware" and second["source"] == "Peers", second
         assert {1, 2} <= set(second["failedRanks"]) and second["stepsLost"] <= 1, second
-        for pod in (kept, *others):
-            wait_until(lambda p=pod: resumed_at(trainer_log(core, p), second["restoredStep"]),
-                       120, f"{pod} to step on from the restored step")
+        all_resumed_at(core, (kept, *others), second["restoredStep"])
         print(f"on kubelet nodes: m-1 losses at once recovered in {first['durationSeconds']} s "
               f"({first['breakdown']}); a loss during {during['phase']} joined a recovery of "
               f"{second['durationSeconds']} s ({second['breakdown']})")
@@ -557,11 +549,29 @@ def test_m_minus_one_nodes_lost_at_once_and_a_node_lost_during_a_recovery_restor
 TAKEOVER = "takeover"
 
 
+def _two_workers_replicating(kubelet_cluster: dict[str, Any], job: str,
+                             shared_references: SharedReferences) -> dict[int, str]:
+    """Start `job` (2 workers, m = 2) on free nodes, one more kept free for a replacement;
+    return once rank 0 trained 3 steps and its sidecar holds rank 1's replica. Rank 0's
+    losses of an uninterrupted run."""
+    state_dir: Path = kubelet_cluster["state_dir"]
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    ensure_free_nodes(state_dir, api, set(), 3)
+    reference = shared_references(2, MODEL, rank=0)  # before: it takes the CPUs
+    create_job(custom, training_job(job, replicas=2, step_sleep=1.0))
+    rank0 = f"{job}-worker-0"
+    wait_until(lambda: newest_step(core, rank0) >= 3, 240, f"{rank0} to train 3 steps",
+               interval=0.5)
+    wait_until(lambda: held_replicas(core, job, rank0, 0) == {1}, 60,
+               f"{rank0}'s sidecar to hold rank 1's replica")
+    return reference
+
+
 def _operator(core: client.CoreV1Api) -> tuple[Any, int]:
     """The operator's pod and its container's restart count."""
     (pod,) = core.list_namespaced_pod(SYSTEM).items
-    statuses = pod.status.container_statuses or []
-    return pod, int(next(s.restart_count for s in statuses if s.name == "operator"))
+    return pod, restarts(core, pod.metadata.name, "operator", SYSTEM)
 
 
 def test_an_operator_killed_during_a_recovery_is_restarted_in_its_pod_and_finishes_it(
@@ -579,13 +589,7 @@ def test_an_operator_killed_during_a_recovery_is_restarted_in_its_pod_and_finish
     leases = client.CoordinationV1Api(api)
     kept, moved = f"{TAKEOVER}-worker-0", f"{TAKEOVER}-worker-1"
     with cordoned(core, [installed_operator]):
-        ensure_free_nodes(state_dir, api, set(), 3)  # the workers and a replacement
-        reference = shared_references(2, MODEL, rank=0)  # before: it takes the CPUs
-        create_job(custom, training_job(TAKEOVER, replicas=2, step_sleep=1.0))
-        wait_until(lambda: newest_step(core, kept) >= 3, 240, f"{kept} to train 3 steps",
-                   interval=0.5)
-        wait_until(lambda: held_replicas(core, TAKEOVER, kept, 0) == {1}, 60,
-                   f"{kept}'s sidecar to hold rank 1's replica")
+        reference = _two_workers_replicating(kubelet_cluster, TAKEOVER, shared_references)
         kept_uid = core.read_namespaced_pod(kept, "default").metadata.uid
         operator, restarted = _operator(core)
         lease = leases.read_namespaced_lease("gemini-operator", SYSTEM).spec
@@ -608,17 +612,12 @@ def test_an_operator_killed_during_a_recovery_is_restarted_in_its_pod_and_finish
         assert after.lease_transitions == lease.lease_transitions, (lease, after)
         assert core.read_namespaced_pod(kept, "default").metadata.uid == kept_uid
         assert core.read_namespaced_pod(moved, "default").spec.node_name != lost
-        for pod in (kept, moved):
-            wait_until(lambda p=pod: resumed_at(trainer_log(core, p), last["restoredStep"]),
-                       120, f"{pod} to step on from the restored step")
+        all_resumed_at(core, (kept, moved), last["restoredStep"])
         print(f"on kubelet nodes: the operator killed during {during['phase']}, restarted in "
               f"its pod, finished the recovery {took:.1f} s after the kill (recovery "
               f"{last['durationSeconds']} s: {last['breakdown']})")
-        final = finished(custom, TAKEOVER)
-        assert final["state"] == "Succeeded", final
-        assert_losses(core, kept, reference)
-    custom.delete_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
-                                           naming.PLURAL, TAKEOVER)
+        succeeds_as_uninterrupted(custom, core, TAKEOVER, kept, reference)
+    delete_job(custom, TAKEOVER)
 
 
 MIDREP = "midrep"
@@ -637,15 +636,8 @@ def test_a_node_lost_while_sending_its_replica_restores_the_last_complete_one(
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
     receiver, sender = f"{MIDREP}-worker-0", f"{MIDREP}-worker-1"
     with cordoned(core, [installed_operator]):
-        ensure_free_nodes(state_dir, api, set(), 3)  # the workers and a replacement
-        reference = shared_references(2, MODEL, rank=0)  # before: it takes the CPUs
-        create_job(custom, training_job(MIDREP, replicas=2, step_sleep=1.0))
-        wait_until(lambda: newest_step(core, receiver) >= 3, 240, f"{receiver} to train 3 steps",
-                   interval=0.5)
-        wait_until(lambda: held_replicas(core, MIDREP, receiver, 0) == {1}, 60,
-                   f"{receiver}'s sidecar to hold rank 1's replica")
-        secret = core.read_namespaced_secret(naming.secret_name(MIDREP), "default")
-        token = base64.b64decode(secret.data[naming.SECRET_TOKEN_KEY]).decode()
+        reference = _two_workers_replicating(kubelet_cluster, MIDREP, shared_references)
+        token = job_token(core, MIDREP)
         into, out_of = (core.read_namespaced_pod(p, "default") for p in (receiver, sender))
         faults.kill_container(state_dir, "default", receiver, naming.SIDECAR_CONTAINER,
                               signal.SIGSTOP)
@@ -664,17 +656,12 @@ def test_a_node_lost_while_sending_its_replica_restores_the_last_complete_one(
                           "the recovery from the node lost mid-send", interval=0.5)
         assert last["cause"] == "hardware" and last["source"] == "Peers", last
         assert last["restoredStep"] < in_flight and last["stepsLost"] <= 1, last
-        for pod in (receiver, sender):
-            wait_until(lambda p=pod: resumed_at(trainer_log(core, p), last["restoredStep"]),
-                       120, f"{pod} to step on from the restored step")
+        all_resumed_at(core, (receiver, sender), last["restoredStep"])
         print(f"on kubelet nodes: rank 1's node lost while sending version {in_flight} "
               f"({half[0]['received_bytes']} of {half[0]['bytes']} bytes in): restored "
               f"{last['restoredStep']} in {last['durationSeconds']} s ({last['breakdown']})")
-        final = finished(custom, MIDREP)
-        assert final["state"] == "Succeeded", final
-        assert_losses(core, receiver, reference)
-    custom.delete_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
-                                           naming.PLURAL, MIDREP)
+        succeeds_as_uninterrupted(custom, core, MIDREP, receiver, reference)
+    delete_job(custom, MIDREP)
 
 
 ZONES = "zones"
@@ -717,14 +704,10 @@ def test_losing_a_whole_zone_restores_every_rank_from_its_peer_in_the_other_zone
         moved = {core.read_namespaced_pod(f"{ZONES}-worker-{r}", "default").spec.node_name
                  for r in lost_ranks}
         assert moved == spares, (moved, spares)
-        for pod in pods:
-            wait_until(lambda p=pod: resumed_at(trainer_log(core, p), last["restoredStep"]),
-                       120, f"{pod} to step on from the restored step")
+        all_resumed_at(core, pods, last["restoredStep"])
         print(f"on kubelet nodes: zone loss (ranks {sorted(lost_ranks)}) recovered in "
               f"{last['durationSeconds']} s ({last['breakdown']})")
-        final = finished(custom, ZONES)
-        assert final["state"] == "Succeeded", final
-        assert_losses(core, f"{ZONES}-worker-0", reference)
+        succeeds_as_uninterrupted(custom, core, ZONES, f"{ZONES}-worker-0", reference)
 
 
 LAGGING, LAG_LOSSES = "lagging", 3
@@ -782,8 +765,7 @@ def test_node_losses_while_replication_lags_over_slowed_kubelet_links_restore_fr
         core.delete_namespaced_config_map(PADDED, "default")
     print("\n".join(loss.line() for loss in job.done))
     print(f"on kubelet nodes: {job.summary()}")
-    custom.delete_namespaced_custom_object(naming.GROUP, naming.VERSION, "default",
-                                           naming.PLURAL, LAGGING)
+    delete_job(custom, LAGGING)
     wait_until(lambda: not core.list_namespaced_pod(
         "default", label_selector=f"{naming.LABEL_JOB}={LAGGING}").items, 120,
         "the lagging job's pods to be gone")
