@@ -75,20 +75,23 @@ def _wait_finished(jobs: Jobs, name: str, state: Path, timeout: float = 400) -> 
         raise AssertionError(f"{err}; status: {status}\n" + "\n".join(tails)) from None
 
 
-def _checkpoint(jobs: Jobs, name: str) -> dict[str, Any]:
+def checkpoint(jobs: Jobs, name: str) -> dict[str, Any]:
+    """The job's status.checkpoint (empty before the first report)."""
     return dict(((jobs.get(name) or {}).get("status") or {}).get("checkpoint") or {})
 
 
-def _request_persist(jobs: Jobs, name: str, value: str) -> None:
+def request_persist(jobs: Jobs, name: str, value: str) -> None:
+    """Ask for a persist now, as a user does: a new value of the annotation."""
     body = {"metadata": {"annotations": {"gemini.io/persist-requested": value}}}
     jobs.custom.patch_namespaced_custom_object(naming.GROUP, naming.VERSION, jobs.ns,
                                                naming.PLURAL, name, body)
 
 
-def _persisted_after(checkpoint: dict[str, Any], first: int) -> int | None:
-    """The persisted step once it is newer than `first` and no error is left, else None."""
-    step = checkpoint.get("persistedStep")
-    if step is None or step <= first or "persistError" in checkpoint:
+def persisted_after(status: dict[str, Any], first: int) -> int | None:
+    """The persisted step of a job's status.checkpoint once it is newer than `first` and no
+    error is left, else None."""
+    step = status.get("persistedStep")
+    if step is None or step <= first or "persistError" in status:
         return None
     return int(step)
 
@@ -107,28 +110,28 @@ def test_s3_down_while_a_persist_is_due_keeps_training_and_persists_once_it_is_b
     job["spec"]["persistence"] = persistence_spec(endpoint, prefix, 30)
     jobs.create(job)
     state = local_cluster.state_dir
-    first = wait_for(lambda: _checkpoint(jobs, "s3down").get("persistedStep"), 300,
+    first = wait_for(lambda: checkpoint(jobs, "s3down").get("persistedStep"), 300,
                      "the first step persisted to S3")
     s3_server.pause()  # the gateway process ends: every S3 request is refused
     try:
         down_at = newest_step(state, job_namespace, "s3down-worker-0")
-        _request_persist(jobs, "s3down", "outage")
-        error = wait_for(lambda: _checkpoint(jobs, "s3down").get("persistError"), 120,
+        request_persist(jobs, "s3down", "outage")
+        error = wait_for(lambda: checkpoint(jobs, "s3down").get("persistError"), 120,
                          "status.checkpoint.persistError")
         # Training goes on without S3: a later step is trained while the gateway is down.
         wait_for(lambda: newest_step(state, job_namespace, "s3down-worker-0") > down_at, 60,
                  "a step trained while S3 is down")
         assert jobs.state("s3down") == "Running"
-        assert _checkpoint(jobs, "s3down")["persistedStep"] == first
+        assert checkpoint(jobs, "s3down")["persistedStep"] == first
     finally:
         s3_server.resume()
     print(f"persist failed with S3 down: {error}")
-    assert error.startswith("step ")
+    assert error.startswith("step ") and "S3" in error, error
     warnings = [e for e in jobs.events("s3down") if e.reason == "PersistFailed"]
     assert warnings and warnings[0].type == "Warning", [e.reason for e in jobs.events("s3down")]
     # The request stays pending while it fails: the operator retries it once S3 is back.
     try:
-        persisted = wait_for(lambda: _persisted_after(_checkpoint(jobs, "s3down"), first), 120,
+        persisted = wait_for(lambda: persisted_after(checkpoint(jobs, "s3down"), first), 120,
                              "a later step persisted after S3 came back")
     except AssertionError as err:
         raise AssertionError(f"{err}; status: {jobs.get('s3down')['status']}") from None

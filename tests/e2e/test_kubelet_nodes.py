@@ -24,7 +24,9 @@ across two zones lose a whole zone and restore from the other. Four workers whos
 slowed until replication lags lose nodes at seeded moments, each restored from peer memory
 within the effective interval + 1 steps. The same job with one
 copy per shard and S3 persistence loses a node: every worker
-restores the step committed to S3. Last, a soak of failures of every kind in a random order
+restores the step committed to S3. Another persisting job rides out an S3 outage while a
+persist is due (it is retried once the gateway is back), then is suspended (its newest step
+saved to S3) and resumed from S3. Last, a soak of failures of every kind in a random order
 (tests/e2e/kubelet_soak.py), spare kubelet nodes added as it goes. `helm uninstall` removes the
 operator.
 """
@@ -46,14 +48,17 @@ from urllib.parse import urlparse
 
 import pytest
 import yaml
+from boto3.s3.transfer import TransferConfig
 from kubernetes import client, config
 
 from gemini_demo.crash import kill_training_process
 from gemini_demo.reference import ReferenceRun
 from gemini_local import cluster, faults, images
+from gemini_local import s3 as s3_server
 from gemini_local.controlplane import ControlPlane
 from gemini_local.s3 import S3Endpoint
 from gemini_operator import naming
+from gemini_sidecar.s3 import JobIdentity, S3Store, committed_steps
 from tests.cluster.test_operator import Jobs
 from tests.e2e import test_lagging_replication as lag
 from tests.e2e.kubelet_soak import (
@@ -84,6 +89,7 @@ from tests.e2e.kubelet_training import (
     resumed_at,
     set_aside_for_training,
     status_of,
+    steps,
     succeeds_as_uninterrupted,
     trainer_log,
     training_job,
@@ -91,12 +97,19 @@ from tests.e2e.kubelet_training import (
 )
 from tests.e2e.padded_trainer import EXAMPLE_ENV
 from tests.e2e.test_examples import MANIFESTS, REPO, TINY, with_options
-from tests.e2e.test_fault_matrix_b import begun, sidecar_inventory, stuck_sending
+from tests.e2e.test_fault_matrix_b import (
+    begun,
+    checkpoint,
+    persisted_after,
+    request_persist,
+    sidecar_inventory,
+    stuck_sending,
+)
 from tests.fixtures.helm import CHART, Helm
 from tests.fixtures.isolated_nodes import cordoned
 from tests.fixtures.kubelet_host import missing_tools
 from tests.fixtures.nodes import wait_until
-from tests.fixtures.s3 import create_credentials_secret, persistence_spec
+from tests.fixtures.s3 import create_credentials_secret, make_client, persistence_spec
 from tests.fixtures.trainers import SharedReferences
 
 pytestmark = pytest.mark.e2e
@@ -108,6 +121,11 @@ SYSTEM, JOB = "gemini-system", "sleeper"
 COMMAND = ["python", "-c", "import os, time; print('rank', os.environ['RANK'], 'started in "
            "epoch', os.environ['GEMINI_RESTART_EPOCH'], flush=True); time.sleep(30); "
            "print('trained', flush=True)"]
+# The S3 outage and suspend case's run: time for both before the last step (the same
+# reference as test_two_jobs's).
+LONGER_STEPS = 20
+LONGER = [*MODEL[:MODEL.index("--steps") + 1], str(LONGER_STEPS),
+          *MODEL[MODEL.index("--steps") + 2:]]
 
 
 @pytest.fixture(scope="module")
@@ -816,6 +834,86 @@ def test_a_job_that_loses_every_copy_of_a_shard_restores_from_s3_over_the_pod_ne
     final = finished(custom, "durable")
     assert final["state"] == "Succeeded", final
     assert_losses(core, kept, reference)
+
+
+def test_an_s3_outage_is_ridden_out_and_a_suspend_saves_to_s3_and_resume_restores_from_it(
+        kubelet_cluster: dict[str, Any], installed_operator: str, training_nodes: None,
+        shared_references: SharedReferences) -> None:
+    """A job persisting to the local S3 over the pod network (first step only, then on
+    request). The S3 gateway stops while a persist is due: the persist fails with a Warning
+    and status.checkpoint.persistError, training goes on, and once the gateway is back (on the
+    bridge address too) the request is retried and a later step committed. Then the job is
+    suspended: its newest in-memory step is saved to S3 before the pods go, and the resume
+    restores that step from S3 in new pods, which go on from it with an uninterrupted run's
+    losses."""
+    state_dir: Path = kubelet_cluster["state_dir"]
+    api = kubelet_cluster["api"]
+    core, custom, jobs = client.CoreV1Api(api), client.CustomObjectsApi(api), Jobs(api, "default")
+    s3 = kubelet_cluster["info"]["s3"]
+    endpoint = S3Endpoint.from_dict(s3)
+    create_credentials_secret(core, "default", endpoint, name="s3-outage")
+    ensure_free_nodes(state_dir, api, set(), 2)
+    reference = shared_references(2, LONGER, rank=0)  # before: it takes the CPUs
+    body = training_job("outage", replicas=2, step_sleep=2.0, model=LONGER)
+    body["spec"]["persistence"] = {**persistence_spec(endpoint, "outage/", 3600, "s3-outage"),
+                                   "endpoint": s3["podURL"]}
+    create_job(custom, body)
+    rank0 = "outage-worker-0"
+    first = wait_until(lambda: checkpoint(jobs, "outage").get("persistedStep"), 240,
+                       "the first step persisted to S3", interval=0.5)
+    s3_server.pause_s3(state_dir / "s3")  # the gateway process ends: requests are refused
+    try:
+        down_at = newest_step(core, rank0)
+        request_persist(jobs, "outage", "outage")
+        error = wait_until(lambda: checkpoint(jobs, "outage").get("persistError"), 120,
+                           "status.checkpoint.persistError", interval=0.5)
+        wait_until(lambda: newest_step(core, rank0) > down_at, 60,
+                   "a step trained while S3 is down", interval=0.5)
+        assert status_of(custom, "outage")["state"] == "Running"
+        assert checkpoint(jobs, "outage")["persistedStep"] == first
+    finally:
+        s3_server.resume_s3(state_dir / "s3")
+    # The upload's own failure, not a retry's (gemini_sidecar.transfers tells it once).
+    assert str(error).startswith("step ") and "S3" in str(error), error
+    warnings = [e for e in jobs.events("outage") if e.reason == "PersistFailed"]
+    assert warnings and warnings[0].type == "Warning", [e.reason for e in jobs.events("outage")]
+    persisted = wait_until(lambda: persisted_after(checkpoint(jobs, "outage"), first), 120,
+                           "the pending persist retried once S3 is back", interval=0.5)
+    store = S3Store(make_client(endpoint), endpoint.bucket, "outage", TransferConfig())
+    owner = JobIdentity("default", "outage", jobs.get("outage")["metadata"]["uid"])
+    assert persisted in committed_steps(store, owner)
+    assert {"PersistFailed", "PersistRecovered"} <= {e.reason for e in jobs.events("outage")}
+    print(f"on kubelet nodes, S3 down: persisted {first}, failed with {error!r}, "
+          f"then {persisted} once it was back")
+
+    in_memory = wait_until(lambda: (step := checkpoint(jobs, "outage").get("inMemoryStep", 0))
+                           >= persisted + 2 and step, 120, "two newer steps in memory",
+                           interval=0.5)
+    jobs.patch("outage", {"suspend": True})
+    wait_until(lambda: status_of(custom, "outage").get("state") == "Suspended"
+               and not jobs.pods("outage"), 180, "the suspended job's pods to be gone")
+    saved = checkpoint(jobs, "outage")["persistedStep"]
+    assert in_memory <= saved < LONGER_STEPS, (in_memory, saved)  # saved mid-way, not at the end
+    assert saved in committed_steps(store, owner)
+    assert "SuspendCheckpointSaved" in {e.reason for e in jobs.events("outage")}
+    jobs.patch("outage", {"suspend": False})
+    resumed = wait_until(lambda: (last := status_of(custom, "outage").get("lastRecovery"))
+                         and last.get("completionTime") and last, 240, "the resume to restore",
+                         interval=0.5)
+    assert resumed["cause"] == "resume" and resumed["source"] == "S3", resumed
+    assert resumed["restoredStep"] >= saved, resumed
+    all_resumed_at(core, [rank0, "outage-worker-1"], resumed["restoredStep"])
+    print(f"on kubelet nodes, suspend and resume: {in_memory} in memory, {saved} saved to S3, "
+          f"restored {resumed['restoredStep']} in {resumed['durationSeconds']} s")
+    final = finished(custom, "outage")
+    assert final["state"] == "Succeeded", final
+    # The suspended pods' logs went with them: the new rank 0 printed every step after the
+    # restored one, each with the uninterrupted run's loss.
+    got = dict(steps(trainer_log(core, rank0)))
+    assert set(got) == set(range(resumed["restoredStep"] + 1, LONGER_STEPS + 1)), sorted(got)
+    assert got == {step: reference[step] for step in got}
+    assert "ResumedFromCheckpoint" in {e.reason for e in jobs.events("outage")}
+    delete_job(custom, "outage")
 
 
 @pytest.mark.soak

@@ -3,9 +3,13 @@
 A fetch, refill, persist or restore runs as a task of its own, keyed by what it moves (kind,
 rank, version, target): a request for a key already running joins it instead of starting a
 second copy, and waits for it at most the time it asked for. Its progress (bytes done of the
-total) is counted by the transfer as the bytes land, from any thread. A failed transfer is
-forgotten at once: its error reaches the requests waiting at that moment, and the next
-request starts again. A finished one is kept for KEEP_SECONDS and answers a request for its
+total) is counted by the transfer as the bytes land, from any thread. A failed transfer's
+error reaches the requests waiting at that moment, or, when none was (a caller that polls
+between short waits), the next request for its key within KEEP_SECONDS; then it is
+forgotten and the request after starts again. Without that, the poll after a failure would
+start the transfer over and could answer with a later, misleading error (a persist retried
+after its slot was reused says "not in the slot file", not why the upload failed). A
+finished one is kept for KEEP_SECONDS and answers a request for its
 key while its result still holds (the caller says how to check: the slot or replica it
 wrote is still there), so a caller that polls does not start the transfer over when it ended
 between two polls.
@@ -54,6 +58,11 @@ class Transfer(Generic[T]):
     holds: Callable[[T], bool]  # whether a finished transfer's result is still true
     started: float = field(default_factory=time.monotonic)
     ended: float | None = None
+    waiting: int = 0  # requests in `outcome` now
+    failure_told: bool = False  # a request got its error
+
+    def failed(self) -> bool:
+        return self.task.done() and (self.task.cancelled() or self.task.exception() is not None)
 
     def answers(self, now: float) -> bool:
         """Whether this transfer answers a new request for its key: running, or finished
@@ -62,7 +71,9 @@ class Transfer(Generic[T]):
             return True
         if self.ended is None or now - self.ended > KEEP_SECONDS or self.task.cancelled():
             return False
-        return self.task.exception() is None and self.holds(self.task.result())
+        if self.task.exception() is not None:
+            return not self.failure_told  # its error still has to reach a request
+        return self.holds(self.task.result())
 
     def running(self) -> TransferRunning:
         total, done = self.progress.total_bytes, self.progress.done_bytes
@@ -98,8 +109,9 @@ class Transfers:
 
     def _ended(self, key: Hashable, transfer: Transfer[Any]) -> None:
         transfer.ended = self._clock()
-        failed = transfer.task.cancelled() or transfer.task.exception() is not None
-        if failed and self._by_key.get(key) is transfer:
+        told = transfer.waiting > 0 or transfer.task.cancelled()  # waiters get it next
+        if transfer.failed() and told and self._by_key.get(key) is transfer:
+            transfer.failure_told = True
             del self._by_key[key]  # the next request starts again
 
     def active(self) -> list[TransferRunning]:
@@ -116,7 +128,13 @@ class Transfers:
 async def outcome(transfer: Transfer[T], wait_seconds: float | None) -> T | TransferRunning:
     """The transfer's result (or its error raised) once it ends, or what it has done so far
     if `wait_seconds` pass first. Leaving (the caller's request cancelled) never cancels it."""
-    done, _ = await asyncio.wait({transfer.task}, timeout=wait_seconds)
+    transfer.waiting += 1
+    try:
+        done, _ = await asyncio.wait({transfer.task}, timeout=wait_seconds)
+    finally:
+        transfer.waiting -= 1
     if not done:
         return transfer.running()
+    if transfer.failed():
+        transfer.failure_told = True  # the next request starts again
     return transfer.task.result()

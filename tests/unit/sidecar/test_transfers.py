@@ -1,5 +1,6 @@
 """The transfer registry (gemini_sidecar.transfers): joins, keeps a finished result only
-while it holds and for KEEP_SECONDS, forgets a failure at once, never cancels for a waiter."""
+while it holds and for KEEP_SECONDS, tells a failure once (to its waiters, or else to the
+next request) and then starts again, never cancels for a waiter."""
 
 from __future__ import annotations
 
@@ -76,6 +77,47 @@ async def test_a_failure_reaches_its_waiters_and_the_next_request_starts_again()
     with pytest.raises(OSError, match="holder gone"):
         await outcome(transfer, 1.0)
     transfers.start_or_join("k", "fetch", 0, 1, fails)
+    await asyncio.sleep(0.01)
+    assert len(calls) == 2
+
+
+async def test_a_failure_no_request_waited_for_reaches_the_next_request_once() -> None:
+    """A poller between two short waits: the transfer fails while no request waits, so the
+    next request gets that error (not a second run's), and the one after starts again."""
+    clock = Clock()
+    transfers = Transfers(clock)
+    errors = iter(["S3 refused the connection", "version 2 not in the slot file"])
+    calls: list[int] = []
+
+    async def fails(_: Progress) -> None:
+        calls.append(1)
+        await asyncio.sleep(0.02)
+        raise OSError(next(errors))
+
+    running = await outcome(transfers.start_or_join("k", "persist", 0, 2, fails), 0.001)
+    assert isinstance(running, TransferRunning)
+    await asyncio.sleep(0.05)  # it failed meanwhile
+    with pytest.raises(OSError, match="S3 refused"):
+        await outcome(transfers.start_or_join("k", "persist", 0, 2, fails), 1.0)
+    assert len(calls) == 1
+    with pytest.raises(OSError, match="not in the slot file"):
+        await outcome(transfers.start_or_join("k", "persist", 0, 2, fails), 1.0)
+    assert len(calls) == 2
+
+
+async def test_an_untold_failure_is_forgotten_after_keep_seconds() -> None:
+    clock = Clock()
+    transfers = Transfers(clock)
+    calls: list[int] = []
+
+    async def fails(_: Progress) -> None:
+        calls.append(1)
+        raise OSError("gone")
+
+    first = transfers.start_or_join("k", "persist", 0, 2, fails)
+    await asyncio.sleep(0.01)
+    clock.now += KEEP_SECONDS + 1
+    assert transfers.start_or_join("k", "persist", 0, 2, fails) is not first
     await asyncio.sleep(0.01)
     assert len(calls) == 2
 
