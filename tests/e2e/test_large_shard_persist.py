@@ -39,10 +39,10 @@ from tests.cluster.test_operator_recovery import (
 )
 from tests.e2e.padded_trainer import PADDING_ENV
 from tests.e2e.test_fault_matrix_b import (
-    _checkpoint,
-    _persisted_after,
-    _request_persist,
     _wait_finished,
+    checkpoint,
+    persisted_after,
+    request_persist,
 )
 from tests.fixtures.isolated_nodes import IsolatedNodes
 from tests.fixtures.operator import OperatorThread
@@ -171,12 +171,12 @@ def test_256_mib_shards_persist_while_training_and_a_lost_group_restores_them_fr
     errors: list[str] = []
 
     def persisted(after: int) -> int | None:
-        ckpt = _checkpoint(jobs, NAME)
+        ckpt = checkpoint(jobs, NAME)
         if ckpt.get("persistProgress") and ckpt["persistProgress"] not in progress:
             progress.append(ckpt["persistProgress"])
         if ckpt.get("persistError") and ckpt["persistError"] not in errors:
             errors.append(ckpt["persistError"])
-        return _persisted_after(ckpt, after)
+        return persisted_after(ckpt, after)
 
     with StepClock(state, job_namespace, f"{NAME}-worker-0") as clock:
         first = wait_for(lambda: persisted(0), 300, "the first step persisted to S3")
@@ -184,7 +184,7 @@ def test_256_mib_shards_persist_while_training_and_a_lost_group_restores_them_fr
         wait_for(lambda: clock.newest() >= first_at + BASELINE_STEPS, 240,
                  f"{BASELINE_STEPS} steps trained after the first persist")
         asked_at = time.monotonic()
-        in_memory = _checkpoint(jobs, NAME).get("inMemoryStep", 0)
+        in_memory = checkpoint(jobs, NAME).get("inMemoryStep", 0)
         progress.clear()
         # The first persist runs while four trainers and sidecars start on two cores: a call
         # that timed out there is retried (and the step got persisted, above). The upload
@@ -192,11 +192,11 @@ def test_256_mib_shards_persist_while_training_and_a_lost_group_restores_them_fr
         if errors:
             print(f"the first persist was retried after: {errors}")
         errors.clear()
-        _request_persist(jobs, NAME, "large-shards")
+        request_persist(jobs, NAME, "large-shards")
         step = wait_for(lambda: persisted(first), 300, "the asked step persisted to S3")
         done_at = time.monotonic()
         # The group lost below must hold a newer step in memory than the committed one.
-        wait_for(lambda: clock.newest() and _checkpoint(jobs, NAME).get(
+        wait_for(lambda: clock.newest() and checkpoint(jobs, NAME).get(
             "inMemoryStep", 0) > step, 120, "a newer step complete in memory")
         lost_ranks = sorted(placement["groups"][0])
         nodes = {p.metadata.name: p.spec.node_name for p in jobs.pods(NAME)}
