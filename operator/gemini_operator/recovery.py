@@ -13,7 +13,10 @@ with the plan's version and the epoch's rendezvous: rank 0's pod IP, a fresh por
 A phase that must wait (a pod not yet running, a launcher restarting) asks to be called again.
 Planning never waits for a lost node's sidecar: one that refuses connections on both ports
 although it answered before has its node presumed lost at once (silence.py), and the next
-reconcile plans again with that rank lost.
+reconcile plans again with that rank lost. The same holds while a later phase waits (pods
+starting, transfers running, a sidecar call failed): the survivors are probed at most every
+PROBE_EVERY_S, so a node lost during the recovery makes it plan again within a second or
+two, not when the poller's confirmation or the node controller says so.
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 from gemini.domain.placement import Placement
 from gemini.domain.recovery import FailureKind, RecoveryPlan, plan_recovery
@@ -49,6 +51,7 @@ log = logging.getLogger(__name__)
 WAIT_SECONDS = 0.25
 WAIT_LOG_REPEAT_S = 10.0
 PROBE_TIMEOUT_SECONDS = 1.0  # a TCP connect to a silent sidecar's and launcher's ports
+PROBE_EVERY_S = 1.0  # survivors probed at most this often while a recovery waits
 
 
 class RecoveryExecutor(PhaseExecutor):
@@ -70,8 +73,10 @@ class RecoveryExecutor(PhaseExecutor):
             return self._run_phases(job, snap, action, status, record)
         except SidecarError as err:  # a sidecar restarting or cut off: try again shortly
             self._say_wait(job, f"waits for a sidecar: {err}")
+            self._look_for_lost_survivors(job, status, record)
         except RecoveryWait as wait:
             self._say_wait(job, f"waits: {wait}")
+            self._look_for_lost_survivors(job, status, record)
         except Unrecoverable as err:
             return Outcome(status={"recovery": None},
                            unrecoverable=(record.cause or "a failure", str(err)))
@@ -141,7 +146,8 @@ class RecoveryExecutor(PhaseExecutor):
         inventories, silent = self.calls.inventories(live, self.calls.token(job))
         if silent:
             log.warning("planning without %d silent sidecars: %s", len(silent), silent[:3])
-            self._presume_lost_nodes(job, live, inventories)
+            if nodes := self._presume_lost_nodes(job, live, inventories):
+                raise RecoveryWait(f"node(s) {', '.join(nodes)} presumed lost: planning again")
         copies = inventory_copies(inventories)
         try:
             s3_steps = list(self.calls.committed_steps(job, spec.persistence))
@@ -159,22 +165,38 @@ class RecoveryExecutor(PhaseExecutor):
         return PlanRecord.from_plan(plan, newest)
 
     def _presume_lost_nodes(self, job: JobView, live: Mapping[int, PodView],
-                            answering: Mapping[int, Any]) -> None:
-        """Presume lost the nodes of pods that answered before, still show running, and now
-        refuse both connections; then plan again with them (RecoveryWait)."""
+                            answering: Iterable[int]) -> list[str]:
+        """Presume lost the nodes of pods that answered before, still show running, are not
+        in `answering`, and now refuse both connections; those nodes (the next reconcile
+        sees their ranks lost and plans again)."""
         if self.cache is None:
-            return
+            return []
         probe = suspects(live, answering, self.cache.has_answered)
         down = refusing(worker_ports(probe, self.config.render), PROBE_TIMEOUT_SECONDS)
         nodes = sorted({probe[r].node_name for r in down if probe[r].node_name})
-        if not nodes:
-            return
         for node in nodes:
             self.cache.presume_lost(node, self._clock(), PRESUME_S)
-        log.warning("recovery of %s/%s: node(s) %s presumed lost: their pods refuse "
-                    "connections while the API shows them running", job.namespace, job.name,
-                    ", ".join(nodes))
-        raise RecoveryWait(f"node(s) {', '.join(nodes)} presumed lost: planning again")
+        if nodes:
+            log.warning("recovery of %s/%s: node(s) %s presumed lost: their pods refuse "
+                        "connections while the API shows them running", job.namespace,
+                        job.name, ", ".join(nodes))
+        return nodes
+
+    def _look_for_lost_survivors(self, job: JobView, status: JobStatus,
+                                 record: RecoveryRecord) -> None:
+        """While the recovery waits, probe the pods it keeps (at most every PROBE_EVERY_S):
+        a survivor's node lost since the plan is presumed lost now, and the next reconcile
+        plans again with it, instead of waiting for a transfer from it to fail for good or
+        for the poller's confirmation (silence.py)."""
+        if self.cache is None or record.phase is RecoveryPhase.PLANNING:
+            return  # Planning probes the silent ones itself
+        if not _PROBES.due((job.namespace, job.name)):
+            return
+        replaced = set(record.plan.replace_ranks) if record.plan else set()
+        pods = self.calls.listed(job, status.restart_attempt)
+        kept = {r: p for r, p in pods.items()
+                if r not in replaced and r not in record.lost_ranks and p.ip and not p.deleting}
+        self._presume_lost_nodes(job, kept, ())
 
     def _replace(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus,
                  record: RecoveryRecord) -> None:
@@ -238,6 +260,28 @@ class WaitLog:
 
 _FIGURES = re.compile(r"\d+(\.\d+)?")
 _WAITS = WaitLog()
+
+
+class Throttle:
+    """True for a key at most once every `seconds`; keyed by job, safe across threads."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._seconds, self._clock = seconds, clock
+        self._lock = threading.Lock()
+        self._last: dict[tuple[str, str], float] = {}
+
+    def due(self, key: tuple[str, str]) -> bool:
+        now = self._clock()
+        with self._lock:
+            if now - self._last.get(key, -math.inf) < self._seconds:
+                return False
+            if len(self._last) > 4096:  # jobs come and go
+                self._last.clear()
+            self._last[key] = now
+            return True
+
+
+_PROBES = Throttle(PROBE_EVERY_S)
 
 
 def newly_lost(action: Recover, record: RecoveryRecord) -> bool:

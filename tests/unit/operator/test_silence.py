@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import socket
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from gemini_operator.cache import ClusterCache
+from gemini_operator.decide import JobView
 from gemini_operator.failures import FailureReason, detect_failures
 from gemini_operator.observed import PodView
+from gemini_operator.records import RecoveryRecord
+from gemini_operator.recovery import RecoveryExecutor
 from gemini_operator.sidecars import refusing
 from gemini_operator.silence import SilenceTracker, suspects
+from gemini_operator.status import JobStatus
+from tests.unit.operator.test_decide import CONFIG
+from tests.unit.operator.test_recovery import RECOVERY_DOC
 
 
 def pod(rank: int, uid: str = "", **kw: object) -> PodView:
@@ -77,3 +84,43 @@ def test_refusing_names_the_ranks_whose_every_port_refuses() -> None:
         up, down = listening.getsockname()[1], closed.getsockname()[1]
         targets = {0: [("127.0.0.1", down), ("127.0.0.1", up)], 1: [("127.0.0.1", down)]}
         assert refusing(targets, timeout=1.0) == {1}
+
+
+class _Presuming(ClusterCache):
+    """The cache, noting the nodes presumed lost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.presumed: list[str] = []
+
+    def presume_lost(self, node: str, since: datetime, seconds: float) -> None:
+        self.presumed.append(node)
+        super().presume_lost(node, since, seconds)
+
+
+def test_a_survivor_lost_while_a_recovery_waits_is_presumed_lost_at_the_next_probe() -> None:
+    """A recovery in Fetching (rank 1 replaced) waits; of the pods it keeps, rank 0's sidecar
+    still accepts connections and rank 2's pod refuses both ports (its node went since the
+    plan): rank 2's node is presumed lost, once a second at most, never the replacement's."""
+    with socket.socket() as sidecar, socket.socket() as gone:
+        sidecar.bind(("127.0.0.1", 0))
+        sidecar.listen()
+        gone.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        ports = replace(CONFIG.render, sidecar_port=sidecar.getsockname()[1] - 1,  # API: +1
+                        launcher_port=gone.getsockname()[1])
+        executor = RecoveryExecutor(None, replace(CONFIG, render=ports),  # type: ignore[arg-type]
+                                    lambda job, patch: None, lambda: datetime.now(UTC))
+        cache = executor.cache = _Presuming()
+        pods = {0: pod(0, ip="127.0.0.1"), 1: pod(1, uid="new", ip="127.0.0.3"),
+                2: pod(2, ip="127.0.0.2")}
+        cache.heard_from(["u0", "u2"])
+        executor.calls.listed = lambda job, attempt: pods  # type: ignore[method-assign]
+        record = RecoveryRecord.from_dict(RECOVERY_DOC)  # Fetching, rank 1 replaced
+        job, status = JobView("probed", "ns", "uid", 1, {}), JobStatus.from_dict({})
+        executor._look_for_lost_survivors(job, status, record)
+        assert cache.presumed == ["n2"]
+        executor._look_for_lost_survivors(job, status, record)  # within the second: no probe
+        assert cache.presumed == ["n2"]
+        planning = RecoveryRecord.from_dict({**RECOVERY_DOC, "phase": "Planning"})
+        executor._look_for_lost_survivors(JobView("other", "ns", "u", 1, {}), status, planning)
+        assert cache.presumed == ["n2"]  # Planning probes the silent ones itself
