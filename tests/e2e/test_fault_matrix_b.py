@@ -277,7 +277,9 @@ def test_a_node_lost_while_sending_its_replica_is_recovered_from_the_last_comple
                     30,
                     f"rank 0's sidecar to take in the begun version {in_flight}")
     print(f"rank 1's version {in_flight} on rank 0 when rank 1's node went: {half}")
-    assert not half[0]["complete"] and half[0]["received_bytes"] < half[0]["bytes"], half
+    # Begun, never complete: its bytes may all have reached rank 0's socket before rank 1's
+    # node went (a quarter MiB fits in the buffers), but not the end that completes it.
+    assert not half[0]["complete"], half
     last = wait_for(lambda: _recovered_after(jobs, "midrep", before), 300,
                     "the recovery to finish")
     print(f"mid-replication recovery: {last}")

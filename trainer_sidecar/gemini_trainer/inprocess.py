@@ -17,7 +17,8 @@ not an interpreter start.
 
 SIGUSR1 asks a running process to park (the launcher sends it when a restart arrives before
 the process noticed the failure): the handler says "parking" on the line and raises
-``RestartRequested`` in the main thread.
+``RestartRequested`` in the main thread; in a process whose ``main()`` already failed (on its
+way to park) it only says "parking".
 A process stuck in a collective that does not return (a peer vanished without closing its
 sockets) cannot run the handler; the launcher then ends it after a grace period and starts a
 fresh one, as without ``run``.
@@ -56,6 +57,7 @@ class RestartRequested(Exception):
 
 
 _armed = threading.Event()  # SIGUSR1 raises only while main() runs
+_failing = threading.Event()  # main() failed and the process has not said "parked" yet
 
 
 def _on_sigusr1(link: ProcessLink) -> None:
@@ -63,6 +65,8 @@ def _on_sigusr1(link: ProcessLink) -> None:
         _armed.clear()
         link.parking()  # before the unwind: the launcher then waits past its grace
         raise RestartRequested("the launcher asked for an in-process restart")
+    if _failing.is_set():
+        link.parking()  # already on its way to park: the launcher waits for it
 
 
 def run(main: MainFunction) -> int:
@@ -84,6 +88,7 @@ def run(main: MainFunction) -> int:
             _say(f"training failed in epoch {os.environ.get('GEMINI_RESTART_EPOCH', '0')}; "
                  f"parked for an in-process restart: {failure.splitlines()[-1][:300]}")
             parked = link.park(failure)  # first: the launcher's grace does not cover teardown
+            _failing.clear()
             started = time.monotonic()
             teardown()
             _say(f"tore the failed attempt down in {time.monotonic() - started:.2f} s")
@@ -99,6 +104,7 @@ def run(main: MainFunction) -> int:
             link.resumed(epoch)
     finally:
         _armed.clear()
+        _failing.clear()
         link.close()
 
 
@@ -107,15 +113,22 @@ def _attempt(main: MainFunction) -> str | None:
     frame keeps the old model alive)."""
     _armed.set()
     try:
-        code = main()
+        # Disarmed before anything handles main()'s end: a SIGUSR1 that lands while a failure
+        # is handled (formatting a deep traceback takes a while on a busy machine) raised out
+        # of this function, and the process exited instead of parking. One that lands before
+        # the disarm raises inside the outer try and is caught like any failure.
+        try:
+            code = main()
+        finally:
+            _armed.clear()
     except SystemExit as stop:
         code = stop.code
     except Exception:  # any failure of the user's code parks the process
+        _failing.set()
         return traceback.format_exc()
-    finally:
-        _armed.clear()
     if _exit_code(code) == 0:
         return None
+    _failing.set()
     return f"main() ended with {code!r}"
 
 
