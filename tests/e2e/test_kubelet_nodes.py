@@ -6,12 +6,14 @@ containerd, and the local S3 listening where their pods reach the host. The Helm
 installs the operator from its image. A GeminiJob of two
 workers runs in the sidecar image (Python and `gemini launch`) with the operator's native
 sidecar: three crashes of the training process are each recovered in place by the launcher,
+which tells the operator at once (a failure hint to the host's address on the pods' side),
 the container never restarting (so the kubelet's restart back-off never applies); a kill of
 the whole trainer container (through containerd) is recovered after the kubelet restarts it.
 A second job whose training process outgrows its container's memory limit is OOM-killed by
 the kernel (a real cgroup limit, which node agents do not have) and fails naming that cause
 and the limit. A third, labelled for Kueue's queue, is admitted by the real Kueue (quota from
-the kubelets' allocatable) and runs. Then examples/train_gpt_zero3.py trains with DeepSpeed
+the kubelets' allocatable) and runs. The shipped FSDP example recovers a crash; the shipped
+ZeRO-3 one trains with its spare node held. Then examples/train_gpt_zero3.py trains with DeepSpeed
 in the examples image (torch as the Dockerfile installs it): first through a hang, a sidecar
 crash and a partition healed later; then a crash restored from local
 memory, then a node loss (kubelet, containerd and its containers killed) restored by a
@@ -56,6 +58,7 @@ from gemini_demo.reference import ReferenceRun
 from gemini_local import cluster, faults, images
 from gemini_local import s3 as s3_server
 from gemini_local.controlplane import ControlPlane
+from gemini_local.nodeagent.podspec import parse_quantity
 from gemini_local.s3 import S3Endpoint
 from gemini_operator import naming
 from gemini_sidecar.s3 import JobIdentity, S3Store, committed_steps
@@ -228,6 +231,9 @@ def _image_id(pod: Any, container: str) -> str:
     return str(next(s.image_id for s in statuses if s.name == container))
 
 
+HINT_PORT = 8090
+
+
 @pytest.fixture(scope="module")
 def installed_operator(kubelet_cluster: dict[str, Any], helm: Helm) -> Iterator[str]:
     """The chart installed from the operator image on a kubelet node; that node's name.
@@ -236,13 +242,16 @@ def installed_operator(kubelet_cluster: dict[str, Any], helm: Helm) -> Iterator[
     core = client.CoreV1Api(kubelet_cluster["api"])
     core.create_namespace({"metadata": {"name": SYSTEM}})
     # No kube-proxy and no DNS on these nodes: the operator runs in the node's network and
-    # reaches the API server on loopback; launchers report failures by the 2 s poll.
+    # reaches the API server on loopback; launchers send failure hints to the host's address
+    # on the pods' side (its hint server listens on every address).
     port = urlparse(plane.api_url).port
     env = (f'[{{"name":"KUBERNETES_SERVICE_HOST","value":"127.0.0.1"}},'
            f'{{"name":"KUBERNETES_SERVICE_PORT","value":"{port}"}}]')
+    hints = f"http://{kubelet_cluster['info']['hostFromPods']}:{HINT_PORT}"
     result = helm.run(["install", "gemini", str(CHART), "--namespace", SYSTEM, "--wait",
                        "--timeout", "120s", "--set", "hostNetwork=true",
-                       "--set", "image.pullPolicy=Never", "--set", "failureHints.enabled=false",
+                       "--set", "image.pullPolicy=Never", "--set", f"failureHints.url={hints}",
+                       "--set", f"failureHints.port={HINT_PORT}",
                        "--set-json", f"operator.extraEnv={env}"],
                       kubeconfig=plane.kubeconfig, timeout=180)
     assert result.returncode == 0, result.stderr
@@ -282,8 +291,11 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_crashes_in_place(
         _wait_started(core, name, epoch)
         downtimes.append(time.monotonic() - killed)
     assert restarts(core, name) == 0, "the kubelet restarted the trainer container"
+    # Each crash was told to the operator at once by its launcher (gemini_trainer.failure_hint)
+    told = trainer_log(core, name).count("told the operator of the failure")
+    assert told == 3, f"{told} failure hints answered, not 3"
     print(f"training process crashes: kill -> training again {[round(d, 2) for d in downtimes]}"
-          " s, no container restart")
+          " s, no container restart, each told to the operator by a failure hint")
 
     faults.kill_container(state_dir, "default", name, "trainer")
     crash = wait_until(lambda: _recovered(custom, epoch + 1), 60, "the crash recovered",
@@ -302,20 +314,48 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_crashes_in_place(
     _a_queued_job_is_admitted_by_kueue_and_runs(custom)
 
 
+# A kubelet node here reports the box's 2 CPUs: what a shipped trainer may ask beside its
+# sidecar's 500m.
+NODE_CPUS_FOR_TRAINER = 1.5
+
+
 def _shipped_on_kubelet_nodes(manifest: dict[str, Any], s3: dict[str, Any]) -> dict[str, Any]:
-    """The shipped manifest with the edits the 2-core box needs, and only those: 2 workers, a
-    tiny model, one thread, the local S3 at the pods' address. Image, command, resources,
-    placement and failure policy stay as shipped."""
+    """The shipped manifest with the edits the 2-core box needs, and only those: 2 workers
+    (and at most 2 copies of a shard), a tiny model, one thread, a CPU request a node can
+    grant, the local S3 at the pods' address. Image, command, memory, placement, spares,
+    budgets and failure policy stay as shipped."""
     job = copy.deepcopy(manifest)
     job["metadata"]["namespace"] = "default"
     spec = job["spec"]
     spec["numNodes"] = 2
+    spec["checkpoint"]["replicas"] = min(spec["checkpoint"].get("replicas", 2), 2)
     (trainer,) = spec["template"]["spec"]["containers"]
     trainer["args"] = with_options(trainer["args"], {**TINY, "--step-sleep": "1.0"})
     trainer["env"] = [{"name": "OMP_NUM_THREADS", "value": "1"}]
+    requests = trainer["resources"]["requests"]
+    if parse_quantity(requests["cpu"]) > NODE_CPUS_FOR_TRAINER:
+        requests["cpu"] = str(NODE_CPUS_FOR_TRAINER)
     spec["persistence"].update(bucketURI=f"s3://{s3['bucket']}/{job['metadata']['name']}",
                                endpoint=s3["podURL"])
     return job
+
+
+def _example_on_kubelet_nodes(kubelet_cluster: dict[str, Any], example: str
+                              ) -> tuple[dict[str, Any], Path, list[str]]:
+    """`_shipped_on_kubelet_nodes` of examples/<example>, its S3 credentials Secret made (the
+    one the manifest's comment tells users to make); the job, and the host's copy of the
+    script the image runs with its arguments (for the reference run)."""
+    job = _shipped_on_kubelet_nodes(yaml.safe_load(MANIFESTS[example].read_text()),
+                                    kubelet_cluster["info"]["s3"])
+    (trainer,) = job["spec"]["template"]["spec"]["containers"]
+    assert trainer["image"] == images.image_name("examples"), trainer["image"]
+    core = client.CoreV1Api(kubelet_cluster["api"])
+    secret = job["spec"]["persistence"]["credentialsSecretRef"]["name"]
+    with contextlib.suppress(client.ApiException):  # the other example made it already
+        core.delete_namespaced_secret(secret, "default")
+    create_credentials_secret(core, "default", S3Endpoint.from_dict(
+        kubelet_cluster["info"]["s3"]), secret)
+    return job, REPO / trainer["command"][1].removeprefix("/app/"), trainer["args"]
 
 
 def test_the_fsdp_example_as_shipped_recovers_a_crash_in_its_image(
@@ -327,16 +367,10 @@ def test_the_fsdp_example_as_shipped_recovers_a_crash_in_its_image(
     state_dir: Path = kubelet_cluster["state_dir"]
     api = kubelet_cluster["api"]
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    job = _shipped_on_kubelet_nodes(yaml.safe_load(MANIFESTS["fsdp"].read_text()),
-                                    kubelet_cluster["info"]["s3"])
-    name, (trainer,) = job["metadata"]["name"], job["spec"]["template"]["spec"]["containers"]
-    assert trainer["image"] == images.image_name("examples"), trainer["image"]
-    script = REPO / trainer["command"][1].removeprefix("/app/")  # the image's copy of it
-    reference = ReferenceRun(script, trainer["args"], 2, tmp_path / "reference").start()
+    job, script, args = _example_on_kubelet_nodes(kubelet_cluster, "fsdp")
+    name = job["metadata"]["name"]
+    reference = ReferenceRun(script, args, 2, tmp_path / "reference").start()
     try:
-        create_credentials_secret(core, "default", S3Endpoint.from_dict(
-            kubelet_cluster["info"]["s3"]), job["spec"]["persistence"]["credentialsSecretRef"]
-            ["name"])
         create_job(custom, job)
         crashed = f"{name}-worker-1"
         wait_until(lambda: newest_step(core, crashed) >= 4, 240, f"{crashed} at step 4",
@@ -351,6 +385,45 @@ def test_the_fsdp_example_as_shipped_recovers_a_crash_in_its_image(
         assert final["state"] == "Succeeded", final
         assert final.get("checkpoint", {}).get("persistedStep"), final  # S3 as configured
         print(f"fsdp example on kubelet nodes: crash recovered in {crash['durationSeconds']} s")
+        assert_losses(core, f"{name}-worker-0", reference.wait(timeout=300))
+    finally:
+        reference.stop()
+    delete_job(custom, name)
+
+
+def test_the_zero3_example_as_shipped_trains_to_the_reference_losses_with_its_spare(
+        kubelet_cluster: dict[str, Any], installed_operator: str, tmp_path: Path) -> None:
+    """examples/geminijob-zero3.yaml (DeepSpeed ZeRO-3 in the examples image, every knob set)
+    with its memory requests and limits, sidecar resources, memory budget, domain-aware
+    placement, spare node and failure policy as shipped: the spare's placeholder holds a
+    third node at the spare priority while the job trains, the job succeeds with a checkpoint
+    in S3, and rank 0's losses equal an uninterrupted loopback run's."""
+    api = kubelet_cluster["api"]
+    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
+    job, script, args = _example_on_kubelet_nodes(kubelet_cluster, "zero3")
+    name = job["metadata"]["name"]
+    reference = ReferenceRun(script, args, 2, tmp_path / "reference").start()
+    try:
+        create_job(custom, job)
+        wait_until(lambda: status_of(custom, name).get("state") == "Running", 120,
+                   f"{name} Running", interval=0.5)
+        spare = naming.spare_pod_name(name, 0)
+        wait_until(lambda: core.read_namespaced_pod(spare, "default").status.phase == "Running",
+                   60, f"{spare} running", interval=0.5)
+        pods = {p.metadata.name: p for p in core.list_namespaced_pod(
+            "default", label_selector=f"{naming.LABEL_JOB}={name}").items}
+        nodes = {n: p.spec.node_name for n, p in pods.items()}
+        assert sorted(pods) == sorted([f"{name}-worker-0", f"{name}-worker-1", spare]), nodes
+        assert len(set(nodes.values())) == 3, f"not one node each: {nodes}"
+        worker_priority = pods[f"{name}-worker-0"].spec.priority
+        assert pods[spare].spec.priority < worker_priority, "a spare would not give way"
+        wait_until(lambda: status_of(custom, name).get("spares", {}).get("reason") == "Held", 30,
+                   "status.spares to say Held", interval=0.5)
+        final = finished(custom, name)
+        assert final["state"] == "Succeeded", final
+        assert final.get("checkpoint", {}).get("persistedStep"), final  # S3 as configured
+        print(f"zero3 example on kubelet nodes: {len(nodes)} pods on {sorted(nodes.values())}, "
+              f"persisted step {final['checkpoint']['persistedStep']}")
         assert_losses(core, f"{name}-worker-0", reference.wait(timeout=300))
     finally:
         reference.stop()

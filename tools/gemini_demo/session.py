@@ -154,19 +154,16 @@ class Pods:
 
     images: tuple[str, ...]  # the Dockerfile's targets the nodes run (the operator: the host)
     script: str  # the training script as the trainer container sees it
-    s3_key: str  # the S3 address the pods reach: the cluster's s3[s3_key]
-    hints: bool  # launchers reach the operator on the host's loopback (failure hints)
 
     def image(self, target: str) -> str:
         return images.image_name(target) if self.images else "gemini:local"
 
 
 # Node agents run this checkout's Python whatever a pod names; a kubelet node's pods run the
-# images (the examples image has the script in /app) and have no route to the host's
-# loopback: the operator's 2 s poll finds their failures.
-NODE_AGENT_PODS = Pods(images=(), script=str(SCRIPT), s3_key="url", hints=True)
-KUBELET_PODS = Pods(images=("sidecar", "examples"),
-                    script="/app/examples/train_gpt_zero3.py", s3_key="podURL", hints=False)
+# images (the examples image has the script in /app). Either reaches the host (S3, the
+# operator's hint server) at the cluster's `hostFromPods`.
+NODE_AGENT_PODS = Pods(images=(), script=str(SCRIPT))
+KUBELET_PODS = Pods(images=("sidecar", "examples"), script="/app/examples/train_gpt_zero3.py")
 
 
 class Demo:
@@ -185,6 +182,7 @@ class Demo:
         self.kubeconfig: Path | None = None
         self.prefix = ""
         self.s3: dict[str, Any] = {}
+        self.host_from_pods = "127.0.0.1"  # the host as the pods reach it (from `up`)
         self.events_seen: set[str] = set()
         self.timeline: list[str] = []  # what say() said, for the error report
         self._standby_wait_since: float | None = None
@@ -273,6 +271,7 @@ class Demo:
             self.cluster_started = True
             raise
         self.s3 = info["s3"]
+        self.host_from_pods = info["hostFromPods"]
         self.kubeconfig = Path(info["kubeconfig"])
         self.api = config.new_client_from_config(str(self.kubeconfig))
         self.core = client.CoreV1Api(self.api)
@@ -331,10 +330,11 @@ class Demo:
         command = [sys.executable, "-m", "gemini_cli", "operator", "run", "--kubeconfig",
                    str(self.kubeconfig), "--namespace", plan.NAMESPACE, "--lease-namespace",
                    plan.NAMESPACE, "--sidecar-image", self.pods.image("sidecar")]
-        if self.pods.hints:  # launchers tell it of a failure at once (gemini_operator.hints)
-            hint_port = free_port()
-            command += ["--hint-port", str(hint_port),
-                        "--hint-url", f"http://127.0.0.1:{hint_port}"]
+        # Launchers tell it of a failure at once (gemini_operator.hints); it serves on every
+        # host address.
+        hint_port = free_port()
+        command += ["--hint-port", str(hint_port),
+                    "--hint-url", f"http://{self.host_from_pods}:{hint_port}"]
         # a signal now would lose the operator's handle: it waits until the handle is kept
         with self.guard.shielded(), open(log, "wb") as out:
             self.operator = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
@@ -345,7 +345,7 @@ class Demo:
         self.say(f"operator started (pid {self.operator.pid}, log {log})")
 
     def submit(self) -> None:
-        body = plan.job_manifest(self.config, self.pods.script, self.s3[self.pods.s3_key],
+        body = plan.job_manifest(self.config, self.pods.script, self.s3["podURL"],
                                  self.s3["bucket"], f"demo-{int(time.time())}",
                                  image=self.pods.image("examples"))
         self.prefix = body["spec"]["persistence"]["bucketURI"].split("/", 3)[3]

@@ -89,7 +89,8 @@ def up(state_dir: Path, topology: Topology, with_s3: bool = False,
             _start_kubelet_nodes(plane, state_dir, topology, timeout, archives)
         else:
             _start_node_agents(plane, state_dir, topology, timeout)
-        s3 = _start_s3(state_dir, kubelet) if with_s3 else None
+        pods_reach_host_at = _host_from_pods(state_dir, kubelet)
+        s3 = _start_s3(state_dir, pods_reach_host_at) if with_s3 else None
         queue = _start_kueue(plane, state_dir) if with_kueue else None
     except BaseException:
         down(state_dir)
@@ -100,6 +101,7 @@ def up(state_dir: Path, topology: Topology, with_s3: bool = False,
         "nodeKind": "kubelet" if kubelet else "node-agent",
         "images": {t: images_mod.image_name(t) for t in images},
         "imageArchives": {t: str(a) for t, a in archives.items()}, "s3": s3,
+        "hostFromPods": pods_reach_host_at,
         "kueue": queue, "startupSeconds": round(time.monotonic() - started, 2),
     }
     (state_dir / "cluster.json").write_text(json.dumps(info, indent=2))
@@ -240,17 +242,25 @@ def _stop_kubelet_nodes(state_dir: Path) -> list[str]:
     return running
 
 
-def _start_s3(state_dir: Path, kubelet: bool) -> dict[str, Any]:
-    """The S3 endpoint; on kubelet nodes also `podURL`, where pods reach it (the first
-    node's bridge address: node agents' pods share the host's loopback, a real pod does not)."""
-    from gemini_local import s3
+def _host_from_pods(state_dir: Path, kubelet: bool) -> str:
+    """The host's address as pods reach it (a service on the host bound to every address, the
+    operator's hint server or S3): node agents' pods share the host's loopback; a kubelet
+    node's pod has its own and reaches the host at its bridge's address, the first node's
+    here (a lost node keeps its bridge)."""
     from gemini_local.kubelet import KubeletNode
 
-    gateway = KubeletNode.at(0, state_dir / KUBELET_NODES / "n0").gateway if kubelet else None
-    endpoint = s3.start_s3(state_dir / "s3", also_on=[gateway] if gateway else [])
+    return KubeletNode.at(0, state_dir / KUBELET_NODES / "n0").gateway if kubelet \
+        else "127.0.0.1"
+
+
+def _start_s3(state_dir: Path, pods_reach_host_at: str) -> dict[str, Any]:
+    """The S3 endpoint; also `podURL`, where pods reach it (the same as `url` on node agents)."""
+    from gemini_local import s3
+
+    pod_address = [] if pods_reach_host_at == "127.0.0.1" else [pods_reach_host_at]
+    endpoint = s3.start_s3(state_dir / "s3", also_on=pod_address)
     info = endpoint.to_dict()
-    if gateway:
-        info["podURL"] = endpoint.url.replace("127.0.0.1", gateway)
+    info["podURL"] = endpoint.url.replace("127.0.0.1", pods_reach_host_at)
     return info
 
 
@@ -315,8 +325,8 @@ def status(state_dir: Path) -> dict[str, Any]:
         result["nodes"] = _node_health(plane)
     meta = state_dir / "cluster.json"
     if meta.exists():
-        result["s3"] = json.loads(meta.read_text()).get("s3")
-        result["kueue"] = json.loads(meta.read_text()).get("kueue")
+        recorded = json.loads(meta.read_text())
+        result.update({k: recorded.get(k) for k in ("s3", "kueue", "hostFromPods")})
     return result
 
 

@@ -59,6 +59,15 @@ the whole stays within 63 characters. Arguments: (list $ "metrics")
 {{- printf "%s-%s" $base $suffix }}
 {{- end }}
 
+{{/* The hint server's URL as worker pods reach it: failureHints.url, else the Service's. */}}
+{{- define "gemini-operator.hintURL" -}}
+{{- if .Values.failureHints.url }}
+{{- .Values.failureHints.url }}
+{{- else }}
+{{- printf "http://%s.%s.svc:%d" (include "gemini-operator.suffixedName" (list $ "hints")) .Release.Namespace (int .Values.failureHints.port) }}
+{{- end }}
+{{- end }}
+
 {{/* The ServiceAccount the operator runs as. */}}
 {{- define "gemini-operator.serviceAccountName" -}}
 {{- if .Values.serviceAccount.create }}

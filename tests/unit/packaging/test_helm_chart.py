@@ -181,6 +181,19 @@ def test_the_hints_service_reaches_the_operator_at_the_url_the_pods_are_given(he
     assert args.hint_port is None and args.hint_url is None
 
 
+def test_a_hint_url_given_replaces_the_service_and_a_malformed_one_is_refused(helm: Helm):
+    # hostNetwork on a cluster without kube-proxy or DNS: pods reach the node's address.
+    objects = helm.template("--set", "hostNetwork=true",
+                            "--set", "failureHints.url=http://10.250.50.1:8090")
+    args = build_run_args(container(objects)["args"])
+    assert (args.hint_port, args.hint_url) == (8090, "http://10.250.50.1:8090")
+    assert not [o for o in by_kind(objects, "Service")
+                if o["metadata"]["labels"].get("app.kubernetes.io/component") == "hints"]
+    for bad in ("10.250.50.1:8090", "http://host:8090/v1/hints"):
+        with pytest.raises(RenderError, match="failureHints/url"):
+            helm.template("--set", f"failureHints.url={bad}")
+
+
 # --- PriorityClasses of GeminiJob pods ------------------------------------------------------------
 
 def test_the_chart_makes_the_priority_classes_the_operator_names(helm: Helm):
