@@ -2,17 +2,21 @@
 
 Built by hack/build-images.sh (buildah over a Debian-built Python base, no Docker daemon) and
 kept outside the clone, under `$GEMINI_CACHE/images/<key>/<target>.tar`, where the key hashes
-every file the Dockerfile copies: an unchanged source tree is never built twice.
+every file the Dockerfile copies: an unchanged source tree is never built twice (two runs
+wanting the same source's images take turns, the second using what the first built).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from gemini_local.controlplane import REPO_ROOT, cache_root
@@ -75,16 +79,29 @@ def archives(targets: list[str]) -> dict[str, Path]:
     if unknown:
         raise ImageError(f"unknown image {unknown[0]!r}; the Dockerfile builds {TARGETS}")
     folder = cache_dir() / source_key()
-    missing = [t for t in targets if not (folder / f"{t}.tar").exists()]
-    if missing:
-        _build(missing, folder)
+    if any(not (folder / f"{t}.tar").exists() for t in targets):
+        with _building(folder):  # another build of this source may have made them meanwhile
+            missing = [t for t in targets if not (folder / f"{t}.tar").exists()]
+            if missing:
+                _build(missing, folder)
     return {t: folder / f"{t}.tar" for t in targets}
 
 
-def _build(targets: list[str], folder: Path) -> None:
+@contextlib.contextmanager
+def _building(folder: Path) -> Iterator[None]:
+    """One build of a source at a time; its holder removes what a killed build left (a
+    SIGKILL or an unhandled SIGTERM skips the temporary folder's cleanup: gigabytes)."""
     if os.geteuid() != 0:
         raise ImageError("building images needs root (buildah with chroot isolation)")
     folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for stale in folder.glob(".build-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        yield
+
+
+def _build(targets: list[str], folder: Path) -> None:
     with tempfile.TemporaryDirectory(dir=folder, prefix=".build-") as tmp:
         result = subprocess.run(["bash", str(BUILD_SCRIPT), "--oci-dir", tmp, *targets],
                                 stdout=subprocess.PIPE, text=True, check=False)

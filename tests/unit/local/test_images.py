@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+
+import pytest
 
 from gemini_local import images
 
@@ -36,3 +39,33 @@ def test_images_are_named_as_the_chart_names_them() -> None:
     assert "repository: gemini-operator" in chart and "repository: gemini-sidecar" in chart
     assert images.image_name("operator") == f"gemini-operator:{images.version()}"
     assert images.full_name("sidecar") == f"docker.io/library/gemini-sidecar:{images.version()}"
+
+
+def test_a_build_waits_for_another_of_its_source_and_clears_what_a_killed_one_left(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(images, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(images, "source_key", lambda: "key")
+    monkeypatch.setattr(images.os, "geteuid", lambda: 0)
+    folder = tmp_path / "key"
+    (folder / ".build-killed").mkdir(parents=True)
+    (folder / ".build-killed" / "trainer.tar").write_bytes(b"partial")
+    built: list[list[str]] = []
+
+    def build(targets: list[str], into: Path) -> None:
+        built.append(targets)
+        for target in targets:
+            (into / f"{target}.tar").write_bytes(b"image")
+
+    monkeypatch.setattr(images, "_build", build)
+    other = threading.Thread(target=images.archives, args=(["operator"],))
+    with images._building(folder):  # a build of the same source under way
+        assert not (folder / ".build-killed").exists()
+        other.start()
+        other.join(0.3)
+        assert other.is_alive() and not built, "the second build did not wait"
+        build(["operator"], folder)
+    other.join(5)
+    assert built == [["operator"]], "the waiting build built what the first one made"
+    assert images.archives(["operator", "sidecar"]) == {
+        "operator": folder / "operator.tar", "sidecar": folder / "sidecar.tar"}
+    assert built[-1] == ["sidecar"]
