@@ -314,9 +314,8 @@ def test_helm_installs_the_operator_image_and_a_job_recovers_crashes_in_place(
     _a_queued_job_is_admitted_by_kueue_and_runs(custom)
 
 
-# A kubelet node here reports the box's 2 CPUs: what a shipped trainer may ask beside its
-# sidecar's 500m.
-NODE_CPUS_FOR_TRAINER = 1.5
+# A kubelet node here reports the box's 2 CPUs.
+NODE_CPUS = 2
 
 
 def _shipped_on_kubelet_nodes(manifest: dict[str, Any], s3: dict[str, Any]) -> dict[str, Any]:
@@ -333,8 +332,10 @@ def _shipped_on_kubelet_nodes(manifest: dict[str, Any], s3: dict[str, Any]) -> d
     trainer["args"] = with_options(trainer["args"], {**TINY, "--step-sleep": "1.0"})
     trainer["env"] = [{"name": "OMP_NUM_THREADS", "value": "1"}]
     requests = trainer["resources"]["requests"]
-    if parse_quantity(requests["cpu"]) > NODE_CPUS_FOR_TRAINER:
-        requests["cpu"] = str(NODE_CPUS_FOR_TRAINER)
+    sidecar = spec["checkpoint"].get("sidecar", {}).get("resources", {}).get("requests", {})
+    room = NODE_CPUS - parse_quantity(sidecar.get("cpu", "0"))  # FSDP's 2: as shipped
+    if parse_quantity(requests["cpu"]) > room:
+        requests["cpu"] = str(float(room))
     spec["persistence"].update(bucketURI=f"s3://{s3['bucket']}/{job['metadata']['name']}",
                                endpoint=s3["podURL"])
     return job
