@@ -189,6 +189,12 @@ def test_a_hint_url_given_replaces_the_service_and_a_malformed_one_is_refused(he
     assert (args.hint_port, args.hint_url) == (8090, "http://10.250.50.1:8090")
     assert not [o for o in by_kind(objects, "Service")
                 if o["metadata"]["labels"].get("app.kubernetes.io/component") == "hints"]
+    # The pod's own address, expanded by the kubelet from the downward API.
+    objects = helm.template("--set", "failureHints.url=http://$(GEMINI_POD_IP):8090")
+    env = {e["name"]: e for e in container(objects)["env"]}
+    assert env["GEMINI_POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert build_run_args(container(objects)["args"]).hint_url == \
+        "http://$(GEMINI_POD_IP):8090"
     for bad in ("10.250.50.1:8090", "http://host:8090/v1/hints"):
         with pytest.raises(RenderError, match="failureHints/url"):
             helm.template("--set", f"failureHints.url={bad}")
