@@ -361,6 +361,22 @@ def _example_on_kubelet_nodes(kubelet_cluster: dict[str, Any], example: str
     return job, REPO / trainer["command"][1].removeprefix("/app/"), trainer["args"]
 
 
+@contextlib.contextmanager
+def _example_running(kubelet_cluster: dict[str, Any], example: str, tmp_path: Path
+                     ) -> Iterator[tuple[str, ReferenceRun]]:
+    """`_example_on_kubelet_nodes` created, with its loopback reference run started; the job's
+    name and that run. The reference stops and the job is deleted after."""
+    custom = client.CustomObjectsApi(kubelet_cluster["api"])
+    job, script, args = _example_on_kubelet_nodes(kubelet_cluster, example)
+    reference = ReferenceRun(script, args, 2, tmp_path / "reference").start()
+    try:
+        create_job(custom, job)
+        yield job["metadata"]["name"], reference
+    finally:
+        reference.stop()
+    delete_job(custom, job["metadata"]["name"])
+
+
 def test_the_fsdp_example_as_shipped_recovers_a_crash_in_its_image(
         kubelet_cluster: dict[str, Any], installed_operator: str, tmp_path: Path) -> None:
     """examples/geminijob-fsdp.yaml in the examples image it names (train_fsdp.py with PyTorch
@@ -370,11 +386,7 @@ def test_the_fsdp_example_as_shipped_recovers_a_crash_in_its_image(
     state_dir: Path = kubelet_cluster["state_dir"]
     api = kubelet_cluster["api"]
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    job, script, args = _example_on_kubelet_nodes(kubelet_cluster, "fsdp")
-    name = job["metadata"]["name"]
-    reference = ReferenceRun(script, args, 2, tmp_path / "reference").start()
-    try:
-        create_job(custom, job)
+    with _example_running(kubelet_cluster, "fsdp", tmp_path) as (name, reference):
         crashed = f"{name}-worker-1"
         wait_until(lambda: newest_step(core, crashed) >= 4, 240, f"{crashed} at step 4",
                    interval=0.5)
@@ -389,9 +401,6 @@ def test_the_fsdp_example_as_shipped_recovers_a_crash_in_its_image(
         assert final.get("checkpoint", {}).get("persistedStep"), final  # S3 as configured
         print(f"fsdp example on kubelet nodes: crash recovered in {crash['durationSeconds']} s")
         assert_losses(core, f"{name}-worker-0", reference.wait(timeout=300))
-    finally:
-        reference.stop()
-    delete_job(custom, name)
 
 
 def test_the_zero3_example_as_shipped_trains_to_the_reference_losses_with_its_spare(
@@ -403,11 +412,7 @@ def test_the_zero3_example_as_shipped_trains_to_the_reference_losses_with_its_sp
     in S3, and rank 0's losses equal an uninterrupted loopback run's."""
     api = kubelet_cluster["api"]
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    job, script, args = _example_on_kubelet_nodes(kubelet_cluster, "zero3")
-    name = job["metadata"]["name"]
-    reference = ReferenceRun(script, args, 2, tmp_path / "reference").start()
-    try:
-        create_job(custom, job)
+    with _example_running(kubelet_cluster, "zero3", tmp_path) as (name, reference):
         wait_until(lambda: status_of(custom, name).get("state") == "Running", 120,
                    f"{name} Running", interval=0.5)
         spare = naming.spare_pod_name(name, 0)
@@ -428,9 +433,6 @@ def test_the_zero3_example_as_shipped_trains_to_the_reference_losses_with_its_sp
         print(f"zero3 example on kubelet nodes: {len(nodes)} pods on {sorted(nodes.values())}, "
               f"persisted step {final['checkpoint']['persistedStep']}")
         assert_losses(core, f"{name}-worker-0", reference.wait(timeout=300))
-    finally:
-        reference.stop()
-    delete_job(custom, name)
 
 
 @pytest.fixture(scope="module")
