@@ -25,6 +25,13 @@ FAST_S3 = ("--persist-interval", "5")
 
 
 
+def recoveries(report: dict) -> str:
+    """Each failure's recovery and those no failure asked for, for an assertion's message."""
+    rows = [(f["kind"], f["source"], f["operator_recovery"].get("epoch"),
+             f["operator_recovery"].get("message")) for f in report["failures"]]
+    return f"recoveries {rows}; unplanned {report['unplanned_recoveries']}"
+
+
 @pytest.fixture
 def demo_dir() -> Iterator[Path]:
     # Short: the control plane's unix sockets live under it.
@@ -67,8 +74,8 @@ def test_the_demo_on_kubelet_nodes_recovers_every_failure_with_the_reference_los
         if failure["source"] in ("local", "peer"):
             assert failure["steps_lost"] <= 1, failure
     # The whole group's holders are gone: only S3 has that shard.
-    assert report["failures"][2]["source"] == "s3"
-    assert report["failures"][0]["source"] in ("local", "peer")
+    assert report["failures"][2]["source"] == "s3", recoveries(report)
+    assert report["failures"][0]["source"] in ("local", "peer"), recoveries(report)
     assert plot.stat().st_size > 10_000
     # Torn down: nothing of the demo's cluster still runs.
     status = subprocess.run([sys.executable, "-m", "gemini_cli", "local", "--state-dir",
@@ -98,7 +105,8 @@ def test_two_processes_per_node_recover_every_failure_with_the_reference_losses(
     assert (report["procs_per_node"], report["engine"]) == (2, engine)
     assert report["losses_match"] is True
     sources = [(f["kind"], f["source"]) for f in report["failures"]]
-    assert sources == [("trainer-crash", "local"), ("node-loss", "peer"), ("group-loss", "s3")]
+    assert sources == [("trainer-crash", "local"), ("node-loss", "peer"), ("group-loss", "s3")], \
+        recoveries(report)
     assert all(f["losses_match"] is True for f in report["failures"]), report["failures"]
 
 

@@ -264,6 +264,24 @@ def _dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
+def is_own_recovery(last: Mapping[str, Any], before: Mapping[str, Any],
+                    kept: Mapping[str, Any]) -> bool:
+    """Whether status.lastRecovery `last` is the failure's own: the first one written after
+    it (`before` was there at the injection), or the same epoch as the one `kept`; a later
+    epoch is another recovery."""
+    if not last or last == before:
+        return False
+    return not kept or last.get("epoch") == kept.get("epoch")
+
+
+def recovery_summary(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What the report keeps of a status.lastRecovery no injected failure asked for."""
+    return {"epoch": record.get("epoch"), "cause": record.get("cause"),
+            "source": source_name(record.get("source")),
+            "failed_ranks": record.get("failedRanks"), "message": record.get("message"),
+            "restored_step": record.get("restoredStep"), "detected_at": record.get("detectedAt")}
+
+
 def source_name(raw: str | None) -> str:
     """status.lastRecovery.source (Local | Peers | S3) as the report spells it."""
     return {"local": "local", "peers": "peer", "peer": "peer", "s3": "s3"}.get(

@@ -140,6 +140,9 @@ def render_text(report: Mapping[str, Any]) -> str:
         if row["breakdown_seconds"]:
             parts = ", ".join(f"{k} {v:.1f}s" for k, v in row["breakdown_seconds"].items())
             lines.append(f"{'':<14}breakdown: {parts}")
+    for extra in report.get("unplanned_recoveries") or []:
+        lines.append(f"also recovered (no failure injected): epoch {extra['epoch']}, "
+                     f"from {extra['source'] or '?'}: {extra['message']}")
     return "\n".join(lines)
 
 

@@ -187,6 +187,7 @@ class Demo:
         self.timeline: list[str] = []  # what say() said, for the error report
         self._standby_wait_since: float | None = None
         self.watch: RecoveringWatch | None = None
+        self.unplanned: dict[int, dict[str, Any]] = {}  # epoch -> lastRecovery (note_recovery)
         self.cluster_started = False
         self.guard = SignalGuard()
         self.log = StepLog(self.state_dir, plan.NAMESPACE, f"{plan.JOB_NAME}-worker-0",
@@ -378,6 +379,8 @@ class Demo:
             event = self.new_events()
             if current is None and done:
                 self.note_recovery(done[-1], status)
+            elif current is None and (early := status.get("lastRecovery")):
+                self.unplanned.setdefault(int(early.get("epoch") or 0), dict(early))
             if current is not None and current.kind == "slow-link":
                 if self.heal_slow_link(current):
                     done.append(current)
@@ -502,13 +505,15 @@ class Demo:
         current.resumed = resumption(self.log.lines, current.at, current.generation)
         self.note_recovery(current, status)
 
-    @staticmethod
-    def note_recovery(item: Injected, status: dict[str, Any]) -> None:
-        """Keep status.lastRecovery once it is this failure's (it may be written a moment
-        after training resumed, and is replaced by the next failure's)."""
+    def note_recovery(self, item: Injected, status: dict[str, Any]) -> None:
+        """Keep the first status.lastRecovery written after the failure as its own (it may be
+        written a moment after training resumed); a later epoch's is another recovery, one no
+        injected failure asked for (kept apart: report's unplanned_recoveries)."""
         last = dict(status.get("lastRecovery") or {})
-        if last and last != item.earlier_recovery:
+        if plan.is_own_recovery(last, item.earlier_recovery, item.recovery):
             item.recovery = last
+        elif last and last != item.earlier_recovery:
+            self.unplanned.setdefault(int(last.get("epoch") or 0), last)
 
     def new_events(self) -> str:
         fresh = []
@@ -545,6 +550,8 @@ class Demo:
             "replicas": self.config.replicas,
             "losses_match": everything,
             "failures": rows,
+            "unplanned_recoveries": [plan.recovery_summary(self.unplanned[e])
+                                     for e in sorted(self.unplanned)],
             "s3_checkpoint": None if costs is None else {
                 "write_seconds": round(costs[0], 3), "read_seconds": round(costs[1], 3),
                 "bytes": costs[2]},

@@ -123,6 +123,22 @@ def test_the_progress_line_shows_step_loss_checkpoints_state_and_event() -> None
     assert "step    -" in plan.progress_line(0.0, None, None, {}, "")
 
 
+def test_a_failure_keeps_the_first_recovery_written_after_it_not_a_later_one() -> None:
+    """A recovery after the failure's own (a later epoch: another crash once training
+    resumed) is not the failure's; the report lists it apart."""
+    before = {"epoch": 3, "source": "Peers"}
+    own = {"epoch": 4, "source": "S3"}
+    later = {"epoch": 5, "source": "Local"}
+    assert not plan.is_own_recovery({}, before, {})
+    assert not plan.is_own_recovery(before, before, {})  # the earlier failure's, still there
+    assert plan.is_own_recovery(own, before, {})
+    assert plan.is_own_recovery({**own, "message": "rewritten"}, before, own)
+    assert not plan.is_own_recovery(later, before, own)
+    assert plan.recovery_summary({**later, "message": "rank 1: exited with code 1"}) == {
+        "epoch": 5, "cause": None, "source": "local", "failed_ranks": None,
+        "message": "rank 1: exited with code 1", "restored_step": None, "detected_at": None}
+
+
 @pytest.mark.parametrize(("raw", "name"), [("Local", "local"), ("Peers", "peer"), ("S3", "s3"),
                                            (None, ""), ("weird", "")])
 def test_recovery_sources_are_named_as_the_report_spells_them(raw: str | None, name: str) -> None:

@@ -76,3 +76,8 @@ def test_without_s3_timings_the_baseline_is_absent_and_the_text_says_so() -> Non
     assert "losses equal the reference: NO" in text
     (line,) = [t for t in text.splitlines() if t.startswith("trainer-crash")]
     assert line.split() == ["trainer-crash", "?", "-", "-", "-", "NO", "-", "-"]
+    extra = {"epoch": 5, "source": "local", "message": "rank 1: exited with code 1"}
+    text = render_text({"iteration_seconds": 0.5, "steps": 20, "losses_match": True,
+                        "failures": [row], "unplanned_recoveries": [extra]})
+    assert text.splitlines()[-1] == ("also recovered (no failure injected): epoch 5, from "
+                                     "local: rank 1: exited with code 1")
