@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,9 +27,14 @@ FAST_S3 = ("--persist-interval", "5")
 
 
 def recoveries(report: dict) -> str:
-    """Each failure's recovery and those no failure asked for, for an assertion's message."""
+    """Each failure's recovery and those no failure asked for, for an assertion's message.
+    Unplanned ones do not fail the test (its failures were each recovered from the right
+    tier, the losses say the rest) but show in the run's warnings summary."""
     rows = [(f["kind"], f["source"], f["operator_recovery"].get("epoch"),
              f["operator_recovery"].get("message")) for f in report["failures"]]
+    if report["unplanned_recoveries"]:
+        warnings.warn(f"recoveries no failure asked for: {report['unplanned_recoveries']}",
+                      stacklevel=2)
     return f"recoveries {rows}; unplanned {report['unplanned_recoveries']}"
 
 
@@ -74,8 +80,9 @@ def test_the_demo_on_kubelet_nodes_recovers_every_failure_with_the_reference_los
         if failure["source"] in ("local", "peer"):
             assert failure["steps_lost"] <= 1, failure
     # The whole group's holders are gone: only S3 has that shard.
-    assert report["failures"][2]["source"] == "s3", recoveries(report)
-    assert report["failures"][0]["source"] in ("local", "peer"), recoveries(report)
+    said = recoveries(report)
+    assert report["failures"][2]["source"] == "s3", said
+    assert report["failures"][0]["source"] in ("local", "peer"), said
     assert plot.stat().st_size > 10_000
     # Torn down: nothing of the demo's cluster still runs.
     status = subprocess.run([sys.executable, "-m", "gemini_cli", "local", "--state-dir",
@@ -105,8 +112,9 @@ def test_two_processes_per_node_recover_every_failure_with_the_reference_losses(
     assert (report["procs_per_node"], report["engine"]) == (2, engine)
     assert report["losses_match"] is True
     sources = [(f["kind"], f["source"]) for f in report["failures"]]
+    said = recoveries(report)
     assert sources == [("trainer-crash", "local"), ("node-loss", "peer"), ("group-loss", "s3")], \
-        recoveries(report)
+        said
     assert all(f["losses_match"] is True for f in report["failures"]), report["failures"]
 
 
