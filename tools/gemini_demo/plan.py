@@ -264,14 +264,17 @@ def _dash(value: object) -> str:
     return "-" if value is None else str(value)
 
 
+def is_new_recovery(last: Mapping[str, Any], before: Mapping[str, Any]) -> bool:
+    """Whether status.lastRecovery `last` was written since `before` was there."""
+    return bool(last) and last != before
+
+
 def is_own_recovery(last: Mapping[str, Any], before: Mapping[str, Any],
                     kept: Mapping[str, Any]) -> bool:
     """Whether status.lastRecovery `last` is the failure's own: the first one written after
     it (`before` was there at the injection), or the same epoch as the one `kept`; a later
     epoch is another recovery."""
-    if not last or last == before:
-        return False
-    return not kept or last.get("epoch") == kept.get("epoch")
+    return is_new_recovery(last, before) and (not kept or last.get("epoch") == kept.get("epoch"))
 
 
 def recovery_summary(record: Mapping[str, Any]) -> dict[str, Any]:

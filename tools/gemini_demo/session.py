@@ -380,7 +380,7 @@ class Demo:
             if current is None and done:
                 self.note_recovery(done[-1], status)
             elif current is None and (early := status.get("lastRecovery")):
-                self.unplanned.setdefault(int(early.get("epoch") or 0), dict(early))
+                self.note_unplanned(early)
             if current is not None and current.kind == "slow-link":
                 if self.heal_slow_link(current):
                     done.append(current)
@@ -512,8 +512,12 @@ class Demo:
         last = dict(status.get("lastRecovery") or {})
         if plan.is_own_recovery(last, item.earlier_recovery, item.recovery):
             item.recovery = last
-        elif last and last != item.earlier_recovery:
-            self.unplanned.setdefault(int(last.get("epoch") or 0), last)
+        elif plan.is_new_recovery(last, item.earlier_recovery):
+            self.note_unplanned(last)
+
+    def note_unplanned(self, record: dict[str, Any]) -> None:
+        """A recovery no injected failure asked for, once per epoch."""
+        self.unplanned.setdefault(int(record.get("epoch") or 0), dict(record))
 
     def new_events(self) -> str:
         fresh = []
