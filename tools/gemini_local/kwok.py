@@ -51,6 +51,16 @@ POD_CIDR = "127.64.0.0/16"
 # waits on KCM's grace (`kwok_lose_node` writes a loss itself), so it is generous.
 LEASE_SECONDS = 40
 NODE_MONITOR_GRACE_SECONDS = 120
+# Thousands of nodes: 8,192 leases renewed every 10 s are 800 writes/s, more than an API
+# server on 2 cores takes, so renewals fall behind and healthy nodes are called lost (seen in
+# an 8,192-rank try). A longer lease (renewed every quarter of it) with a grace of 3 leases
+# keeps them Ready.
+
+
+def node_monitor_grace(lease_seconds: int = LEASE_SECONDS) -> int:
+    """The KCM grace period kwok's nodes need when their leases last `lease_seconds`."""
+    return max(NODE_MONITOR_GRACE_SECONDS, 3 * lease_seconds)
+
 # Node addresses: unique, loopback like the pods' (nothing listens there).
 _NODE_NET = ipaddress.IPv4Address("127.65.0.0")
 _NAME = "kwok"
@@ -122,41 +132,43 @@ def kwok_config(parallelism: int = 16) -> str:
     })
 
 
-def kwok_args(bin_dir: Path, kubeconfig: Path, config: Path, port: int) -> list[str]:
+def kwok_args(bin_dir: Path, kubeconfig: Path, config: Path, port: int,
+              lease_seconds: int = LEASE_SECONDS) -> list[str]:
     return [
         str(bin_dir / "kwok"), f"--kubeconfig={kubeconfig}",
         f"--config={config}", f"--config={STAGES}",
         "--manage-all-nodes=false",
         f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION}={KWOK_ANNOTATION_VALUE}",
-        f"--node-lease-duration-seconds={LEASE_SECONDS}", f"--cidr={POD_CIDR}",
+        f"--node-lease-duration-seconds={lease_seconds}", f"--cidr={POD_CIDR}",
         # Its health endpoint, served once its controllers have started (loopback only).
         f"--server-address=127.0.0.1:{port}", "--v=WARN",
     ]
 
 
-def start_kwok(plane: ControlPlane, state_dir: Path, timeout: float = 60.0) -> int:
+def start_kwok(plane: ControlPlane, state_dir: Path, timeout: float = 60.0,
+               lease_seconds: int = LEASE_SECONDS) -> int:
     """Start kwok against `plane`, its pid, log and config under `state_dir`; return its pid.
 
     Returns once kwok's controllers run. Start `plane` with
-    `node_monitor_grace_seconds=NODE_MONITOR_GRACE_SECONDS`, or KCM may take busy fake nodes
-    for lost ones.
+    `node_monitor_grace_seconds=node_monitor_grace(lease_seconds)`, or KCM may take busy fake
+    nodes for lost ones.
     """
     pid_dir, log_dir = state_dir / "pids", state_dir / "logs"
     if processes.running_pid(_NAME, pid_dir) is not None:
         raise KwokError(f"kwok is already running for {state_dir}; stop_kwok() it first")
-    grace = _node_monitor_grace(plane)
-    if grace is not None and grace < NODE_MONITOR_GRACE_SECONDS:
+    grace, needed = _node_monitor_grace(plane), node_monitor_grace(lease_seconds)
+    if grace is not None and grace < needed:
         raise KwokError(
             f"kube-controller-manager calls a node lost after {grace} s of silence, but kwok "
-            f"renews leases every {LEASE_SECONDS // 4} s: start the control plane with "
-            f"node_monitor_grace_seconds={NODE_MONITOR_GRACE_SECONDS} "
+            f"renews leases every {lease_seconds // 4} s: start the control plane with "
+            f"node_monitor_grace_seconds={needed} "
             "(gemini_local.kwok.start_kwok_cluster does)")
     bin_dir = kwok_bin_dir()
     state_dir.mkdir(parents=True, exist_ok=True)
     config = state_dir / "kwok-config.yaml"
     config.write_text(kwok_config())
     port = processes.free_port()
-    argv = kwok_args(bin_dir, plane.kubeconfig, config, port)
+    argv = kwok_args(bin_dir, plane.kubeconfig, config, port, lease_seconds)
     pid = processes.spawn(_NAME, argv, pid_dir, log_dir)
     log = log_dir / f"{_NAME}.log"
     deadline = time.monotonic() + timeout
@@ -415,13 +427,14 @@ def _edit_taints(core: Any, name: str, edit: Callable[[list[dict[str, Any]]], li
                 raise
     raise KwokError(f"could not update the taints of node {name}: it kept changing")
 
-def start_kwok_cluster(state_dir: Path) -> ControlPlane:
+def start_kwok_cluster(state_dir: Path, lease_seconds: int = LEASE_SECONDS) -> ControlPlane:
     """A control plane for fake nodes (KCM's grace fitted to kwok's leases) and kwok on it."""
     from gemini_local.controlplane import start_control_plane, stop_control_plane
 
-    plane = start_control_plane(state_dir, node_monitor_grace_seconds=NODE_MONITOR_GRACE_SECONDS)
+    grace = node_monitor_grace(lease_seconds)
+    plane = start_control_plane(state_dir, node_monitor_grace_seconds=grace)
     try:
-        start_kwok(plane, state_dir)
+        start_kwok(plane, state_dir, lease_seconds=lease_seconds)
     except BaseException:
         stop_control_plane(state_dir)
         raise

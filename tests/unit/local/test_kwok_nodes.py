@@ -58,17 +58,26 @@ def test_kwok_runs_with_our_stages_and_lease() -> None:
     assert kwok.STAGES.exists()
 
 
+def test_a_longer_lease_gets_a_grace_of_three_leases() -> None:
+    args = kwok.kwok_args(Path("/bin"), Path("/kubeconfig"), Path("/c.yaml"), 1234, 1200)
+    assert "--node-lease-duration-seconds=1200" in args
+    assert kwok.node_monitor_grace(1200) == 3600
+    assert kwok.node_monitor_grace() == kwok.NODE_MONITOR_GRACE_SECONDS
 
-def test_kwok_refuses_a_control_plane_that_would_call_its_nodes_lost(tmp_path: Path) -> None:
+
+@pytest.mark.parametrize(("grace", "lease"), [(8, kwok.LEASE_SECONDS), (120, 1200)])
+def test_kwok_refuses_a_control_plane_that_would_call_its_nodes_lost(
+    tmp_path: Path, grace: int, lease: int
+) -> None:
     # A stand-in process with KCM's name and command line; start_kwok reads only those.
     argv = [sys.executable, "-c", "import time; time.sleep(60)",
-            "--node-monitor-period=1s", "--node-monitor-grace-period=8s"]
+            "--node-monitor-period=1s", f"--node-monitor-grace-period={grace}s"]
     processes.spawn("kube-controller-manager", argv, tmp_path / "pids", tmp_path / "logs")
     plane = ControlPlane(tmp_path, Ports(1, 2, 3, 4, 5), tmp_path / "kubeconfig",
                          Pki(tmp_path / "pki"))
     try:
-        wanted = f"node_monitor_grace_seconds={kwok.NODE_MONITOR_GRACE_SECONDS}"
+        wanted = f"node_monitor_grace_seconds={kwok.node_monitor_grace(lease)}"
         with pytest.raises(kwok.KwokError, match=wanted):
-            kwok.start_kwok(plane, tmp_path)
+            kwok.start_kwok(plane, tmp_path, lease_seconds=lease)
     finally:
         processes.stop("kube-controller-manager", tmp_path / "pids", grace_seconds=1)
