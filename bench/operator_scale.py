@@ -235,6 +235,7 @@ class RunResult:
     operator_log: Path
     steps: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # "create" / "recovery" -> why
+    cleanup_error: str = ""  # the run's figures stand; no further run on an unclean cluster
 
     def step(self, name: str, since: float, at: float) -> float:
         self.steps[name] = at - since
@@ -378,17 +379,29 @@ def one_run(plane: ControlPlane, api: Any, watch: PodWatch, log: Path, name: str
     before = {p.uid for p in pods}
     result.steps["other_ranks_recreated"] = len(
         {p.rank for p in live() if p.rank not in lost_ranks and p.uid not in before})
-    result.steps["status_bytes_max"] = max(sizes, default=0)
-    cleanup(plane, api, custom, name, lost_nodes)
+    result.step("status_bytes_max", 0, max(sizes, default=0))
+    try:
+        cleanup(plane, api, custom, name, lost_nodes)
+    except Exception as err:  # said in the report; the figures above stand
+        result.cleanup_error = f"{type(err).__name__}: {str(err)[:300]}"
     return result
 
 
 def cleanup(plane: ControlPlane, api: Any, custom: Any, name: str, lost_nodes: set[str]) -> None:
+    from kubernetes.client.exceptions import ApiException
+
     core = kwok.core_api(plane.kubeconfig, pool=4)
     custom.delete_namespaced_custom_object(GROUP, VERSION, NAMESPACE, PLURAL, name)
     # Not left to KCM's garbage collector: a thousand deletes at its client's rate take minutes.
-    core.delete_collection_namespaced_pod(NAMESPACE, label_selector=f"{LABEL_JOB}={name}",
-                                          grace_period_seconds=0)
+    # 8,192 deletes outlast the API server's 60 s request timeout (504): ask again for the rest.
+    for attempt in range(10):
+        try:
+            core.delete_collection_namespaced_pod(
+                NAMESPACE, label_selector=f"{LABEL_JOB}={name}", grace_period_seconds=0)
+            break
+        except ApiException as err:
+            if err.status != 504 or attempt == 9:
+                raise
     for node in lost_nodes:
         kwok.kwok_restore_node(plane.kubeconfig, node)
     kwok.wait_nodes_ready(plane.kubeconfig, lost_nodes, timeout=60)
@@ -518,6 +531,10 @@ def measure(cleanup: Cleanup) -> int:
                   f"{result.errors or ''}", file=sys.stderr, flush=True)
             if result.errors:
                 break  # a target missed once has no median; more runs would only repeat it
+            if result.cleanup_error:
+                print(f"cleaning up after run {i} failed: {result.cleanup_error}",
+                      file=sys.stderr, flush=True)
+                break
         watch.stop.set()
     except Exception as err:  # reported in the JSON lines, never as a number
         error = str(err) if isinstance(err, BenchError) else f"{type(err).__name__}: {err}"
@@ -570,6 +587,8 @@ def report(results: list[RunResult], setup: dict[str, float], error: str,
         values = [r.steps[key] for r in results if key in r.steps]
         return round(statistics.median(values), 3) if values else None
 
+    unclean = next((r.cleanup_error for r in results if r.cleanup_error), "")
+
     def line(target: str, metric: str, total: str, goal: float, steps: list[str],
              baseline: str) -> str:
         errors = [r.errors[target] for r in results if target in r.errors]
@@ -583,6 +602,7 @@ def report(results: list[RunResult], setup: dict[str, float], error: str,
             f"baseline_{baseline}": round(setup[baseline], 3) if baseline in setup else None,
             "runs": len(results), "ranks": args.ranks, "lost": args.lost,
             "node_lease_seconds": args.lease_seconds,
+            **({"cleanup_error": unclean} if unclean else {}),
             **({"error": why} if why else {}),
         })
 
