@@ -45,7 +45,9 @@ def standby_ready(status_file: Path) -> bool:
 
 
 def launcher_with_a_ready_standby(tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
-    env = {**os.environ, "GEMINI_LAUNCHER_STANDBY": "1", "GEMINI_LAUNCHER_PREIMPORT": "fractions"}
+    # TMPDIR: a killed launcher cannot remove its temporary folder; it goes with tmp_path.
+    env = {**os.environ, "GEMINI_LAUNCHER_STANDBY": "1", "GEMINI_LAUNCHER_PREIMPORT": "fractions",
+           "TMPDIR": str(tmp_path)}
     tmp_path.mkdir()
     status = tmp_path / "status.json"
     cmd = [sys.executable, "-m", "gemini_cli", "launch", "--insecure-local", "--port", "0",

@@ -82,7 +82,9 @@ def test_killing_the_launcher_kills_its_training_process(tmp_path: Path) -> None
         cfg = LauncherConfig(command=(sys.executable, "-c", child), port=0, insecure_local=True)
         sys.exit(Launcher(cfg).run())
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script])
+    # Killed, the launcher cannot remove its temporary folder: keep it in tmp_path.
+    proc = subprocess.Popen([sys.executable, "-c", script],
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         _until(lambda: pid_file.exists() and pid_file.read_text() != "")
         child = int(pid_file.read_text())
