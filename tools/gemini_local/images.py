@@ -110,11 +110,37 @@ def _build(targets: list[str], folder: Path) -> None:
                              f"{result.returncode}); its output is above")
         for target in targets:
             os.replace(Path(tmp) / f"{target}.tar", folder / f"{target}.tar")
-    kept = sorted((d for d in cache_dir().iterdir() if d.is_dir()),
+    _prune(folder)
+
+
+def _prune(current: Path) -> None:
+    """Keep the newest few sources' archives (two clones may alternate) and the 3 GB trainer
+    images of the current one only; a folder another clone is building (its lock held) is
+    left alone."""
+    kept = sorted((d for d in cache_dir().iterdir() if d.is_dir() and d != current),
                   key=lambda d: d.stat().st_mtime, reverse=True)
-    for old in kept[_KEEP:]:  # the newest few sources' archives (two clones may alternate)
-        if old != folder:
-            shutil.rmtree(old, ignore_errors=True)
-    for old in (d for d in kept if d != folder):  # trainer images (3 GB each): newest only
-        for big in _LARGE:
-            (old / f"{big}.tar").unlink(missing_ok=True)
+    for index, old in enumerate(kept):
+        with _unless_building(old) as free:
+            if not free:
+                continue
+            if index >= _KEEP - 1:
+                shutil.rmtree(old, ignore_errors=True)
+                continue
+            for big in _LARGE:
+                (old / f"{big}.tar").unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _unless_building(folder: Path) -> Iterator[bool]:
+    """Holds the folder's build lock if no build holds it (yields False if one does)."""
+    lock_path = folder / ".build.lock"
+    if not lock_path.exists():
+        yield True
+        return
+    with open(lock_path) as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import threading
 from pathlib import Path
 
@@ -69,3 +71,25 @@ def test_a_build_waits_for_another_of_its_source_and_clears_what_a_killed_one_le
     assert images.archives(["operator", "sidecar"]) == {
         "operator": folder / "operator.tar", "sidecar": folder / "sidecar.tar"}
     assert built[-1] == ["sidecar"]
+
+
+def test_pruning_keeps_the_newest_sources_and_never_a_folder_being_built(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(images, "cache_dir", lambda: tmp_path)
+    folders = [tmp_path / f"source{i}" for i in range(6)]  # source0 the newest
+    for age, folder in enumerate(folders):
+        folder.mkdir()
+        for target in images.TARGETS:
+            (folder / f"{target}.tar").write_bytes(b"image")
+        if age >= 4:  # a finished build's lock (source4), one held by a build (source5)
+            (folder / ".build.lock").touch()
+        os.utime(folder, (1e9 - age, 1e9 - age))
+    with open(folders[5] / ".build.lock") as lock:  # another clone building the oldest
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        images._prune(folders[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "source0", "source1", "source2", "source5"]
+    assert {p.name for p in folders[0].iterdir()} == {f"{t}.tar" for t in images.TARGETS}
+    for older in (folders[1], folders[2]):
+        assert {p.name for p in older.iterdir()} == {"operator.tar", "sidecar.tar"}
+    assert (folders[5] / "trainer.tar").exists(), "the build under way lost its archive"
