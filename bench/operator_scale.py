@@ -233,6 +233,7 @@ class RunResult:
     """One run's measured steps (s) and, per target, what never happened."""
 
     operator_log: Path
+    log_start: int = 0  # the log's size when the run began: older complaints are not its own
     steps: dict[str, float] = field(default_factory=dict)
     errors: dict[str, str] = field(default_factory=dict)  # "create" / "recovery" -> why
     cleanup_error: str = ""  # the run's figures stand; no further run on an unclean cluster
@@ -249,7 +250,7 @@ class RunResult:
         try:
             return self.step(name, since, wait_for(what, timeout, interval))
         except BenchError as err:
-            why = f"{name}: {err}{last_operator_complaint(self.operator_log)}"
+            why = f"{name}: {err}{last_operator_complaint(self.operator_log, self.log_start)}"
             self.errors.setdefault(target, why)
             print(f"  never: {why}", file=sys.stderr, flush=True)
             return None
@@ -268,8 +269,8 @@ def job_status(custom: Any, name: str, sizes: list[int] | None = None) -> dict[s
     core = client.CoreV1Api(custom.api_client)
 
     def configmap(cm: str) -> dict[str, Any]:
-        return dict(json.loads(core.read_namespaced_config_map(
-            cm, NAMESPACE, _preload_content=False).data))
+        raw: Any = core.read_namespaced_config_map(cm, NAMESPACE, _preload_content=False)
+        return dict(json.loads(raw.data))  # the HTTP response, not the typed ConfigMap
 
     return rank_detail.resolve(stored, configmap)
 
@@ -307,7 +308,7 @@ def one_run(plane: ControlPlane, api: Any, watch: PodWatch, log: Path, name: str
         return (f"status.workers.ready is {ready} and status.placement.nodes covers {placed} "
                 f"of {ranks} ranks (state {status.get('state')!r})")
 
-    result = RunResult(log)
+    result = RunResult(log, log.stat().st_size if log.exists() else 0)
     t_created = result.step("pods_created_s", t0, wait_for(all_created, timeout))
     result.step("pods_running_s", t0, wait_for(all_running, timeout))
     t_status = result.attempt("create", "status_populated_s", t0, populated, timeout, 0.2)
@@ -570,12 +571,15 @@ def warm_up(plane: ControlPlane, api: Any, watch: PodWatch, log: Path, timeout: 
     cleanup(plane, api, custom, "warmup", set())
 
 
-def last_operator_complaint(log: Path) -> str:
-    """The operator's newest warning or error, which usually says why a step never happened."""
+def last_operator_complaint(log: Path, start: int = 0) -> str:
+    """The operator's newest warning or error written from byte `start` on (the run's own),
+    which usually says why a step never happened."""
     if not log.exists():
         return ""
-    lines = [line for line in log.read_text(errors="replace").splitlines()
-             if " WARNING " in line or " ERROR " in line]
+    with log.open("rb") as file:
+        file.seek(start)
+        text = file.read().decode(errors="replace")
+    lines = [line for line in text.splitlines() if " WARNING " in line or " ERROR " in line]
     return f"; the operator's last complaint: {lines[-1][:600]}" if lines else ""
 
 
