@@ -261,7 +261,7 @@ class Launcher:
         # (reset before each SIGUSR1; compared with the asked child's pid)
         self._state = "starting"
         self._exit_code: int | None = None
-        self._memory = oom.MemoryCgroup()
+        self._memory = oom.MemoryCgroup.of_this_process()
         self._exited_at: float | None = None
         self._started_at: float | None = None
         self._stopping = False

@@ -21,15 +21,44 @@ _UNLIMITED = 1 << 60  # v1 writes a huge number for "no limit"
 
 @dataclass(frozen=True)
 class MemoryCgroup:
-    """The container's memory cgroup as mounted inside it (v1 under memory/, v2 at the root)."""
+    """The process's memory cgroup as mounted (v1 under memory/, v2 at the root): its own
+    folder where the mount shows the whole tree (no cgroup namespace: the local node agent's
+    processes, a container runtime sharing the host's view), else the mount's root, which in
+    a container with its own view is the container's cgroup."""
 
     root: Path = CGROUP_ROOT
+    v1_path: str = "/"  # the process's path in v1's memory hierarchy (/proc/self/cgroup)
+    v2_path: str = "/"  # and in the unified one
+
+    @classmethod
+    def of_this_process(cls, root: Path = CGROUP_ROOT,
+                        table: Path = Path("/proc/self/cgroup")) -> MemoryCgroup:
+        v1 = v2 = "/"
+        try:
+            lines = table.read_text().splitlines()
+        except OSError:
+            lines = []
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if not controllers:
+                v2 = path
+            elif "memory" in controllers.split(","):
+                v1 = path
+        return cls(root, v1, v2)
+
+    @staticmethod
+    def _own(mount: Path, path: str) -> Path:
+        folder = mount / path.lstrip("/")
+        return folder if folder.is_dir() else mount
 
     def _v1(self) -> Path:
-        return self.root / "memory"
+        return self._own(self.root / "memory", self.v1_path)
+
+    def _v2(self) -> Path:
+        return self._own(self.root, self.v2_path)
 
     def oom_kills(self) -> int | None:
-        for path in (self._v1() / "memory.oom_control", self.root / "memory.events"):
+        for path in (self._v1() / "memory.oom_control", self._v2() / "memory.events"):
             try:
                 for line in path.read_text().splitlines():
                     key, _, value = line.partition(" ")
@@ -40,7 +69,7 @@ class MemoryCgroup:
         return None
 
     def limit(self) -> int | None:
-        for path in (self._v1() / "memory.limit_in_bytes", self.root / "memory.max"):
+        for path in (self._v1() / "memory.limit_in_bytes", self._v2() / "memory.max"):
             try:
                 text = path.read_text().strip()
             except OSError:
