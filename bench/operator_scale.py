@@ -380,8 +380,8 @@ def one_run(plane: ControlPlane, api: Any, watch: PodWatch, log: Path, name: str
     before = {p.uid for p in pods}
     result.steps["other_ranks_recreated"] = len(
         {p.rank for p in live() if p.rank not in lost_ranks and p.uid not in before})
-    result.steps["status_bytes_max"] = max(sizes, default=0)
-    print(f"  status_bytes_max: {max(sizes, default=0)}", file=sys.stderr, flush=True)
+    largest = result.steps["status_bytes_max"] = max(sizes, default=0)
+    print(f"  status_bytes_max: {largest}", file=sys.stderr, flush=True)
     try:
         cleanup(plane, api, custom, name, lost_nodes)
     except Exception as err:  # said in the report; the figures above stand

@@ -29,28 +29,31 @@ if compgen -G ".whl/*.whl" >/dev/null; then
   "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$site" \
     .whl/*.whl || exit 1
 fi
-# The source folders, not an installed package: nothing is installed there.
-export PYTHONPATH="$PWD:$PWD/trainer_sidecar:$PWD/operator:$PWD/tools:$PWD/cli${site:+:$site}${PYTHONPATH:+:$PYTHONPATH}"
+# The source folders (gemini, gemini_trainer), not an installed package: nothing is
+# installed there.
+export PYTHONPATH="$PWD:$PWD/trainer_sidecar${site:+:$site}${PYTHONPATH:+:$PYTHONPATH}"
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1 || true
 "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'
 
 # Room for the biggest shard's two versions in shared memory: a bigger tmpfs if /dev/shm is
 # small, else only the sizes that fit (said, not hidden).
-sizes=1,4,16
+sizes="1 4 16"  # GiB, ascending
 shm=/dev/shm
-need_gib() { echo $(( ${1##*,} * 2 + 2 )); }
+need_gib() { echo $(( $1 * 2 + 2 )); }  # two versions and headroom
 free_gib() { df -BG --output=avail "$1" 2>/dev/null | tail -1 | tr -dc 0-9; }
-if (( $(free_gib $shm) < $(need_gib $sizes) )); then
+largest=$(need_gib "${sizes##* }")
+if (( $(free_gib $shm) < largest )); then
   mkdir -p /tmp/gemini-gpu-shm
-  if mount -t tmpfs -o size=$(( $(need_gib $sizes) + 4 ))g tmpfs /tmp/gemini-gpu-shm 2>/dev/null; then
+  if mount -t tmpfs -o size=$(( largest + 4 ))g tmpfs /tmp/gemini-gpu-shm 2>/dev/null; then
     shm=/tmp/gemini-gpu-shm
     trap 'umount /tmp/gemini-gpu-shm' EXIT
   else
-    sizes=$(for s in 1 4 16; do (( s * 2 + 2 <= $(free_gib $shm) )) && echo $s; done | paste -sd,)
+    sizes=$(for s in $sizes; do (( $(need_gib $s) <= $(free_gib $shm) )) && echo $s; done)
     echo "only ${sizes:-no} GiB shard sizes fit in $shm ($(free_gib $shm) GiB free)"
   fi
 fi
+sizes=$(echo $sizes | tr ' ' ,)
 
 status=0
 echo "== pytest -m cuda"

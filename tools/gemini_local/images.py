@@ -121,13 +121,11 @@ def _prune(current: Path) -> None:
                   key=lambda d: d.stat().st_mtime, reverse=True)
     for index, old in enumerate(kept):
         with _unless_building(old) as free:
-            if not free:
-                continue
-            if index >= _KEEP - 1:
+            if free and index >= _KEEP - 1:
                 shutil.rmtree(old, ignore_errors=True)
-                continue
-            for big in _LARGE:
-                (old / f"{big}.tar").unlink(missing_ok=True)
+            elif free:
+                for big in _LARGE:
+                    (old / f"{big}.tar").unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
