@@ -64,6 +64,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "instead of node agents running this checkout")
     parser.add_argument("--keep", action="store_true",
                         help="leave the cluster, operator and job running afterwards")
+    parser.add_argument("--reference-cache", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="take the uninterrupted reference's losses from an earlier run of "
+                        "the same script, arguments, packages and CPU when one is cached "
+                        "(under $GEMINI_CACHE/references; the default), instead of running it "
+                        "again")
     parser.add_argument("--plot", type=Path, default=None, help="write the figure to this PNG")
     parser.add_argument("--state-dir", type=Path, default=None,
                         help="where the demo's cluster keeps its state (default: "
@@ -98,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
     # Progress goes to stderr when stdout carries JSON.
     progress = sys.stderr if args.output == "json" else sys.stdout
     options = DemoOptions(config=config, state_dir=Path(state_dir), keep=args.keep,
-                          plot=args.plot, progress=progress)
+                          plot=args.plot, progress=progress,
+                          reference_cache=args.reference_cache)
     try:
         report = run_demo(options)
     except (DemoError, ControlPlaneError, FaultError, S3Error) as err:

@@ -29,7 +29,9 @@ from tests.fixtures.s3 import create_credentials_secret, persistence_spec
 from tests.fixtures.trainers import EXAMPLE, SharedReferences
 from tests.unit.operator.builders import make_job
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+# Node-agent twins of kubelet-node proofs (and the operator killed in each phase, a count):
+# `./dev long` only (tests/proofs.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.long]
 
 STEPS = 12
 ARGS = ["--engine", "deepspeed", "--steps", str(STEPS), "--layers", "1", "--d-model", "32",
@@ -128,6 +130,7 @@ def reference(shared_references: SharedReferences) -> dict[int, str]:
     return shared_references(2, ARGS)
 
 
+@pytest.mark.proves("trainer-crash", "trainer-container-kill")
 def test_a_killed_trainer_is_restarted_in_place_from_local_memory(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, reference: dict[int, str],
@@ -213,6 +216,7 @@ def _assert_recovered_from_peers(jobs: Jobs, namespace: str, name: str, state: P
     return dict(last)
 
 
+@pytest.mark.proves("node-loss")
 def test_a_lost_node_gets_one_replacement_pod_that_fetches_its_shard_from_peers(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, reference: dict[int, str],
@@ -267,6 +271,7 @@ class PhaseTrap:
 
 
 @pytest.mark.parametrize("phase", ["Planning", "Replacing", "Fetching"])
+@pytest.mark.proves("operator-killed-mid-recovery")
 def test_an_operator_restarted_during_a_recovery_finishes_it(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, reference: dict[int, str], phase: str,
@@ -289,6 +294,7 @@ def test_an_operator_restarted_during_a_recovery_finishes_it(
     jobs.delete(name)
 
 
+@pytest.mark.proves("group-loss-s3")
 def test_losing_every_holder_of_a_shard_restores_the_committed_s3_step(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, reference: dict[int, str], s3_server: Any, s3_prefix: str,
@@ -323,6 +329,7 @@ def test_losing_every_holder_of_a_shard_restores_the_committed_s3_step(
     jobs.delete("durable")
 
 
+@pytest.mark.proves("suspend-resume")
 def test_suspend_saves_the_newest_step_to_s3_and_resume_restores_it(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, reference: dict[int, str], s3_server: Any, s3_prefix: str,
@@ -373,6 +380,7 @@ def test_suspend_saves_the_newest_step_to_s3_and_resume_restores_it(
 SLOW_POLL_SECONDS = 30.0
 
 
+@pytest.mark.proves("trainer-crash")
 def test_a_crashed_training_process_is_acted_on_at_once_not_at_the_next_poll(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, monkeypatch: pytest.MonkeyPatch,

@@ -57,6 +57,8 @@ def pod_template(pool: str, priority: str) -> dict[str, Any]:
     }
 
 
+@pytest.mark.long  # node-agent twin of the kubelet cases' templated jobs
+@pytest.mark.proves("node-loss")
 def test_a_pod_template_job_runs_on_its_tainted_nodes_and_recovers_a_node_loss(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, reference: dict[int, str],
@@ -102,6 +104,7 @@ def test_a_pod_template_job_runs_on_its_tainted_nodes_and_recovers_a_node_loss(
         scheduling.delete_priority_class(priority)
 
 
+@pytest.mark.proves("refused-pod-template")
 def test_a_template_whose_pods_the_api_server_refuses_fails_naming_the_field(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str,

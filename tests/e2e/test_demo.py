@@ -38,6 +38,17 @@ def recoveries(report: dict) -> str:
     return f"recoveries {rows}; unplanned {report['unplanned_recoveries']}"
 
 
+def assert_resumed_at_the_restored_steps(report: dict) -> None:
+    """Each failure's restore, from the trainer's own log (rank 0's): it says it restored the
+    step the operator restored, and its next step is the one after it (a rerun from step 0,
+    whose losses also equal the reference, fails here)."""
+    for failure in report["failures"]:
+        restored = failure["operator_recovery"].get("restoredStep")
+        said = f"{failure['kind']}: {failure}"
+        assert restored is not None and failure["trainer_restored_step"] == restored, said
+        assert failure["resumed_at_step"] == restored + 1, said
+
+
 @pytest.fixture
 def demo_dir() -> Iterator[Path]:
     # Short: the control plane's unix sockets live under it.
@@ -49,16 +60,19 @@ def demo_dir() -> Iterator[Path]:
 
 
 @pytest.mark.e2e
+@pytest.mark.kubelet
+@pytest.mark.proves("demo", "two-procs-per-node", "trainer-crash", "node-loss", "group-loss-s3")
 def test_the_demo_on_kubelet_nodes_recovers_every_failure_with_the_reference_losses(
         demo_dir: Path) -> None:
-    """`gemini demo --kubelet`: real kubelets running the sidecar and examples images built
-    from the Dockerfile (node agents run this checkout: the tests below)."""
+    """`gemini demo --kubelet --procs-per-node 2`: real kubelets running the sidecar and
+    examples images built from the Dockerfile, two training processes (ranks) per worker pod
+    (node agents run this checkout: the tests below); each restore seen in rank 0's own log."""
     if os.geteuid() != 0:
         pytest.skip("real kubelet nodes need root")
     plot = demo_dir / "demo.png"
     result = subprocess.run(
         [sys.executable, "-m", "gemini_cli", "demo", "--kubelet", "--workers", "2",
-         "--replicas", "2", "--model-size", "tiny",
+         "--procs-per-node", "2", "--replicas", "2", "--model-size", "tiny",
          "--failures", "trainer-crash,node-loss,group-loss", *FAST_S3,
          "--state-dir", str(demo_dir), "--plot", str(plot), "--output", "json"],
         cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
@@ -70,6 +84,7 @@ def test_the_demo_on_kubelet_nodes_recovers_every_failure_with_the_reference_los
     print(result.stderr[-3000:])
     print(json.dumps(report, indent=2))
     assert report["iteration_seconds"] > 0
+    assert report["procs_per_node"] == 2
     assert report["losses_match"] is True
     kinds = [f["kind"] for f in report["failures"]]
     assert kinds == ["trainer-crash", "node-loss", "group-loss"]
@@ -83,6 +98,7 @@ def test_the_demo_on_kubelet_nodes_recovers_every_failure_with_the_reference_los
     said = recoveries(report)
     assert report["failures"][2]["source"] == "s3", said
     assert report["failures"][0]["source"] in ("local", "peer"), said
+    assert_resumed_at_the_restored_steps(report)
     assert plot.stat().st_size > 10_000
     # Torn down: nothing of the demo's cluster still runs.
     status = subprocess.run([sys.executable, "-m", "gemini_cli", "local", "--state-dir",
@@ -92,6 +108,8 @@ def test_the_demo_on_kubelet_nodes_recovers_every_failure_with_the_reference_los
 
 
 @pytest.mark.e2e
+@pytest.mark.long  # node agents, every engine: the kubelet demo above proves two per node in CI
+@pytest.mark.proves("two-procs-per-node")
 @pytest.mark.parametrize("engine", ["fsdp2", "deepspeed", "zero2"])
 def test_two_processes_per_node_recover_every_failure_with_the_reference_losses(
         engine: str, demo_dir: Path) -> None:
@@ -116,6 +134,7 @@ def test_two_processes_per_node_recover_every_failure_with_the_reference_losses(
     assert sources == [("trainer-crash", "local"), ("node-loss", "peer"), ("group-loss", "s3")], \
         said
     assert all(f["losses_match"] is True for f in report["failures"]), report["failures"]
+    assert_resumed_at_the_restored_steps(report)
 
 
 @pytest.mark.integration

@@ -21,6 +21,7 @@ import yaml
 from kubernetes import client
 
 from gemini_demo.reference import ReferenceRun
+from gemini_demo.reference_cache import ReferenceCache
 from gemini_local import faults
 from gemini_operator import naming
 from tests.cluster.test_operator import Jobs, wait_for
@@ -28,7 +29,8 @@ from tests.cluster.test_operator_recovery import losses, newest_step
 from tests.fixtures.operator import OperatorThread
 from tests.fixtures.s3 import S3Server, create_credentials_secret
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.s3]
+# Node-agent twin of a kubelet-node proof: `./dev long` only (tests/proofs.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.s3, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -107,7 +109,8 @@ def run_example(local_cluster: Any, gemini_operator: OperatorThread, kube_api: c
         manifest = yaml.safe_load(MANIFESTS[example].read_text())
         job = localize(manifest, job_namespace, s3_server, s3_prefix)
         script, args = script_and_args(job)
-        reference = ReferenceRun(script, args, WORKERS, tmp_path / "reference").start()
+        reference = ReferenceRun(script, args, WORKERS, tmp_path / "reference",
+                                 cache=ReferenceCache()).start()
         started.append(reference)
         create_credentials(jobs.core, job_namespace, job, s3_server)
         jobs.custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, job_namespace,
@@ -135,6 +138,7 @@ def assert_reference_losses(state_dir: Path, namespace: str, name: str,
     assert got == expected
 
 
+@pytest.mark.proves("shipped-examples")
 def test_the_zero3_example_trains_to_the_reference_losses(local_cluster: Any,
                                                           run_example: Any) -> None:
     jobs, job, reference = run_example("zero3")
@@ -145,6 +149,7 @@ def test_the_zero3_example_trains_to_the_reference_losses(local_cluster: Any,
     jobs.delete(name)
 
 
+@pytest.mark.proves("shipped-examples", "trainer-crash")
 def test_the_fsdp_example_recovers_a_trainer_crash_with_the_reference_losses(
     local_cluster: Any, run_example: Any,
 ) -> None:

@@ -35,7 +35,8 @@ from tests.fixtures.operator import OperatorThread
 from tests.fixtures.trainers import EXAMPLE, SharedReferences
 from tests.unit.operator.builders import make_job
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e]
+# Node-agent twin of a kubelet-node proof: `./dev long` only (tests/proofs.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.long]
 
 STEPS = 12
 MODEL = ["--engine", "deepspeed", "--steps", str(STEPS), "--layers", "1", "--d-model", "32"]
@@ -163,6 +164,7 @@ def _held_ranks(inventory: dict[str, Any] | None, newer_than: int) -> set[int]:
             if r.get("complete") and int(r["version"]) > newer_than}
 
 
+@pytest.mark.proves("sidecar-crash")
 def test_a_crashed_sidecar_restarts_and_holds_its_peers_replicas_again(
     new_job: Any, reference: Any,
 ) -> None:
@@ -199,6 +201,7 @@ def _launcher_status(job: Job, rank: int) -> dict[str, Any]:
         return doc
 
 
+@pytest.mark.proves("hang")
 def test_a_hung_rank_is_found_by_the_hang_timeout_and_restarted_in_place(
     new_job: Any, reference: Any,
 ) -> None:
@@ -219,6 +222,7 @@ def test_a_hung_rank_is_found_by_the_hang_timeout_and_restarted_in_place(
     assert {r: p.metadata.uid for r, p in job.pods().items()} == uids
 
 
+@pytest.mark.proves("m-minus-one-at-once")
 def test_losing_m_minus_one_nodes_of_a_group_at_once_recovers_from_the_last_holder(
     new_job: Any, reference: Any,
 ) -> None:
@@ -242,6 +246,7 @@ def test_losing_m_minus_one_nodes_of_a_group_at_once_recovers_from_the_last_hold
     assert job.finished_recoveries() == 1
 
 
+@pytest.mark.proves("loss-during-recovery")
 def test_a_node_lost_during_another_recovery_joins_that_recovery(
     new_job: Any, reference: Any,
 ) -> None:
@@ -277,6 +282,7 @@ def _pod_processes_alive(state_dir: Path, namespace: str, pod: str, uid: str) ->
     return alive
 
 
+@pytest.mark.proves("partition-heal")
 def test_a_partitioned_node_is_replaced_and_its_old_pod_stays_gone_after_the_heal(
     new_job: Any, reference: Any,
 ) -> None:

@@ -39,7 +39,8 @@ from tests.fixtures.s3 import create_credentials_secret, persistence_spec
 from tests.fixtures.trainers import EXAMPLE, SharedReferences
 
 # Each case takes 2-4 minutes on an idle 2-core machine; the limit leaves room for a busy one.
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(1200)]
+# Node-agent twin of a kubelet-node proof: `./dev long` only (tests/proofs.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(1200), pytest.mark.long]
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +97,7 @@ def persisted_after(status: dict[str, Any], first: int) -> int | None:
     return int(step)
 
 
+@pytest.mark.proves("s3-outage")
 def test_s3_down_while_a_persist_is_due_keeps_training_and_persists_once_it_is_back(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, reference: dict[int, str], s3_server: Any, s3_prefix: str,
@@ -149,6 +151,7 @@ def test_s3_down_while_a_persist_is_due_keeps_training_and_persists_once_it_is_b
           f"{time.monotonic() - started:.0f} s")
 
 
+@pytest.mark.proves("zone-loss")
 def test_losing_a_whole_zone_recovers_every_rank_from_its_peer_in_the_other_zone(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, reference4: dict[int, str], isolated_nodes: IsolatedNodes,
@@ -242,6 +245,7 @@ def begun(doc: dict[str, Any], rank: int, version: int) -> list[dict[str, Any]]:
     return [r for r in doc["replicas"] if r["rank"] == rank and r["version"] == version]
 
 
+@pytest.mark.proves("loss-mid-replication")
 def test_a_node_lost_while_sending_its_replica_is_recovered_from_the_last_complete_one(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, reference: dict[int, str], isolated_nodes: IsolatedNodes,

@@ -105,6 +105,7 @@ def cpu_of(wl: dict[str, Any]) -> float:
     return total
 
 
+@pytest.mark.proves("kueue-admission")
 def test_the_example_queues_admit_the_example_job(
     kueue_running: ControlPlane, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str,
@@ -146,6 +147,7 @@ def relabel(jobs: Jobs, name: str, labels: dict[str, str | None]) -> None:
                                                naming.PLURAL, name, body)
 
 
+@pytest.mark.proves("kueue-admission")
 def test_a_job_moved_to_another_queue_is_queued_there_and_one_taken_off_gives_its_workload_up(
     kueue_running: ControlPlane, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str,
@@ -186,6 +188,8 @@ def test_a_job_moved_to_another_queue_is_queued_there_and_one_taken_off_gives_it
     jobs.delete("mover")
 
 
+@pytest.mark.long  # two training jobs in turn, a node loss between: `./dev long`
+@pytest.mark.proves("kueue-admission", "node-loss")
 def test_a_queue_that_fits_one_job_runs_the_second_after_the_first_and_never_blocks_recovery(
     kueue_running: ControlPlane, local_cluster: Any, gemini_operator: OperatorThread,
     kube_api: client.ApiClient, job_namespace: str, reference: dict[int, str],
@@ -244,6 +248,7 @@ def test_a_queue_that_fits_one_job_runs_the_second_after_the_first_and_never_blo
         jobs.delete(name)
 
 
+@pytest.mark.proves("kueue-preemption", "suspend-resume")
 def test_a_preempted_job_saves_its_memory_gives_way_and_resumes_from_s3_when_readmitted(
     kueue_running: ControlPlane, local_cluster: Any, gemini_operator: OperatorThread,
     kube_api: client.ApiClient, job_namespace: str, reference: dict[int, str],
@@ -290,6 +295,10 @@ def test_a_preempted_job_saves_its_memory_gives_way_and_resumes_from_s3_when_rea
     print(f"preempted: saved {saved} at the eviction, then {last}")
     assert last["cause"] == "resume" and last["source"] == "S3", last
     assert last["restoredStep"] >= saved
+    # The trainers' own logs: each restored that step and went on with the next (a rerun from
+    # step 0 would print the same losses).
+    for rank in (0, 1):
+        assert_resumed_at(state, ns, f"low-worker-{rank}", int(last["restoredStep"]))
     wait_for(lambda: jobs.state("low") in ("Succeeded", "Failed"), 300, "low to finish")
     assert jobs.state("low") == "Succeeded", jobs.get("low")["status"]
     steps = int(LONGER[LONGER.index("--steps") + 1])
@@ -318,6 +327,8 @@ def kueue_waiting_for_pods(kueue_running: ControlPlane) -> Iterator[ControlPlane
 PODS_READY_SECONDS = 15
 
 
+@pytest.mark.long  # Kueue restarted with waitForPodsReady: `./dev long`
+@pytest.mark.proves("kueue-admission")
 def test_an_admitted_job_whose_workers_cannot_all_start_is_evicted_and_gives_its_quota_back(
     kueue_waiting_for_pods: ControlPlane, local_cluster: Any, gemini_operator: OperatorThread,
     kube_api: client.ApiClient, job_namespace: str,

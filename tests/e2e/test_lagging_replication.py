@@ -65,7 +65,9 @@ from tests.unit.operator.builders import make_job
 LOSSES = int(os.environ.get("GEMINI_LAG_LOSSES") or 10)
 HEALED_LOSSES = int(os.environ.get("GEMINI_LAG_HEALED_LOSSES") or 4)
 # About 30 s per loss on 2 busy cores, plus a minute or two to start and finish each job.
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e,
+# Node-agent twin of a kubelet-node proof: `./dev long` only (tests/proofs.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.long,
+              pytest.mark.proves("lagging-replication"),
               pytest.mark.timeout(600 + 60 * max(LOSSES, HEALED_LOSSES))]
 
 WORKERS = 4

@@ -50,7 +50,9 @@ from tests.fixtures.s3 import create_credentials_secret, persistence_spec
 from tests.fixtures.trainers import RESTORED_LINE, SharedReferences
 
 # About 5 minutes on 2 cores; the limit leaves room for a machine shared with other runs.
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
+# A size count (4 x 256 MiB): `./dev long`.
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900), pytest.mark.long,
+              pytest.mark.proves("group-loss-s3")]
 
 NAME = "bigshard"
 PADDED_TRAINER = Path(__file__).resolve().with_name("padded_trainer.py")

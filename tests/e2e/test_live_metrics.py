@@ -29,7 +29,8 @@ from tests.fixtures.s3 import S3Server, create_credentials_secret, persistence_s
 from tests.unit.operator.builders import make_job
 from tests.unit.packaging.test_dashboard import metric_names, queries
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.s3]
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.s3,
+              pytest.mark.proves("live-metrics")]
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "train_fsdp.py"

@@ -47,7 +47,8 @@ from tests.unit.operator.builders import make_job
 FAILURES = int(os.environ.get("GEMINI_SOAK_FAILURES") or 6)
 # About 20 s per failure on a 2-core machine (load 6: 6 failures in 133 s, 45 s to set up);
 # the limit leaves room for a busier one.
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.soak,
+# A long count (`./dev soak`, `./dev long`); every kind it draws has its CI proof elsewhere.
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.soak, pytest.mark.long,
               pytest.mark.timeout(600 + 180 * FAILURES)]
 
 WORKERS = 2

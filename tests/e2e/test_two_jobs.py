@@ -26,7 +26,8 @@ from tests.fixtures.operator import OperatorThread
 from tests.fixtures.trainers import EXAMPLE, SharedReferences
 from tests.unit.operator.builders import make_job
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.timeout(900),
+              pytest.mark.proves("two-jobs-at-once")]
 POOL = "gemini.test/pool"
 # Two rounds of failures need more steps than the recovery tests' 12 (the idling per step
 # changes no loss).

@@ -45,6 +45,7 @@ class StepLog:
     clock: Callable[[], float] = time.monotonic
     started: float = 0.0
     lines: list[StepLine] = field(default_factory=list)
+    restored: list[tuple[float, int]] = field(default_factory=list)  # (seen_at, step)
     _offsets: dict[Path, int] = field(default_factory=dict)
     _partial: dict[Path, str] = field(default_factory=dict)
     generation: int = 0
@@ -81,13 +82,19 @@ class StepLog:
 
     def _line(self, raw: str, now: float) -> list[StepLine]:
         line = _CRI_PREFIX.sub("", raw, count=1).strip()
-        if _RESTORED.match(line):
+        if restored := _RESTORED.match(line):
             self.generation += 1
+            self.restored.append((now, int(restored.group(1))))
             return []
         found = rank0_loss(line)
         if found is None:
             return []
         return [StepLine(now, found[0], found[1], self.generation)]
+
+    def restored_after(self, at: float) -> int | None:
+        """The step of the first "restored step N" line seen at or after `at`: what the
+        trainer itself says it restored."""
+        return next((step for seen_at, step in self.restored if seen_at >= at), None)
 
     def last(self) -> StepLine | None:
         return self.lines[-1] if self.lines else None

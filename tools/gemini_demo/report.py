@@ -57,6 +57,7 @@ class FailureRecord:
     last_step_before: int  # the newest step printed before the failure
     resumed_from_step: int | None  # the first step printed after it
     breakdown: Mapping[str, float] = field(default_factory=dict)
+    restored_step: int | None = None  # the trainer's own "restored step N" line after it
 
     @property
     def downtime_seconds(self) -> float | None:
@@ -95,6 +96,7 @@ def failure_row(
         "steps_lost": lost,
         "step_at_failure": record.last_step_before,
         "resumed_at_step": record.resumed_from_step,
+        "trainer_restored_step": record.restored_step,
         "losses_match": match,
         "wasted_seconds": _round(measured),
         # A checkpoint completes within the next iteration, so t_ckpt is about one iteration.

@@ -29,6 +29,7 @@ from gemini_demo.interrupt import DemoInterrupted, SignalGuard
 from gemini_demo.logs import StepLine, StepLog, resumption
 from gemini_demo.plan import DemoConfig
 from gemini_demo.reference import ReferenceRun, ReferenceRunError
+from gemini_demo.reference_cache import ReferenceCache
 from gemini_demo.report import FailureRecord, failure_row, losses_match
 from gemini_local import cluster, faults, images
 from gemini_local.processes import free_port
@@ -53,6 +54,7 @@ class DemoOptions:
     keep: bool = False
     plot: Path | None = None
     progress: TextIO = sys.stderr
+    reference_cache: bool = True  # an earlier run of the same content serves as the reference
 
 
 @dataclass
@@ -233,12 +235,17 @@ class Demo:
 
     def _run(self) -> dict[str, Any]:
         self.work.mkdir(parents=True, exist_ok=True)
-        self.say(f"reference run: {self.config.world} local processes, "
-                 f"{self.config.total_steps} steps")
+        cache = ReferenceCache() if self.options.reference_cache else None
         with self.guard.shielded():  # a signal now would lose the handles of its processes
             self.reference = ReferenceRun(
                 SCRIPT, plan.trainer_args(self.config, with_sleep=False), self.config.world,
-                self.work).start()
+                self.work, cache=cache).start()
+        if self.reference.cached is not None:
+            self.say(f"reference: {self.config.total_steps} steps from an earlier run of the "
+                     f"same script, arguments, packages and CPU ({cache and cache.folder})")
+        else:
+            self.say(f"reference run: {self.config.world} local processes, "
+                     f"{self.config.total_steps} steps")
         self.bring_up()
         self.say("waiting for the reference run to finish before submitting the job")
         try:
@@ -588,7 +595,8 @@ class Demo:
             source=plan.source_name(recovery.get("source")),
             last_step_before=resumed[1] if resumed else 0,
             resumed_from_step=resumed[0].step if resumed else None,
-            breakdown={k: float(v) for k, v in breakdown.items()})
+            breakdown={k: float(v) for k, v in breakdown.items()},
+            restored_step=self.log.restored_after(item.at))
 
     def matches_after(self, item: Injected, until: float, reference: dict[int, str]) -> bool:
         """The losses printed from the failure's resumption until the next failure equal the
