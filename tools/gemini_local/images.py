@@ -24,10 +24,10 @@ from gemini_local.controlplane import REPO_ROOT, cache_root
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-images.sh"
 CHART = REPO_ROOT / "helm" / "gemini-operator" / "Chart.yaml"
 TARGETS = ("operator", "sidecar", "trainer", "examples")
-# What the Dockerfile copies (its .dockerignore lets only these into the build context).
-_INPUTS = ("Dockerfile", ".dockerignore", "requirements.lock", "pyproject.toml", "README.md",
-           "gemini", "cli", "operator", "trainer_sidecar", "examples/train_gpt_zero3.py",
-           "examples/train_fsdp.py")
+# What the Dockerfile copies (its .dockerignore lets only these into the build context; not
+# README.md, of which the images get a stand-in).
+_INPUTS = ("Dockerfile", ".dockerignore", "requirements.lock", "pyproject.toml", "gemini", "cli",
+           "operator", "trainer_sidecar", "examples/train_gpt_zero3.py", "examples/train_fsdp.py")
 _KEEP = 3
 _LARGE = ("trainer", "examples")  # torch and its CUDA libraries: 3 GB archives
 _SKIPPED = re.compile(r"(__pycache__|\.pyc$|\.egg-info)")

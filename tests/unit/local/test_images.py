@@ -14,7 +14,8 @@ from gemini_local import images
 
 def _tree(root: Path) -> None:
     for name in ("Dockerfile", ".dockerignore", "requirements.lock", "pyproject.toml",
-                 "README.md", "operator/gemini_operator/x.py", "tests/test_x.py",
+                 "README.md", "gemini/domain/x.py", "operator/gemini_operator/x.py",
+                 "tests/test_x.py",
                  "tools/gemini_local/y.py", "examples/train_fsdp.py", "examples/notes.md"):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text(name)
@@ -34,6 +35,17 @@ def test_the_key_follows_what_the_dockerfile_copies_and_nothing_else(tmp_path: P
         (tmp_path / inside).write_text("changed")
         assert images.source_key(tmp_path) != key, inside
         key = images.source_key(tmp_path)
+
+
+def test_readme_edits_keep_the_key_and_source_edits_change_it(tmp_path: Path) -> None:
+    """The images get a stand-in README (pyproject's `readme` needs one at install): editing the
+    real one must not rebuild them."""
+    _tree(tmp_path)
+    key = images.source_key(tmp_path)
+    (tmp_path / "README.md").write_text("a new paragraph")
+    assert images.source_key(tmp_path) == key
+    (tmp_path / "gemini/domain/x.py").write_text("changed")
+    assert images.source_key(tmp_path) != key
 
 
 def test_images_are_named_as_the_chart_names_them() -> None:
