@@ -1,5 +1,6 @@
-"""kwok's fake nodes at scale: 1000 pods one per node go Running with IPs; a lost node is lost;
-the operator runs a GeminiJob there although no sidecar or launcher ever answers."""
+"""kwok's fake nodes at scale: a pod on each node but ten (1000 of 1010 in `./dev long`, 100 of
+110 in CI) goes Running with an IP; a lost node is lost; the operator runs a GeminiJob there
+although no sidecar or launcher ever answers."""
 
 from __future__ import annotations
 
@@ -21,8 +22,6 @@ from tests.fixtures.kwok import KWOK_RACKS, KWOK_ZONES, KwokCluster
 from tests.fixtures.operator import OperatorThread, configmap_reader
 
 pytestmark = pytest.mark.cluster
-
-PODS = 1000
 
 
 @pytest.fixture(scope="module")
@@ -95,29 +94,30 @@ def test_fake_nodes_have_topology_and_resources(
     assert len({n["status"]["addresses"][0]["address"] for n in nodes}) == len(nodes)
 
 
-def test_thousand_pods_one_per_node_run_with_ips(
+def test_a_pod_on_each_node_but_ten_runs_with_an_ip(
     kwok_cluster: KwokCluster, core: Any, kwok_namespace: str,
 ) -> None:
+    pods_wanted = len(kwok_cluster.nodes) - 10
     start = time.monotonic()
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda i: core.create_namespaced_pod(
-            kwok_namespace, _worker(i), _preload_content=False), range(PODS)))
+            kwok_namespace, _worker(i), _preload_content=False), range(pods_wanted)))
     created = time.monotonic() - start
-    _wait(f"{PODS} pods Running with an IP",
-          lambda: sum(_running(p) for p in _pods(core, kwok_namespace)) == PODS, timeout=300)
+    _wait(f"{pods_wanted} pods Running with an IP",
+          lambda: sum(_running(p) for p in _pods(core, kwok_namespace)) == pods_wanted, timeout=300)
     running = time.monotonic() - start
-    print(f"\n{PODS} pods: created in {created:.1f}s, all Running in {running:.1f}s")
+    print(f"\n{pods_wanted} pods: created in {created:.1f}s, all Running in {running:.1f}s")
 
     pods = _pods(core, kwok_namespace)
     nodes = Counter(p["spec"]["nodeName"] for p in pods)
-    assert len(nodes) == PODS, "anti-affinity: at most one worker per node"
+    assert len(nodes) == pods_wanted, "anti-affinity: at most one worker per node"
     assert set(nodes) <= {n.name for n in kwok_cluster.nodes}
     ips = {ipaddress.ip_address(p["status"]["podIP"]) for p in pods}
-    assert len(ips) == PODS, "pod IPs are unique"
+    assert len(ips) == pods_wanted, "pod IPs are unique"
     assert all(ip in ipaddress.ip_network(kwok.POD_CIDR) for ip in ips)
     zone_of = {n.name: n.zone for n in kwok_cluster.nodes}
     zones = Counter(zone_of[p["spec"]["nodeName"]] for p in pods)
-    assert len(zones) == KWOK_ZONES and min(zones.values()) > PODS // KWOK_ZONES // 2
+    assert len(zones) == KWOK_ZONES and min(zones.values()) > pods_wanted // KWOK_ZONES // 2
 
 
 def test_lost_node_turns_unknown_evicts_and_comes_back(

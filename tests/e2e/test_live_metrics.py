@@ -56,10 +56,16 @@ class Scrape:
                 samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
         return cls(samples)
 
-    def value(self, name: str, **labels: str) -> float:
-        """The sum over the series of `name` carrying `labels` (0 when there is none)."""
-        return sum(v for have, v in self.samples.get(name, [])
-                   if all(have.get(k) == want for k, want in labels.items()))
+    def value(self, name: str, absent: float | None = None, **labels: str) -> float:
+        """The sum over the series of `name` carrying `labels`. No such series fails (a
+        renamed or unexported metric must not read as 0), unless `absent` says what it means
+        (a labelled counter before its first increment)."""
+        found = [v for have, v in self.samples.get(name, [])
+                 if all(have.get(k) == want for k, want in labels.items())]
+        if not found:
+            assert absent is not None, f"no series {name}{labels or ''} in the scrape"
+            return absent
+        return sum(found)
 
     def names(self) -> set[str]:
         return set(self.samples)
@@ -136,8 +142,8 @@ def test_live_scrapes_count_one_recovery_and_cover_the_dashboard(
     assert (last["cause"], last["source"]) == ("software", "Local"), last
     # The counters move when the finishing reconcile returns; its status write is seen first.
     wait_for(lambda: Scrape.of(operator_metrics_url).value(
-        "gemini_operator_recovery_seconds_count") > operator_before.value(
-        "gemini_operator_recovery_seconds_count"), 30, "the recovery to be counted")
+        "gemini_operator_recovery_seconds_count", absent=0.0) > operator_before.value(
+        "gemini_operator_recovery_seconds_count", absent=0.0), 30, "the recovery to be counted")
     operator_after = Scrape.of(operator_metrics_url)
     # Both sidecars keep serving (only a trainer died) and see training go on after it.
     restored = int(last["restoredStep"])
@@ -156,7 +162,10 @@ def test_live_scrapes_count_one_recovery_and_cover_the_dashboard(
         assert scrape.value("gemini_launcher_progress_step") > restored, pod
 
     def delta(name: str, **labels: str) -> float:
-        return operator_after.value(name, **labels) - operator_before.value(name, **labels)
+        """Its change over the recovery: present after it, maybe not before (this session's
+        first recovery of that kind)."""
+        return operator_after.value(name, **labels) - operator_before.value(
+            name, absent=0.0, **labels)
 
     assert delta("gemini_operator_recoveries_total", kind="software") == 1
     assert delta("gemini_operator_recoveries_total") == 1

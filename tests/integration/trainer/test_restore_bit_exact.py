@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gemini_trainer.shm import ShardSlots, SlotState, shard_path
-from tests.fixtures.trainers import TrainingRun
+from tests.fixtures.trainers import SharedReferences, TrainingRun
 
 pytestmark = pytest.mark.integration
 
@@ -38,11 +38,11 @@ def run(
 
 @pytest.mark.parametrize("engine", ["deepspeed", "ddp", "fsdp2"])
 def test_killing_all_trainers_and_restoring_latest_from_memory_continues_bit_exactly(
-    engine: str, tmp_path: Path, training_runs: list[TrainingRun]
+    engine: str, tmp_path: Path, training_runs: list[TrainingRun],
+    shared_references: SharedReferences,
 ) -> None:
-    reference = run(training_runs, tmp_path / "ref", tmp_path / "shm-ref", engine, STEPS)
-    reference.wait_ok()
-    expected = [reference.losses(r) for r in range(WORLD)]
+    expected = shared_references.every_rank(
+        WORLD, [*MODEL, "--engine", engine, "--steps", str(STEPS)])
     assert all(sorted(e) == list(range(1, STEPS + 1)) for e in expected)
 
     shm = tmp_path / "shm"
@@ -76,17 +76,16 @@ def test_killing_all_trainers_and_restoring_latest_from_memory_continues_bit_exa
 
 
 def test_restoring_the_older_of_the_two_versions_is_bit_exact_too(
-    tmp_path: Path, training_runs: list[TrainingRun]
+    tmp_path: Path, training_runs: list[TrainingRun], shared_references: SharedReferences,
 ) -> None:
-    reference = run(training_runs, tmp_path / "ref", tmp_path / "shm-ref", "ddp", 8)
-    reference.wait_ok()
+    expected = shared_references.every_rank(WORLD, [*MODEL, "--engine", "ddp", "--steps", "8"])
     shm = tmp_path / "shm"
     run(training_runs, tmp_path / "first", shm, "ddp", 6).wait_ok()  # slots: steps 5 and 6
     resumed = run(training_runs, tmp_path / "resumed", shm, "ddp", 8, GEMINI_RESTORE_VERSION="5")
     resumed.wait_ok()
     for r in range(WORLD):
         assert resumed.restored_step(r) == 5
-        assert resumed.losses(r) == {s: reference.losses(r)[s] for s in (6, 7, 8)}
+        assert resumed.losses(r) == {s: expected[r][s] for s in (6, 7, 8)}
 
 
 def test_a_version_missing_from_memory_fails_restore_with_a_clear_message(
