@@ -166,6 +166,7 @@ def test_sigterm_tears_down_the_demo_once_its_operator_runs(tmp_path: Path) -> N
         force_down(state)
 
 
+@pytest.mark.long  # a benchmark's clean-up: `./dev long`, the demo's own is in CI above
 def test_sigterm_to_the_recovery_bench_mid_bring_up_tears_down_its_demo(
         tmp_path: Path) -> None:
     """bench/recovery_downtime.py passes the signal on to the demo it runs, waits for its

@@ -876,6 +876,10 @@ def test_node_losses_while_replication_lags_over_slowed_kubelet_links_restore_fr
     for node in added:  # seven kubelets fewer to run beside the tests after this one
         with contextlib.suppress(faults.FaultError):
             faults.lose_node(state_dir, node)
+        # Gone from the API too: a lost node stays Ready there for the node grace period, and
+        # the next test's pods must not be scheduled onto it.
+        with contextlib.suppress(client.ApiException):
+            core.delete_node(node)
 
 
 @pytest.mark.proves("s3-outage", "suspend-resume", "group-loss-s3")
@@ -934,6 +938,8 @@ def test_one_s3_job_rides_out_an_outage_suspends_resumes_and_restores_a_lost_sha
     in_memory = wait_until(lambda: (step := checkpoint(jobs, DURABLE).get("inMemoryStep", 0))
                            >= persisted + 2 and step, 120, "two newer steps in memory",
                            interval=0.5)
+    unasked = status_of(custom, DURABLE).get("lastRecovery")
+    assert unasked is None, f"a recovery no failure asked for: {unasked}"
     jobs.patch(DURABLE, {"suspend": True})
     wait_until(lambda: status_of(custom, DURABLE).get("state") == "Suspended"
                and not jobs.pods(DURABLE), 180, "the suspended job's pods to be gone")

@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from gemini_local.controlplane import REPO_ROOT, cache_root
@@ -56,9 +56,12 @@ def _cpu_identity() -> bytes:
     return b"unknown"
 
 
-def content_digest(script: Path, world: int, args: Sequence[str]) -> str:
+def content_digest(script: Path, world: int, args: Sequence[str],
+                   env: Mapping[str, str] | None = None) -> str:
+    """`env`: what the run sets beyond the ranks' own variables."""
     digest = hashlib.sha256()
-    for part in (str(world), "\0".join(content_args(args)), sys.version):
+    settings = "\0".join(f"{k}={v}" for k, v in sorted((env or {}).items()))
+    for part in (str(world), "\0".join(content_args(args)), settings, sys.version):
         digest.update(part.encode() + b"\0")
     files = [script, LOCK, *sorted(TRAINER_LIBRARY.rglob("*.py"))]
     for path in files:
@@ -73,14 +76,15 @@ class ReferenceCache:
     def __init__(self, folder: Path | None = None) -> None:
         self.folder = folder or cache_root() / "references"
 
-    def get(self, script: Path, world: int, args: Sequence[str]) -> Losses | None:
+    def get(self, script: Path, world: int, args: Sequence[str],
+            env: Mapping[str, str] | None = None) -> Losses | None:
         """Every rank's losses up to the steps `args` asks for; None when no run that long
         is cached (or the steps are the script's default)."""
         steps = steps_asked(args)
         if steps is None:
             return None
         try:
-            stored = json.loads(self._path(script, world, args).read_text())
+            stored = json.loads(self._path(script, world, args, env).read_text())
         except (OSError, ValueError):
             return None
         if stored.get("steps", 0) < steps or len(stored.get("losses", ())) != world:
@@ -88,12 +92,13 @@ class ReferenceCache:
         return [{int(s): loss for s, loss in rank.items() if int(s) <= steps}
                 for rank in stored["losses"]]
 
-    def put(self, script: Path, world: int, args: Sequence[str], losses: Losses) -> None:
+    def put(self, script: Path, world: int, args: Sequence[str], losses: Losses,
+            env: Mapping[str, str] | None = None) -> None:
         """Keep `losses` unless a longer run of the same content is kept already."""
         steps = steps_asked(args)
         if steps is None or any(sorted(rank) != list(range(1, steps + 1)) for rank in losses):
             return  # only complete runs serve as a reference
-        path = self._path(script, world, args)
+        path = self._path(script, world, args, env)
         with contextlib.suppress(OSError, ValueError):
             if json.loads(path.read_text()).get("steps", 0) >= steps:
                 return
@@ -106,5 +111,6 @@ class ReferenceCache:
             json.dump(body, out)
         os.replace(tmp, path)  # atomic: a concurrent reader sees the old or the new
 
-    def _path(self, script: Path, world: int, args: Sequence[str]) -> Path:
-        return self.folder / f"{content_digest(script, world, args)}.json"
+    def _path(self, script: Path, world: int, args: Sequence[str],
+              env: Mapping[str, str] | None) -> Path:
+        return self.folder / f"{content_digest(script, world, args, env)}.json"

@@ -33,7 +33,11 @@ from tests.integration.datapath.harness import (
 )
 
 # five launches of four DeepSpeed ranks: well past the default per-test timeout on 2 cores
-pytestmark = [pytest.mark.integration, pytest.mark.s3, pytest.mark.timeout(2400)]
+# `./dev long`: CI proves the same three restores of DeepSpeed ZeRO-3 on kubelet nodes
+# (tests/e2e/test_kubelet_nodes.py, test_demo.py) and a corrupt chunk fetched again from the next
+# holder in tests/integration/sidecar.
+pytestmark = [pytest.mark.integration, pytest.mark.s3, pytest.mark.timeout(2400),
+              pytest.mark.long]
 
 WORLD = 4
 STEPS = 12

@@ -27,7 +27,8 @@ from gemini_trainer.node_shard import node_regions
 from gemini_trainer.shm import ShardSlots, shard_path
 from tests.fixtures.trainers import EXAMPLE, REPO, TrainingRun, free_port
 
-pytestmark = pytest.mark.integration
+# `./dev long`: CI proves two processes per node on kubelet nodes (tests/e2e/test_demo.py).
+pytestmark = [pytest.mark.integration, pytest.mark.long, pytest.mark.proves("two-procs-per-node")]
 
 NODES, PER_NODE = 2, 2
 STEPS = 10

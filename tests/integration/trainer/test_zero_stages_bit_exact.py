@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gemini_trainer.shm import ShardSlots
-from tests.fixtures.trainers import TrainingRun
+from tests.fixtures.trainers import SharedReferences, TrainingRun
 
 pytestmark = pytest.mark.integration
 
@@ -40,11 +40,11 @@ def run(runs: list[TrainingRun], logs: Path, shm: Path, stage: list[str], steps:
     ids=["zero1", "zero2", "zero3-offload"],
 )
 def test_killed_zero_trainers_resume_at_the_restored_step_bit_exactly(
-    stage: list[str], tmp_path: Path, training_runs: list[TrainingRun]
+    stage: list[str], tmp_path: Path, training_runs: list[TrainingRun],
+    shared_references: SharedReferences,
 ) -> None:
-    reference = run(training_runs, tmp_path / "ref", tmp_path / "shm-ref", stage, STEPS)
-    reference.wait_ok()
-    expected = [reference.losses(r) for r in range(WORLD)]
+    expected = shared_references.every_rank(
+        WORLD, [*MODEL, "--engine", "deepspeed", *stage, "--steps", str(STEPS)], env=LAUNCHER_ENV)
     assert all(sorted(e) == list(range(1, STEPS + 1)) for e in expected)
 
     shm = tmp_path / "shm"

@@ -54,12 +54,14 @@ def test_a_shorter_run_does_not_replace_a_longer_one_and_an_incomplete_one_is_no
     assert cache.get(script, 2, ["--steps", "20"]) is None
 
 
-def test_the_key_follows_the_script_but_not_steps_or_idle_time(tmp_path: Path) -> None:
+def test_the_key_follows_the_script_and_settings_but_not_steps_or_idle_time(tmp_path: Path) -> None:
     script = _script(tmp_path)
     base = content_digest(script, 2, ["--d-model", "32", "--steps", "12"])
     assert base == content_digest(script, 2, ["--d-model", "32", "--steps", "30",
                                               "--step-sleep", "1.0"])
     assert base != content_digest(script, 2, ["--d-model", "64", "--steps", "12"])
+    assert base != content_digest(script, 2, ["--d-model", "32", "--steps", "12"],
+                                  {"LOCAL_WORLD_SIZE": "2"})
     script.write_text("print('changed')\n")
     assert base != content_digest(script, 2, ["--d-model", "32", "--steps", "12"])
 
