@@ -1,36 +1,31 @@
-"""The images built from the Dockerfile, on real kubelet nodes.
+"""The images built from the Dockerfile, on real kubelet nodes: CI's proof of every fault kind.
 
 `gemini local up --kubelet --nodes 4 --images operator,sidecar,examples --with-s3`: four real
 kubelets (containerd, runc) with the images built here (hack/build-images.sh, cached) in their
 containerd, and the local S3 listening where their pods reach the host. The Helm chart
-installs the operator from its image. A GeminiJob of two
-workers runs in the sidecar image (Python and `gemini launch`) with the operator's native
-sidecar: three crashes of the training process are each recovered in place by the launcher,
-which tells the operator at once (a failure hint to the host's address on the pods' side),
-the container never restarting (so the kubelet's restart back-off never applies); a kill of
-the whole trainer container (through containerd) is recovered after the kubelet restarts it.
-A second job whose training process outgrows its container's memory limit is OOM-killed by
-the kernel (a real cgroup limit, which node agents do not have) and fails naming that cause
-and the limit. A third, labelled for Kueue's queue, is admitted by the real Kueue (quota from
-the kubelets' allocatable) and runs. The shipped FSDP example recovers a crash; the shipped
-ZeRO-3 one trains with its spare node held. Then examples/train_gpt_zero3.py trains with DeepSpeed
-in the examples image (torch as the Dockerfile installs it): first through a hang, a sidecar
-crash and a partition healed later; then a crash restored from local
-memory, then a node loss (kubelet, containerd and its containers killed) restored by a
-replacement fetching its shard from its peer; the survivor's losses equal an uninterrupted
-run's. Three workers with three copies per shard lose two nodes at once, then one node during
-the recovery of another: both times the last holder serves every shard. The operator's
-container killed during a recovery is restarted in its pod and finishes it; a node lost while
-its sidecar sends a replica is restored from the last complete one. Four workers placed
-across two zones lose a whole zone and restore from the other. Four workers whose links are
-slowed until replication lags lose nodes at seeded moments, each restored from peer memory
-within the effective interval + 1 steps. The same job with one
-copy per shard and S3 persistence loses a node: every worker
-restores the step committed to S3. Another persisting job rides out an S3 outage while a
-persist is due (it is retried once the gateway is back), then is suspended (its newest step
-saved to S3) and resumed from S3. Last, a soak of failures of every kind in a random order
-(tests/e2e/kubelet_soak.py), spare kubelet nodes added as it goes. `helm uninstall` removes the
-operator.
+installs the operator from its image. A GeminiJob of two workers runs in the sidecar image
+(Python and `gemini launch`) with the operator's native sidecar: three crashes of the training
+process are each recovered in place by the launcher, which tells the operator at once (a
+failure hint to the host's address on the pods' side), the container never restarting; a kill
+of the whole trainer container (through containerd) is recovered after the kubelet restarts
+it. A second job whose training process outgrows its container's memory limit is OOM-killed by
+the kernel and fails naming that cause and the limit. A third, labelled for Kueue's queue, is
+admitted by the real Kueue and runs. The shipped FSDP example recovers a crash in its warm
+standby (the shipped ZeRO-3 one trains with its spare node held: `./dev long`). Then
+examples/train_gpt_zero3.py trains with DeepSpeed in the examples image: first through a
+hang, a sidecar crash, a sidecar hang and a partition healed later; then a crash restored
+from local memory, then a node lost while it sends a replica (the last complete one is
+restored) whose recovery outlives the operator's container, killed meanwhile. Three workers
+with three copies per shard lose two nodes at once, then one node during the recovery of
+another: both times the last holder serves every shard. Four workers placed across two zones
+lose a whole zone and restore from the other. Four workers whose links are slowed until
+replication lags lose a node at a seeded moment (three in `./dev long`), restored from peer
+memory within the effective interval + 1 steps. One job with one copy per shard rides out an
+S3 outage while a persist is due, is suspended to S3 and resumed from it, then loses a node
+and restores the step committed to S3. Every kept rank's losses equal an uninterrupted run's.
+Last (`./dev long`, `./dev soak`), a soak of failures of every kind in a random order
+(tests/e2e/kubelet_soak.py), spare kubelet nodes added as it goes. `helm uninstall` removes
+the operator.
 """
 
 from __future__ import annotations
@@ -43,7 +38,7 @@ import re
 import signal
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -158,7 +153,9 @@ def kubelet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
 def _job(name: str) -> dict[str, Any]:
     return {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
             "metadata": {"name": name, "namespace": "default"},
-            "spec": {"numNodes": 2, "failurePolicy": {"maxRestarts": 5},
+            # No warm standby: it would import torch for a sleeper (a restart of one spawns in
+            # a blink); the crash run in a standby is the FSDP example's case.
+            "spec": {"numNodes": 2, "failurePolicy": {"maxRestarts": 5, "warmStandby": False},
                      "template": {"image": images.image_name("sidecar"), "command": COMMAND}}}
 
 
@@ -195,7 +192,7 @@ def _an_oom_killed_job_fails_naming_the_memory_limit(custom: client.CustomObject
     body = {"apiVersion": naming.API_VERSION, "kind": naming.KIND,
             "metadata": {"name": "greedy", "namespace": "default"},
             "spec": {"numNodes": 1, "checkpoint": {"replicas": 1},
-                     "failurePolicy": {"maxRestarts": 1},
+                     "failurePolicy": {"maxRestarts": 1, "warmStandby": False},
                      "template": {"spec": {"containers": [{
                          "name": "trainer", "image": images.image_name("sidecar"),
                          "command": ["python", "-c", grow],
@@ -414,6 +411,7 @@ def test_the_fsdp_example_as_shipped_recovers_a_crash_in_its_image(
         assert_losses(core, f"{name}-worker-0", reference.wait(timeout=300))
 
 
+@pytest.mark.long  # CI runs the FSDP example; the spare's placeholder: tests/cluster/test_spares.py
 @pytest.mark.proves("shipped-examples")
 def test_the_zero3_example_as_shipped_trains_to_the_reference_losses_with_its_spare(
         kubelet_cluster: dict[str, Any], installed_operator: str, tmp_path: Path) -> None:
@@ -445,6 +443,29 @@ def test_the_zero3_example_as_shipped_trains_to_the_reference_losses_with_its_sp
         print(f"zero3 example on kubelet nodes: {len(nodes)} pods on {sorted(nodes.values())}, "
               f"persisted step {final['checkpoint']['persistedStep']}")
         assert_losses(core, f"{name}-worker-0", reference.wait(timeout=300))
+
+
+@pytest.fixture(autouse=True)
+def lost_nodes_deleted(kubelet_cluster: dict[str, Any]) -> Iterator[None]:
+    """After each case, the nodes it lost are deleted from the API: there a lost node stays
+    Ready for the node grace period, and the next case's pods must not be scheduled onto it
+    (a cloud's node controller deletes such a node too)."""
+    yield
+    state_dir: Path = kubelet_cluster["state_dir"]
+    core = client.CoreV1Api(kubelet_cluster["api"])
+    for node in core.list_node().items:
+        if not faults.node_running(state_dir, node.metadata.name):
+            with contextlib.suppress(client.ApiException):
+                core.delete_node(node.metadata.name)
+
+
+def retire(state_dir: Path, nodes: Iterable[str]) -> None:
+    """Spare kubelet nodes a case added, stopped once it is done (each idle kubelet and its
+    containerd take CPU from the cases after it); `lost_nodes_deleted` removes them from the
+    API."""
+    for node in nodes:
+        with contextlib.suppress(faults.FaultError):  # lost during the case already
+            faults.lose_node(state_dir, node)
 
 
 @pytest.fixture(scope="module")
@@ -537,21 +558,25 @@ def test_deepspeed_training_on_kubelet_nodes_rides_out_a_hang_a_sidecar_crash_an
     succeeds_as_uninterrupted(custom, core, FAULTS, kept, reference)
 
 
-@pytest.mark.proves("trainer-crash", "node-loss", "operator-killed-mid-recovery")
-def test_deepspeed_training_survives_a_crash_and_a_node_loss_whose_recovery_outlives_the_operator(
+@pytest.mark.proves("trainer-crash", "node-loss", "loss-mid-replication",
+                    "operator-killed-mid-recovery")
+def test_deepspeed_training_survives_a_crash_and_a_node_lost_mid_send_outliving_the_operator(
         kubelet_cluster: dict[str, Any], installed_operator: str,
         training_nodes: None, shared_references: SharedReferences) -> None:
     """examples/train_gpt_zero3.py in the examples image (torch and DeepSpeed as the Dockerfile
     installs them), 2 workers, m = 2, on real kubelets whose nodes are tainted and labelled
     for training, with a dataset volume, a service account and a priority class: one
     worker's training process killed (restored in place from local memory), then the other
-    worker's node lost (its replacement, templated alike, fetches the shard from the
-    survivor's sidecar over pod IPs). While that recovery replaces or fetches, the operator's
-    container is SIGKILLed (through containerd): the kubelet restarts it in the same pod, whose
-    identity (its name and uid, set by the chart) retakes the Lease at once, without a
-    transition, and the restarted operator finishes the recovery from status.recovery. The
-    survivor's losses equal an uninterrupted run of the host's venv bit for bit, and each
-    restore is followed by the restored step + 1 in the trainers' own logs."""
+    worker's node lost while it sends a version to the survivor (the survivor's sidecar
+    container frozen, SIGSTOP through containerd, so that the version stays in flight, and
+    thawed after the loss: it holds that version begun, not complete); the replacement,
+    templated alike, fetches the last complete version from the survivor's sidecar over pod
+    IPs. While that recovery replaces or fetches, the operator's container is SIGKILLed: the
+    kubelet restarts it in the same pod, whose identity (its name and uid, set by the chart)
+    retakes the Lease at once, without a transition, and the restarted operator finishes the
+    recovery from status.recovery. The survivor's losses equal an uninterrupted run of the
+    host's venv bit for bit, and each restore is followed by the restored step + 1 in the
+    trainers' own logs."""
     state_dir: Path = kubelet_cluster["state_dir"]
     api = kubelet_cluster["api"]
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
@@ -560,7 +585,7 @@ def test_deepspeed_training_survives_a_crash_and_a_node_loss_whose_recovery_outl
     wait_until(lambda: status_of(custom, TRAINING).get("state") == "Running", 120,
                "the training job Running", interval=0.5)
     # The worker that stays survives both faults; its losses are compared.
-    pods, lost, kept = workers(core, TRAINING, installed_operator)
+    _, lost, kept = workers(core, TRAINING, installed_operator)
     reference = shared_references(2, MODEL, rank=rank_of(kept))
 
     def newest(pod: str) -> int:
@@ -577,11 +602,27 @@ def test_deepspeed_training_survives_a_crash_and_a_node_loss_whose_recovery_outl
 
     reached = newest(kept)
     wait_until(lambda: newest(kept) >= reached + 2, 60, "two more steps", interval=0.5)
+    sender, receiver = rank_of(lost), rank_of(kept)
+    wait_until(lambda: held_replicas(core, TRAINING, kept, 0) == {sender}, 60,
+               f"{kept}'s sidecar to hold rank {sender}'s replica")
     operator, restarted = _operator(core)
     lease = leases.read_namespaced_lease("gemini-operator", SYSTEM).spec
     assert lease.holder_identity == f"{operator.metadata.name}_{operator.metadata.uid}"
-    lost_node = pods[lost].spec.node_name
-    faults.lose_node(state_dir, lost_node)
+    token = job_token(core, TRAINING)
+    into, out_of = (core.read_namespaced_pod(p, "default") for p in (kept, lost))
+    lost_node = out_of.spec.node_name
+    faults.kill_container(state_dir, "default", kept, naming.SIDECAR_CONTAINER, signal.SIGSTOP)
+    try:
+        in_flight = wait_until(lambda: stuck_sending(out_of.status.pod_ip, token, receiver), 60,
+                               f"rank {sender} to be stuck sending a version to rank {receiver}")
+        faults.lose_node(state_dir, lost_node)
+    finally:
+        faults.kill_container(state_dir, "default", kept, naming.SIDECAR_CONTAINER,
+                              signal.SIGCONT)
+    half = wait_until(lambda: begun(sidecar_inventory(into.status.pod_ip, token), sender,
+                                    in_flight), 30,
+                      f"{kept}'s sidecar to take in the begun version {in_flight}")
+    assert not half[0]["complete"] and half[0]["received_bytes"] < half[0]["bytes"], half
     during = wait_until(lambda: _recovery_in(custom, TRAINING, ("Replacing", "Fetching")),
                         120, "the recovery to replace or fetch", interval=0.1)
     faults.kill_container(state_dir, SYSTEM, operator.metadata.name, "operator")
@@ -590,7 +631,8 @@ def test_deepspeed_training_survives_a_crash_and_a_node_loss_whose_recovery_outl
                       "the restarted operator to finish the node loss's recovery", interval=0.5)
     took = time.monotonic() - killed
     assert loss["cause"] == "hardware" and loss["source"] == "Peers", loss
-    assert rank_of(lost) in loss["failedRanks"] and loss["stepsLost"] <= 1, loss
+    assert sender in loss["failedRanks"] and loss["stepsLost"] <= 1, loss
+    assert loss["restoredStep"] < in_flight, (loss, in_flight)  # the last complete version
     again, restarts_now = _operator(core)
     assert again.metadata.uid == operator.metadata.uid and restarts_now > restarted
     after = leases.read_namespaced_lease("gemini-operator", SYSTEM).spec
@@ -603,9 +645,11 @@ def test_deepspeed_training_survives_a_crash_and_a_node_loss_whose_recovery_outl
                    f"{pod} to step on from the restored step")
         as_templated(core.read_namespaced_pod(pod, "default"), trainer_log(core, pod))
     print(f"on kubelet nodes: crash recovered in {crash['durationSeconds']} s (step "
-          f"{crash['restoredStep']}), node loss in {loss['durationSeconds']} s (step "
-          f"{loss['restoredStep']}, {loss['breakdown']}); the operator killed during "
-          f"{during['phase']}, restarted in its pod, finished it {took:.1f} s after the kill")
+          f"{crash['restoredStep']}); rank {sender}'s node lost while sending version "
+          f"{in_flight} ({half[0]['received_bytes']} of {half[0]['bytes']} bytes in), restored "
+          f"{loss['restoredStep']} in {loss['durationSeconds']} s ({loss['breakdown']}); the "
+          f"operator killed during {during['phase']}, restarted in its pod, finished it "
+          f"{took:.1f} s after the kill")
 
     succeeds_as_uninterrupted(custom, core, TRAINING, kept, reference)
 
@@ -689,25 +733,7 @@ def test_m_minus_one_nodes_lost_at_once_and_a_node_lost_during_a_recovery_restor
         assert final["state"] == "Succeeded", final
         assert _recoveries_finished(core, GROUP) == 2
         assert_losses(core, kept, reference)
-
-
-def _two_workers_replicating(kubelet_cluster: dict[str, Any], job: str,
-                             shared_references: SharedReferences) -> dict[int, str]:
-    """Start `job` (2 workers, m = 2) on free nodes, one more kept free for a replacement;
-    return once rank 0 trained 3 steps and its sidecar holds rank 1's replica. Rank 0's
-    losses of an uninterrupted run."""
-    state_dir: Path = kubelet_cluster["state_dir"]
-    api = kubelet_cluster["api"]
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    ensure_free_nodes(state_dir, api, set(), 3)
-    reference = shared_references(2, MODEL, rank=0)  # before: it takes the CPUs
-    create_job(custom, training_job(job, replicas=2, step_sleep=1.0))
-    rank0 = f"{job}-worker-0"
-    wait_until(lambda: newest_step(core, rank0) >= 3, 240, f"{rank0} to train 3 steps",
-               interval=0.5)
-    wait_until(lambda: held_replicas(core, job, rank0, 0) == {1}, 60,
-               f"{rank0}'s sidecar to hold rank 1's replica")
-    return reference
+    retire(state_dir, added)
 
 
 def _operator(core: client.CoreV1Api) -> tuple[Any, int]:
@@ -716,52 +742,6 @@ def _operator(core: client.CoreV1Api) -> tuple[Any, int]:
     return pod, restarts(core, pod.metadata.name, "operator", SYSTEM)
 
 
-MIDREP = "midrep"
-
-
-@pytest.mark.proves("loss-mid-replication")
-def test_a_node_lost_while_sending_its_replica_restores_the_last_complete_one(
-        kubelet_cluster: dict[str, Any], installed_operator: str, training_nodes: None,
-        shared_references: SharedReferences) -> None:
-    """Rank 0's sidecar container frozen (SIGSTOP to all its processes, through containerd), so
-    the version rank 1 sends next stays in flight; rank 1's node lost in the middle of it, then
-    the sidecar thawed: it holds that version begun, not complete, and the recovery restores
-    an older, complete one from it. Both workers resume at the restored step + 1 and rank 0's
-    losses equal an uninterrupted run's."""
-    state_dir: Path = kubelet_cluster["state_dir"]
-    api = kubelet_cluster["api"]
-    core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    receiver, sender = f"{MIDREP}-worker-0", f"{MIDREP}-worker-1"
-    with cordoned(core, [installed_operator]):
-        reference = _two_workers_replicating(kubelet_cluster, MIDREP, shared_references)
-        token = job_token(core, MIDREP)
-        into, out_of = (core.read_namespaced_pod(p, "default") for p in (receiver, sender))
-        faults.kill_container(state_dir, "default", receiver, naming.SIDECAR_CONTAINER,
-                              signal.SIGSTOP)
-        try:
-            in_flight = wait_until(lambda: stuck_sending(out_of.status.pod_ip, token, 0), 60,
-                                   "rank 1 to be stuck sending a version to rank 0")
-            faults.lose_node(state_dir, out_of.spec.node_name)
-        finally:
-            faults.kill_container(state_dir, "default", receiver, naming.SIDECAR_CONTAINER,
-                                  signal.SIGCONT)
-        half = wait_until(lambda: begun(sidecar_inventory(into.status.pod_ip, token), 1,
-                                        in_flight), 30,
-                          f"rank 0's sidecar to take in the begun version {in_flight}")
-        assert not half[0]["complete"] and half[0]["received_bytes"] < half[0]["bytes"], half
-        last = wait_until(lambda: recovery_after(custom, 1, MIDREP), 180,
-                          "the recovery from the node lost mid-send", interval=0.5)
-        assert last["cause"] == "hardware" and last["source"] == "Peers", last
-        assert last["restoredStep"] < in_flight and last["stepsLost"] <= 1, last
-        all_resumed_at(core, (receiver, sender), last["restoredStep"])
-        print(f"on kubelet nodes: rank 1's node lost while sending version {in_flight} "
-              f"({half[0]['received_bytes']} of {half[0]['bytes']} bytes in): restored "
-              f"{last['restoredStep']} in {last['durationSeconds']} s ({last['breakdown']})")
-        succeeds_as_uninterrupted(custom, core, MIDREP, receiver, reference)
-    delete_job(custom, MIDREP)
-
-
-ZONES = "zones"
 ZONES = "zones"
 
 
@@ -809,6 +789,7 @@ def test_losing_a_whole_zone_restores_every_rank_from_its_peer_in_the_other_zone
         kept = min(set(range(4)) - lost_ranks)
         succeeds_as_uninterrupted(custom, core, ZONES, f"{ZONES}-worker-{kept}",
                                   shared_references(4, MODEL, rank=kept))
+    retire(state_dir, [*zone_of, *spares])
 
 
 LAGGING = "lagging"
@@ -833,7 +814,9 @@ def test_node_losses_while_replication_lags_over_slowed_kubelet_links_restore_fr
     state_dir: Path = kubelet_cluster["state_dir"]
     api = kubelet_cluster["api"]
     core, custom = client.CoreV1Api(api), client.CustomObjectsApi(api)
-    reference = shared_references(lag.WORKERS, lag.MODEL, rank=0)  # before: it takes the CPUs
+    # Steps for the lag to set in (about 12) and each loss (at most 8 after the last restore).
+    model = lag.model(24 + 7 * losses)
+    reference = shared_references(lag.WORKERS, model, rank=0)  # before: it takes the CPUs
     seed = lag.new_seed()
     print(f"lagging on kubelet nodes: seed {seed} (replay: GEMINI_LAG_SEED={seed})")
     core.create_namespaced_config_map("default", {
@@ -845,13 +828,14 @@ def test_node_losses_while_replication_lags_over_slowed_kubelet_links_restore_fr
         added.append(add_spare(state_dir, api))
         return added[-1]
 
-    job = lag.LaggingJob(Jobs(api, "default"), state_dir, spare, LAGGING, seed)
+    job = lag.LaggingJob(Jobs(api, "default"), state_dir, spare, LAGGING, seed,
+                         steps=lag.steps_of(model))
     try:
         with cordoned(core, [n.metadata.name for n in core.list_node().items]):
             for _ in range(lag.WORKERS):
                 spare()
             body = training_job(LAGGING, replicas=lag.REPLICAS, step_sleep=lag.STEP_SLEEP,
-                                model=lag.MODEL, nodes=lag.WORKERS,
+                                model=model, nodes=lag.WORKERS,
                                 script=f"/padding/{lag.PADDED_TRAINER.name}",
                                 env={lag.PADDING_ENV: str(lag.PADDING_BYTES),
                                      EXAMPLE_ENV: IMAGE_EXAMPLE},
@@ -873,13 +857,7 @@ def test_node_losses_while_replication_lags_over_slowed_kubelet_links_restore_fr
     wait_until(lambda: not core.list_namespaced_pod(
         "default", label_selector=f"{naming.LABEL_JOB}={LAGGING}").items, 120,
         "the lagging job's pods to be gone")
-    for node in added:  # seven kubelets fewer to run beside the tests after this one
-        with contextlib.suppress(faults.FaultError):
-            faults.lose_node(state_dir, node)
-        # Gone from the API too: a lost node stays Ready there for the node grace period, and
-        # the next test's pods must not be scheduled onto it.
-        with contextlib.suppress(client.ApiException):
-            core.delete_node(node)
+    retire(state_dir, added)  # seven kubelets fewer to run beside the next tests
 
 
 @pytest.mark.proves("s3-outage", "suspend-resume", "group-loss-s3")

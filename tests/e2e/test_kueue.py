@@ -58,8 +58,9 @@ def queued_job(name: str, queue: str, args: list[str] = LONGER, **labels: str
     template = {"spec": {"containers": [{
         "name": "trainer", "image": "gemini:local", "command": ["python", str(EXAMPLE), *args],
         "env": ENV, "resources": {"requests": {"cpu": "500m"}}}]}}
+    # No trainer crashes here: no warm standby (a spare interpreter importing DeepSpeed).
     job = (make_job(name).with_nodes(2).with_replicas(2).set("template", template)
-           .set("failurePolicy.maxRestarts", 4).obj())
+           .set("failurePolicy.maxRestarts", 4).set("failurePolicy.warmStandby", False).obj())
     job["metadata"]["labels"] = {queueing.QUEUE_LABEL: queue, **labels}
     return job
 

@@ -75,7 +75,19 @@ REPLICAS = 2
 # Per loss: 2-8 steps past the restored one, of which up to about twice the effective interval
 # are trained again; the job must still be training when the last loss comes.
 STEPS = 12 + 7 * max(LOSSES, HEALED_LOSSES)
-MODEL = ["--engine", "deepspeed", "--steps", str(STEPS), "--layers", "1", "--d-model", "32"]
+
+
+def model(steps: int = STEPS) -> list[str]:
+    """The example's arguments for a run of `steps` (the reference's losses of a shorter run
+    are the first of a longer one's)."""
+    return ["--engine", "deepspeed", "--steps", str(steps), "--layers", "1", "--d-model", "32"]
+
+
+MODEL = model()
+
+
+def steps_of(args: list[str]) -> int:
+    return int(args[args.index("--steps") + 1])
 STEP_SLEEP = 0.4
 PADDING_BYTES = 8 << 20
 LAG_ITERATIONS = 3.0  # one replication over the slow link, in iterations
@@ -128,10 +140,11 @@ class LaggingJob:
     the effective interval and any status.lastRecovery, by epoch)."""
 
     def __init__(self, jobs: Jobs, state_dir: Path, new_node: Callable[[], str], name: str,
-                 seed: int) -> None:
-        """`new_node()` adds a node for the job (a node agent or a real kubelet); its name."""
+                 seed: int, steps: int = STEPS) -> None:
+        """`new_node()` adds a node for the job (a node agent or a real kubelet); its name.
+        `steps`: the job's (its --steps)."""
         self.jobs, self.state_dir, self.new_node = jobs, state_dir, new_node
-        self.name, self.seed = name, seed
+        self.name, self.seed, self.steps = name, seed, steps
         self.rng = random.Random(seed)
         self.rate: int | None = None  # bytes/s of every slow link while slowing
         self.slowed: list[str] = []
@@ -298,8 +311,8 @@ class LaggingJob:
             gap = self.rng.randint(*GAP_STEPS)
             rank = self.rng.randrange(WORKERS)
             target = base + gap
-            assert target < STEPS - 3, self.say(f"loss {index} would come at step {target}, "
-                                                f"too near the end ({STEPS})")
+            assert target < self.steps - 3, self.say(
+                f"loss {index} would come at step {target}, too near the end ({self.steps})")
             self.wait(partial(self.trained_to, index - 1, target), 300,
                       f"rank 0 to train to step {target} before loss {index}")
             before = self.status()

@@ -174,6 +174,7 @@ def test_status_reports_the_endpoint_and_live_pids(s3_server: S3Server) -> None:
 # --- lifecycle, each on its own server ---------------------------------------------------------
 
 
+@pytest.mark.long  # the dev tool's own lifecycle, a server each: `./dev long`
 def test_second_start_in_the_same_dir_says_it_already_runs(tmp_path: Path) -> None:
     start_s3(tmp_path)
     try:
@@ -223,6 +224,7 @@ def _start_in_child_then_crash(state_dir: Path, *, with_watchdog: bool) -> None:
     assert child.returncode == -signal.SIGKILL, child.stderr
 
 
+@pytest.mark.long  # the dev tool's own lifecycle, a server each: `./dev long`
 def test_stop_from_another_process_ends_everything_after_the_starter_crashed(
     tmp_path: Path,
 ) -> None:
@@ -234,6 +236,7 @@ def test_stop_from_another_process_ends_everything_after_the_starter_crashed(
     assert s3_local.s3_status(tmp_path)["running"] is False
 
 
+@pytest.mark.long  # the dev tool's own lifecycle, a server each: `./dev long`
 def test_watchdog_stops_the_server_when_its_owner_is_killed(tmp_path: Path) -> None:
     _start_in_child_then_crash(tmp_path, with_watchdog=True)
     assert _wait_for(lambda: _pids_mentioning(tmp_path) == [], 15), _pids_mentioning(tmp_path)

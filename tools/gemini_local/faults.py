@@ -100,6 +100,14 @@ def lose_node(state_dir: Path, node: str) -> int:
     return nodes.kill_node_processes(state_dir, node)
 
 
+def node_running(state_dir: Path, node: str) -> bool:
+    """Whether the node's kubelet (or node agent) runs: not once it is lost. The API server
+    still shows a lost node Ready until the node controller's grace period ends."""
+    if (real := _kubelet_node(state_dir, node)) is not None:
+        return real.running_pids()["kubelet"] is not None
+    return nodes.running_agent_pid(state_dir, node) is not None
+
+
 def _kubelet_nodes(state_dir: Path) -> list[kubelet.KubeletNode]:
     from gemini_local.cluster import KUBELET_NODES  # cluster imports this module
 

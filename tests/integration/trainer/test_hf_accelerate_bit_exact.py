@@ -52,7 +52,9 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[dict[in
 
 @pytest.mark.parametrize(
     "kill_at, restore",
-    [(5, "latest"), (STEPS_PER_EPOCH * 2 + 1, str(STEPS_PER_EPOCH * 2))],
+    [(5, "latest"),
+     # a second restore point, same path: `./dev long`
+     pytest.param(STEPS_PER_EPOCH * 2 + 1, str(STEPS_PER_EPOCH * 2), marks=pytest.mark.long)],
     ids=["mid-epoch-latest", "epoch-end-version"],
 )
 def test_killed_accelerate_loop_resumes_at_the_restored_step_bit_exactly(

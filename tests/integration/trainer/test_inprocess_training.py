@@ -68,7 +68,7 @@ class Rank:
         return [(int(m.group(1)), m.group(2)) for line in lines[at + 1:]
                 if (m := STEP_LINE.match(line))]
 
-@pytest.mark.parametrize("engine", ["ddp", "deepspeed"])
+@pytest.mark.parametrize("engine", [pytest.param("ddp", marks=pytest.mark.long), "deepspeed"])
 def test_a_survivor_restarts_in_its_own_process_and_continues_bit_exactly(
         engine: str, tmp_path: Path, shared_references: SharedReferences) -> None:
     args = [*MODEL, "--engine", engine, "--steps", str(STEPS)]
