@@ -459,13 +459,16 @@ def lost_nodes_deleted(kubelet_cluster: dict[str, Any]) -> Iterator[None]:
                 core.delete_node(node.metadata.name)
 
 
-def retire(state_dir: Path, nodes: Iterable[str]) -> None:
+def retire(state_dir: Path, core: client.CoreV1Api, nodes: Iterable[str]) -> None:
     """Spare kubelet nodes a case added, stopped once it is done (each idle kubelet and its
-    containerd take CPU from the cases after it); `lost_nodes_deleted` removes them from the
-    API."""
+    containerd take CPU from the cases after it) and deleted from the API at once (a stopped
+    node stays Ready there for the node grace period, and its processes may not all be gone
+    yet when `lost_nodes_deleted` looks)."""
     for node in nodes:
         with contextlib.suppress(faults.FaultError):  # lost during the case already
             faults.lose_node(state_dir, node)
+        with contextlib.suppress(client.ApiException):
+            core.delete_node(node)
 
 
 @pytest.fixture(scope="module")
@@ -733,7 +736,7 @@ def test_m_minus_one_nodes_lost_at_once_and_a_node_lost_during_a_recovery_restor
         assert final["state"] == "Succeeded", final
         assert _recoveries_finished(core, GROUP) == 2
         assert_losses(core, kept, reference)
-    retire(state_dir, added)
+    retire(state_dir, core, added)
 
 
 def _operator(core: client.CoreV1Api) -> tuple[Any, int]:
@@ -789,7 +792,7 @@ def test_losing_a_whole_zone_restores_every_rank_from_its_peer_in_the_other_zone
         kept = min(set(range(4)) - lost_ranks)
         succeeds_as_uninterrupted(custom, core, ZONES, f"{ZONES}-worker-{kept}",
                                   shared_references(4, MODEL, rank=kept))
-    retire(state_dir, [*zone_of, *spares])
+    retire(state_dir, core, [*zone_of, *spares])
 
 
 LAGGING = "lagging"
@@ -857,7 +860,7 @@ def test_node_losses_while_replication_lags_over_slowed_kubelet_links_restore_fr
     wait_until(lambda: not core.list_namespaced_pod(
         "default", label_selector=f"{naming.LABEL_JOB}={LAGGING}").items, 120,
         "the lagging job's pods to be gone")
-    retire(state_dir, added)  # seven kubelets fewer to run beside the next tests
+    retire(state_dir, core, added)  # seven kubelets fewer to run beside the next tests
 
 
 @pytest.mark.proves("s3-outage", "suspend-resume", "group-loss-s3")
