@@ -16,11 +16,17 @@ if os.environ["RANK"] == "1":
 time.sleep(60)
 """
 
+# The first attempt's port is taken: every rank started on it fails, whichever of them the
+# run stops first (a rank killed before it looked must not make the next attempt fail too).
 PORT_TAKEN_ONCE = """
 import os, pathlib, sys
-marker = pathlib.Path(sys.argv[1]) / ("tried" + os.environ["RANK"])
-if not marker.exists():
-    marker.touch()
+first = pathlib.Path(sys.argv[1]) / "first-port"
+try:
+    with open(first, "x") as out:
+        out.write(os.environ["MASTER_PORT"])
+except FileExistsError:
+    pass
+if first.read_text() == os.environ["MASTER_PORT"]:
     print("DistNetworkError: port: " + os.environ["MASTER_PORT"] + ", name: EADDRINUSE")
     sys.exit(1)
 print("step 1 loss 0x1.8p+1")
