@@ -102,7 +102,8 @@ def reconcile_walk() -> tuple[set[str], set[tuple[str, str]], list[str]]:
 
     api.patch_job_status = patch_job_status
     cache.update_job(copy.deepcopy(job), deleted=False)
-    reconciler = find("Reconciler")(api, cache, find("ReconcileConfig")(default_sidecar_image="gemini:side"))
+    config = find("ReconcileConfig")(default_sidecar_image="gemini:side")
+    reconciler = find("Reconciler")(api, cache, config)
     places: set[tuple[str, str]] = set()
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:
