@@ -34,17 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from support.cleanup import cleaning_up
 
-from gemini.control import (
+from gemini.control.inventory import (
     InventoriesRequest,
     Inventory,
     LocalCopy,
     MemoryUse,
-    Peers,
     PeerSending,
-    Progress,
     ReplicaCopy,
     Sending,
 )
+from gemini.control.launcher import Progress
+from gemini.control.messages import Peers
 
 TOKEN = "poll-cost-bench-token-0123456789"
 PORT = 17080

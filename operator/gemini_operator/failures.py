@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
-from gemini.control import OUT_OF_MEMORY
+from gemini.control.launcher import OUT_OF_MEMORY
 from gemini.domain.recovery import FailureKind
 from gemini_operator.observed import NodeView, PodView
 from gemini_operator.spec import FailurePolicy, FailureRule, RuleAction

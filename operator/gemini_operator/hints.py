@@ -1,13 +1,14 @@
 """The operator's hint server: a launcher whose training failed says so at once, so the
 operator polls that job now instead of at its next round (up to POLL_SECONDS later).
 
-``POST /v1/hints/failure`` (gemini.control.FailureHint) with the job's own token, which every
-pod of the job holds. A hint is only "poll this job now": what failed, and whether anything
-did, still comes from the operator's own poll of the job's launchers and sidecars, so a forged
-or repeated hint costs a poll of the sender's own job, at most one per `min_interval_s`.
-Answers: 202 HintAnswer; 400 a malformed body; 401 not that job's token; 404 no such job
-(or another job of that name: the uid differs); 503 this replica is not the leader (the
-launcher tries again, and a Service in front of several replicas may pick the leader).
+``POST /v1/hints/failure`` (gemini.control.launcher.FailureHint) with the job's own token,
+which every pod of the job holds. A hint is only "poll this job now": what failed, and
+whether anything did, still comes from the operator's own poll of the job's launchers and
+sidecars, so a forged or repeated hint costs a poll of the sender's own job, at most one per
+`min_interval_s`. Answers: 202 HintAnswer; 400 a malformed body; 401 not that job's token;
+404 no such job (or another job of that name: the uid differs); 503 this replica is not the
+leader (the launcher tries again, and a Service in front of several replicas may pick the
+leader).
 """
 
 from __future__ import annotations
@@ -20,14 +21,10 @@ from typing import Any
 
 from aiohttp import web
 
-from gemini.control import (
-    FAILURE_HINT_PATH,
-    MAX_HINT_BYTES,
-    FailureHint,
-    HintAnswer,
-    may_call,
-    parse_json,
-)
+from gemini.control.auth import may_call
+from gemini.control.launcher import FailureHint, HintAnswer
+from gemini.control.paths import FAILURE_HINT_PATH, MAX_HINT_BYTES
+from gemini.control.strict import parse_json
 from gemini_operator.cache import JobKey
 from gemini_operator.render import JobRef
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gemini.control import Inventory
+from gemini.control.inventory import Inventory
 
 MIB = 1 << 20
 

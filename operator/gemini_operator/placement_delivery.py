@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from typing import Any
 
-from gemini.control import Bearer, Peers
+from gemini.control.auth import Bearer
+from gemini.control.messages import Peers
 from gemini_operator.observed import PodView
 from gemini_operator.render import RenderConfig
 from gemini_operator.sidecars import (

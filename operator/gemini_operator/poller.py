@@ -26,7 +26,8 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any
 
-from gemini.control import Bearer, Inventory
+from gemini.control.auth import Bearer
+from gemini.control.inventory import Inventory
 from gemini_operator import placement_delivery, sidecars
 from gemini_operator.apitime import api_time, parse_api_time
 from gemini_operator.cache import ClusterCache, JobKey

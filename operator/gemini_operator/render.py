@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gemini import rank_detail
-from gemini.control import CONTROL_DIGEST_ENV, HEALTHZ_PATH, control_digest
+from gemini.control.auth import CONTROL_DIGEST_ENV, control_digest
+from gemini.control.paths import HEALTHZ_PATH
 from gemini_operator import naming
 from gemini_operator.pod_template import merged
 from gemini_operator.spec import JobSpec, Persistence, RunAs, TrainerTemplate

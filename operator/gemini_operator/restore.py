@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Self
 
-from gemini.control import FetchReplicasRequest, FetchRequest, RestoreRequest
+from gemini.control.transfers import FetchReplicasRequest, FetchRequest, RestoreRequest
 from gemini.domain.recovery import MODE_MEMORY, MODE_S3
 from gemini_operator import placement_delivery, sidecars
 from gemini_operator.apitime import api_time

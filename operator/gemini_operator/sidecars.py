@@ -8,7 +8,7 @@ come in (placement before fetches, memory before restarts, persist before commit
 in gemini.control. The untyped `call` and `call_all` (JSON dicts) remain for call sites
 not moved yet. Addresses are pod IPs, which work with or without cluster DNS.
 
-Every timeout here is a call's whole deadline (gemini.control.ControlClient): a worker that
+Every timeout here is a call's whole deadline (gemini.control.client.ControlClient): a worker that
 answers a byte at a time is cut off at it, and answers are size-capped and strictly parsed,
 so a job's own images can cost the operator no more than that job's calls.
 """
@@ -22,30 +22,29 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-from gemini.control import (
-    COMMITTED_STEPS_PATH,
+from gemini.control.auth import Bearer
+from gemini.control.client import ControlClient, ControlError
+from gemini.control.inventory import (
     MAX_RELAYED,
-    Bearer,
+    InventoriesRequest,
+    Inventory,
+    relayed_answer_bytes,
+)
+from gemini.control.launcher import LauncherStatus, RestartAnswer, RestartRequest
+from gemini.control.messages import Peers
+from gemini.control.paths import COMMITTED_STEPS_PATH
+from gemini.control.transfers import (
     CommitAnswer,
     CommitRequest,
-    ControlClient,
-    ControlError,
     FetchAnswer,
     FetchReplicasAnswer,
     FetchReplicasRequest,
     FetchRequest,
-    InventoriesRequest,
-    Inventory,
-    LauncherStatus,
-    Peers,
     PersistAnswer,
     PersistRequest,
-    RestartAnswer,
-    RestartRequest,
     RestoreAnswer,
     RestoreRequest,
     TransferRunning,
-    relayed_answer_bytes,
 )
 
 TIMEOUT_SECONDS = 5.0

@@ -1,6 +1,6 @@
 """Each job's tokens: the job token (peer auth; every pod holds it) and the operator's
 control token (the only bearer that may drive a pod's sidecar and launcher beyond reads and
-the trainer's own calls; the pods hold only its SHA-256, gemini.control.may_call).
+the trainer's own calls; the pods hold only its SHA-256, gemini.control.auth.may_call).
 
 With a token key (GEMINI_OPERATOR_TOKEN_KEY; the Helm chart makes one and hands it to the
 operator from a Secret of its own namespace), a job's token is HMAC-SHA256(key, namespace/name/
@@ -26,7 +26,7 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from gemini.control import Credentials
+from gemini.control.auth import Credentials
 from gemini_operator import naming, render
 from gemini_operator.kube import KubeClient
 from gemini_operator.render import JobRef

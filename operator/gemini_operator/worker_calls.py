@@ -10,7 +10,9 @@ import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from gemini.control import Bearer, ControlError, RestartRequest
+from gemini.control.auth import Bearer
+from gemini.control.client import ControlError
+from gemini.control.launcher import RestartRequest
 from gemini.domain.recovery import ShardCopy
 from gemini_operator import render, sidecars
 from gemini_operator.cache import Snapshot

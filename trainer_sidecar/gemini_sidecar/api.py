@@ -22,33 +22,35 @@ from aiohttp import web
 from boto3.exceptions import Boto3Error
 from botocore.exceptions import BotoCoreError, ClientError
 
-from gemini import control
-from gemini.control import (
-    CommitRequest,
-    ErrorAnswer,
-    FetchAnswer,
-    FetchReplicasAnswer,
-    FetchReplicasRequest,
-    FetchRequest,
-    Health,
+from gemini.control import auth, paths, strict
+from gemini.control.files import parked_path, read_heartbeat, read_parked
+from gemini.control.inventory import (
     InventoriesRequest,
     Inventory,
     LocalCopy,
     MemoryUse,
+    PeerSending,
+    ReplicaCopy,
+    Sending,
+)
+from gemini.control.messages import (
+    ErrorAnswer,
+    Health,
     NotifyAnswer,
     NotifyRequest,
     Peers,
-    PeerSending,
-    PersistRequest,
     ProfileAnswer,
     ProfileRequest,
-    ReplicaCopy,
+)
+from gemini.control.transfers import (
+    CommitRequest,
+    FetchAnswer,
+    FetchReplicasAnswer,
+    FetchReplicasRequest,
+    FetchRequest,
+    PersistRequest,
     RestoreRequest,
-    Sending,
     TransferRunning,
-    parked_path,
-    read_heartbeat,
-    read_parked,
 )
 from gemini.domain.traffic import IterationTimeline
 from gemini_sidecar.app import Sidecar
@@ -71,7 +73,7 @@ from gemini_sidecar.transfers import outcome
 from gemini_trainer.shm import SlotBusy
 
 log = logging.getLogger(__name__)
-OPEN_PATHS = control.SIDECAR_OPEN_PATHS
+OPEN_PATHS = paths.SIDECAR_OPEN_PATHS
 SIDECAR_KEY = web.AppKey("sidecar", Sidecar)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _CLIENT_ERRORS = (ValueError, KeyError, TypeError, ConfigError, StoreError, LocalShardError)
@@ -126,8 +128,8 @@ def _peer_of(request: web.Request) -> str:
 def _authorized(request: web.Request, cfg: SidecarConfig) -> bool:
     # a header that is not UTF-8 reaches us with surrogate escapes: compare its raw bytes
     given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-    job_token_allowed = request.method == "GET" or request.path in control.SIDECAR_TRAINER_PATHS
-    return control.may_call(given, cfg.auth_token, cfg.control_sha256, job_token_allowed)
+    job_token_allowed = request.method == "GET" or request.path in paths.SIDECAR_TRAINER_PATHS
+    return auth.may_call(given, cfg.auth_token, cfg.control_sha256, job_token_allowed)
 
 
 class _SlowBody(Exception):
@@ -141,7 +143,7 @@ async def _body(request: web.Request) -> object:
         raw = await asyncio.wait_for(request.read(), limit)
     except TimeoutError as err:
         raise _SlowBody from err
-    return control.parse_json(raw or b"{}")
+    return strict.parse_json(raw or b"{}")
 
 
 def _check_version(value: int | None) -> None:
@@ -327,19 +329,19 @@ def make_app(sidecar: Sidecar) -> web.Application:
     app = web.Application(middlewares=[_auth_and_errors], client_max_size=1 << 20)
     app[SIDECAR_KEY] = sidecar
     app.add_routes([
-        web.get(control.HEALTHZ_PATH, healthz),
-        web.get(control.METRICS_PATH, metrics),
-        web.get(control.INVENTORY_PATH, inventory),
-        web.post(control.INVENTORIES_PATH, inventories),
-        web.post(control.NOTIFY_PATH, notify),
-        web.post(control.COMMITTED_PATH, notify),  # the path gemini_trainer's Checkpointer uses
-        web.post(control.PEERS_PATH, peers),
-        web.post(control.PROFILE_PATH, profile),
-        web.post(control.FETCH_PATH, fetch),
-        web.post(control.FETCH_REPLICAS_PATH, fetch_replicas),
-        web.post(control.PERSIST_PATH, persist),
-        web.post(control.COMMIT_PATH, commit),
-        web.post(control.RESTORE_PATH, restore),
-        web.get(control.COMMITTED_STEPS_PATH, committed_steps),
+        web.get(paths.HEALTHZ_PATH, healthz),
+        web.get(paths.METRICS_PATH, metrics),
+        web.get(paths.INVENTORY_PATH, inventory),
+        web.post(paths.INVENTORIES_PATH, inventories),
+        web.post(paths.NOTIFY_PATH, notify),
+        web.post(paths.COMMITTED_PATH, notify),  # the path gemini_trainer's Checkpointer uses
+        web.post(paths.PEERS_PATH, peers),
+        web.post(paths.PROFILE_PATH, profile),
+        web.post(paths.FETCH_PATH, fetch),
+        web.post(paths.FETCH_REPLICAS_PATH, fetch_replicas),
+        web.post(paths.PERSIST_PATH, persist),
+        web.post(paths.COMMIT_PATH, commit),
+        web.post(paths.RESTORE_PATH, restore),
+        web.get(paths.COMMITTED_STEPS_PATH, committed_steps),
     ])
     return app

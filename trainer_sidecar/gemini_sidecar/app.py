@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from gemini.control import (
+from gemini.control.transfers import (
     CommitAnswer,
     CommittedStepsAnswer,
     PersistAnswer,

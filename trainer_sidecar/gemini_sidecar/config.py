@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from gemini.control import control_digest_setting
+from gemini.control.auth import control_digest_setting
 
 TrafficMode = Literal["interleaved", "immediate"]
 
@@ -100,7 +100,7 @@ class SidecarConfig:
     # GEMINI_PEER_SENDER_CHECK (address | off): a rank's replica only from that rank's address
     check_senders: bool = True
     # GEMINI_CONTROL_TOKEN_SHA256: the operator's control token's digest; with it, the job
-    # token only reads and makes the trainer's calls (gemini.control.may_call)
+    # token only reads and makes the trainer's calls (gemini.control.auth.may_call)
     control_sha256: str = ""
     # GEMINI_NAMESPACE and GEMINI_JOB_UID (the GeminiJob's metadata.uid): with the job name,
     # whose S3 checkpoints these are. The operator always sets both; a sidecar started by

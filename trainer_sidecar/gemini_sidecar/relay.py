@@ -15,8 +15,10 @@ import asyncio
 
 import aiohttp
 
-from gemini import control
-from gemini.control import InventoriesAnswer, InventoriesRequest, Inventory
+from gemini.control import inventory as control_inventory
+from gemini.control import paths
+from gemini.control import strict as control_strict
+from gemini.control.inventory import InventoriesAnswer, InventoriesRequest, Inventory
 
 # Sockets one relay call opens at once: a batch is a few dozen ranks.
 MAX_CONNECTIONS = 128
@@ -37,7 +39,7 @@ async def relay_inventories(own: Inventory, request: InventoriesRequest, token: 
     failed: dict[int, str] = {}
     for rank, (inventory, why) in zip(ranks, answers, strict=True):
         if inventory is None:
-            failed[rank] = f"{others[rank]}{control.INVENTORY_PATH}: {why}"
+            failed[rank] = f"{others[rank]}{paths.INVENTORY_PATH}: {why}"
         elif inventory.rank != rank:
             failed[rank] = f"{others[rank]} answered with the inventory of rank {inventory.rank}"
         else:
@@ -47,8 +49,8 @@ async def relay_inventories(own: Inventory, request: InventoriesRequest, token: 
 
 async def _ask(session: aiohttp.ClientSession, address: str) -> tuple[Inventory | None, str]:
     """(the inventory, "") or (None, why not)."""
-    url = f"http://{address}{control.INVENTORY_PATH}"
-    limit = control.MAX_RELAYED_INVENTORY_BYTES
+    url = f"http://{address}{paths.INVENTORY_PATH}"
+    limit = control_inventory.MAX_RELAYED_INVENTORY_BYTES
     try:
         async with session.get(url, allow_redirects=False) as answer:
             body = await answer.content.read(limit + 1)
@@ -61,6 +63,6 @@ async def _ask(session: aiohttp.ClientSession, address: str) -> tuple[Inventory 
     if len(body) > limit:
         return None, f"an inventory over {limit} bytes"
     try:
-        return Inventory.from_json(control.parse_json(body)), ""
+        return Inventory.from_json(control_strict.parse_json(body)), ""
     except ValueError as err:
         return None, f"not an inventory ({err})"[:300]

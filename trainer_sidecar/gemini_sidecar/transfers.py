@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from gemini.control import TransferRunning
+from gemini.control.transfers import TransferRunning
 
 T = TypeVar("T")
 KEEP_SECONDS = 60.0

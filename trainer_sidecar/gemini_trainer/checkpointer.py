@@ -47,7 +47,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from gemini.control import COMMITTED_PATH, ControlClient, NotifyRequest
+from gemini.control.client import ControlClient
+from gemini.control.messages import NotifyRequest
+from gemini.control.paths import COMMITTED_PATH
 from gemini_trainer import timeline
 from gemini_trainer.capture import (
     StateAdapter,

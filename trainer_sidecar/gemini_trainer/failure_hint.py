@@ -11,7 +11,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gemini.control import ControlClient, ControlError, FailureHint
+from gemini.control.client import ControlClient, ControlError
+from gemini.control.launcher import FailureHint
 
 log = logging.getLogger(__name__)
 URL_ENV = "GEMINI_OPERATOR_HINT_URL"

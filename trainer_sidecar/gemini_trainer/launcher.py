@@ -106,7 +106,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from gemini import control
+from gemini.control import auth, files, messages, paths
+from gemini.control import launcher as control_launcher
 from gemini_trainer import launcher_metrics, oom, resume_link, timeline
 from gemini_trainer import standby as warm
 from gemini_trainer.failure_hint import FailureHints
@@ -118,8 +119,8 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
 TAIL_LINES = 20  # of a child's output, for the message of its failure
-SOURCES = control.RESTORE_SOURCES
-MAX_ENV = control.MAX_RESTART_ENV
+SOURCES = control_launcher.RESTORE_SOURCES
+MAX_ENV = control_launcher.MAX_RESTART_ENV
 PR_SET_PDEATHSIG = 1
 MIN_TOKEN_LENGTH = 16  # as the sidecar demands of the same per-job token
 REQUEST_TIMEOUT_S = 10.0  # a request's headers and body must arrive within this
@@ -160,7 +161,7 @@ class RestartRequest:
     def parse(cls, body: object) -> RestartRequest:
         """A POST /restart body, checked by the contract (a bad one: LauncherError 400)."""
         try:
-            req = control.RestartRequest.from_json(body)
+            req = control_launcher.RestartRequest.from_json(body)
         except ValueError as err:
             raise LauncherError(str(err), HTTPStatus.BAD_REQUEST) from err
         return cls(req.epoch, req.version, req.source, tuple(sorted((req.env or {}).items())))
@@ -250,7 +251,7 @@ class Launcher:
         self._proc: Child | None = None
         self._local_world = local_world_size(self._base_env)
         self._epoch = int(self._base_env.get("GEMINI_RESTART_EPOCH", "0") or 0)
-        self._restore = control.RestoreOrder(
+        self._restore = control_launcher.RestoreOrder(
             self._base_env.get("GEMINI_RESTORE_VERSION") or None,
             self._base_env.get("GEMINI_RESTORE_SOURCE") or "local",
         )
@@ -280,7 +281,7 @@ class Launcher:
         self._warm = False
         # next to the heartbeat: on the pod's memory volume, it outlives a container restart
         self._modules_file = self.heartbeat_file.parent / warm.MODULES_FILE
-        self.parked_file = control.parked_path(self.heartbeat_file)
+        self.parked_file = files.parked_path(self.heartbeat_file)
         self._link: LinkServer | None = None
         if config.in_process and self._local_world == 1:
             self._link = LinkServer(Path(self._tmp.name) / "inprocess.sock", self._on_parked,
@@ -467,7 +468,7 @@ class Launcher:
                 what = out_of_memory or f"the training process exited with code {code}"
                 if out_of_memory:
                     log.error("%s", out_of_memory)
-                control.write_parked(self.parked_file, control.Parked(
+                files.write_parked(self.parked_file, control_launcher.Parked(
                     self._epoch, f"{what}\n{words}", time.time(), code))
                 self._hint(self._epoch)
                 if self.config.hold_standby:  # import while the operator detects and plans
@@ -494,17 +495,17 @@ class Launcher:
             _signal_group(proc, signal.SIGKILL)
             proc.wait()
 
-    def restart(self, req: RestartRequest) -> control.RestartAnswer:
+    def restart(self, req: RestartRequest) -> control_launcher.RestartAnswer:
         # One restart at a time: a second request waits, then sees the new epoch.
         with self._restart_lock:
             return self._restart(req)
 
-    def _restart(self, req: RestartRequest) -> control.RestartAnswer:
+    def _restart(self, req: RestartRequest) -> control_launcher.RestartAnswer:
         with self._lock:
             if self._stopping:
                 raise LauncherError("the launcher is stopping", HTTPStatus.CONFLICT)
             if req.epoch == self._epoch and self._restarts > 0:
-                return control.RestartAnswer("already", self.status_answer())
+                return control_launcher.RestartAnswer("already", self.status_answer())
             if req.epoch <= self._epoch:
                 raise LauncherError(
                     f"restart epoch {req.epoch} is not newer than the current epoch {self._epoch}",
@@ -512,7 +513,7 @@ class Launcher:
                 )
             old = self._proc
         if old is not None and self._resume_in_place(old, req):
-            return control.RestartAnswer("restarted", self.status_answer())
+            return control_launcher.RestartAnswer("restarted", self.status_answer())
         with self._lock:
             self._proc = None  # the watcher of the old child now ignores its exit
         if old is not None:
@@ -522,9 +523,9 @@ class Launcher:
                 raise LauncherError("the launcher is stopping", HTTPStatus.CONFLICT)
             self._epoch = req.epoch
             self._restarts += 1
-            self._restore = control.RestoreOrder(req.version, req.source)
+            self._restore = control_launcher.RestoreOrder(req.version, req.source)
             self._start_child(req.env())
-            return control.RestartAnswer("restarted", self.status_answer())
+            return control_launcher.RestartAnswer("restarted", self.status_answer())
 
     # -- in-process restarts (gemini_trainer.inprocess) ------------------------------------
 
@@ -539,7 +540,7 @@ class Launcher:
             epoch = self._epoch
             log.info("training process %d failed and parked for an in-process restart "
                      "(epoch %d): %s", pid, epoch, error.strip().splitlines()[-1:] or "")
-            control.write_parked(self.parked_file, control.Parked(epoch, error, time.time()))
+            files.write_parked(self.parked_file, control_launcher.Parked(epoch, error, time.time()))
             self._publish()
             self._changed.notify_all()
         self._hint(epoch)
@@ -583,7 +584,7 @@ class Launcher:
             self.heartbeat_file.unlink(missing_ok=True)
             self._restarts += 1
             self._in_process += 1
-            self._restore = control.RestoreOrder(req.version, req.source)
+            self._restore = control_launcher.RestoreOrder(req.version, req.source)
             self._state, self._parked_error = "running", ""
             self._exit_code, self._exited_at = None, None
             self._started_at = time.time()
@@ -610,7 +611,7 @@ class Launcher:
                  proc.pid, self.config.park_unwind_s)
         self._changed.wait_for(settled, self.config.park_unwind_s)
 
-    def stop(self) -> control.LauncherStatus:
+    def stop(self) -> control_launcher.LauncherStatus:
         with self._lock:
             self._stopping = True
             proc = self._proc
@@ -641,14 +642,14 @@ class Launcher:
         """GET /status as JSON (also the status file and the metrics' source)."""
         return self.status_answer().to_json()
 
-    def status_answer(self) -> control.LauncherStatus:
+    def status_answer(self) -> control_launcher.LauncherStatus:
         with self._lock:
             proc, standbys = self._proc, self._standbys
-            return control.LauncherStatus(
+            return control_launcher.LauncherStatus(
                 state=self._state, pid=proc.pid if proc is not None else None,
                 epoch=self._epoch, restarts=self._restarts, exit_code=self._exit_code,
                 exited_at=self._exited_at, started_at=self._started_at, warm=self._warm,
-                standby=None if not standbys else control.StandbyState(
+                standby=None if not standbys else control_launcher.StandbyState(
                     standbys[0].proc.pid, all(standby.ready() for standby in standbys)),
                 restore=self._restore, progress=self.heartbeat(), port=self.port,
                 in_process=self._in_process, error=self._parked_error or None,
@@ -659,29 +660,29 @@ class Launcher:
         beat = self.heartbeat()
         return None if beat is None else beat.to_json()
 
-    def heartbeat(self) -> control.Progress | None:
+    def heartbeat(self) -> control_launcher.Progress | None:
         """The last heartbeat the training wrote (None: none yet, or unreadable)."""
-        return control.read_heartbeat(self.heartbeat_file)
+        return files.read_heartbeat(self.heartbeat_file)
 
     def _publish(self) -> None:
         path = self.config.status_file
         if path is None:
             return
-        control.write_atomically(path, json.dumps(self.status(), sort_keys=True) + "\n")
+        files.write_atomically(path, json.dumps(self.status(), sort_keys=True) + "\n")
 
     def authorized(self, header: str | None, method: str = "GET") -> bool:
         """The job token may read (GET); restarts and stops need the operator's control
-        token once the pod has its digest (gemini.control.may_call)."""
+        token once the pod has its digest (gemini.control.auth.may_call)."""
         if not self.config.token:  # only with insecure_local on loopback (check_token)
             return True
         given = (header or "").encode("utf-8", "surrogateescape")
-        return control.may_call(given, self.config.token.encode(), self.config.control_sha256,
+        return auth.may_call(given, self.config.token.encode(), self.config.control_sha256,
                                 job_token_allowed=method == "GET")
 
 
 def _control_digest(env: Mapping[str, str]) -> str:
     try:
-        return control.control_digest_setting(env)
+        return auth.control_digest_setting(env)
     except ValueError as err:
         raise LauncherConfigError(str(err)) from err
 
@@ -822,7 +823,7 @@ def _handler_for(launcher: Launcher) -> type[BaseHTTPRequestHandler]:
             self._send(status, "application/json", json.dumps(body).encode())
 
         def _refuse(self, status: HTTPStatus, message: str) -> None:
-            self._reply(status, control.ErrorAnswer(message).to_json())
+            self._reply(status, messages.ErrorAnswer(message).to_json())
 
         def _guard(self) -> bool:
             if launcher.authorized(self.headers.get("Authorization"), self.command):
@@ -832,13 +833,13 @@ def _handler_for(launcher: Launcher) -> type[BaseHTTPRequestHandler]:
             return False
 
         def do_GET(self) -> None:
-            if self.path == control.METRICS_PATH:  # open, like the sidecar's: no token
+            if self.path == paths.METRICS_PATH:  # open, like the sidecar's: no token
                 data = launcher_metrics.render(launcher.metrics)
                 self._send(HTTPStatus.OK, "text/plain; version=0.0.4", data)
                 return
             if not self._guard():
                 return
-            if self.path == control.STATUS_PATH:
+            if self.path == paths.STATUS_PATH:
                 self._reply(HTTPStatus.OK, launcher.status_answer().to_json())
             else:
                 self._refuse(HTTPStatus.NOT_FOUND, f"no such endpoint {self.path}")
@@ -848,10 +849,10 @@ def _handler_for(launcher: Launcher) -> type[BaseHTTPRequestHandler]:
                 return
             try:
                 body = self._body()
-                if self.path == control.RESTART_PATH:
+                if self.path == paths.RESTART_PATH:
                     answer = launcher.restart(RestartRequest.parse(body))
                     self._reply(HTTPStatus.OK, answer.to_json())
-                elif self.path == control.STOP_PATH:
+                elif self.path == paths.STOP_PATH:
                     self._reply(HTTPStatus.OK, launcher.stop().to_json())
                     launcher.finish()
                 else:

@@ -13,7 +13,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from gemini.control import OUT_OF_MEMORY
+from gemini.control.launcher import OUT_OF_MEMORY
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 _UNLIMITED = 1 << 60  # v1 writes a huge number for "no limit"

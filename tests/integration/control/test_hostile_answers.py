@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from gemini import control
-from gemini.control import ControlClient, ControlError
+from gemini.control import client as control_client
+from gemini.control.client import ControlClient, ControlError
 from tests.integration.control.hostile import (
     Behaviour,
     MiB,
@@ -79,7 +79,7 @@ def test_a_300_mib_answer_is_refused_in_bounded_memory_before_it_is_all_read(
 
 
 def test_an_oversized_refusal_body_is_refused_too() -> None:
-    raw = b'{"error": "' + b"x" * (control.MAX_ERROR_ANSWER_BYTES + 1) + b'"}'
+    raw = b'{"error": "' + b"x" * (control_client.MAX_ERROR_ANSWER_BYTES + 1) + b'"}'
     with serving(answer(raw, status=500)) as server, pytest.raises(
             ControlError, match="more than the"):
         _client(server.port).status()

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import pytest
 
-from gemini.control import Progress
+from gemini.control.launcher import Progress
 from gemini_operator import handlers, naming, poller
 from gemini_operator.cache import ClusterCache, JobKey
 from gemini_operator.decide import ReconcileConfig

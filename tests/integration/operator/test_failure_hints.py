@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from gemini import control
-from gemini.control import ControlClient, ControlError, FailureHint
+from gemini.control import paths
+from gemini.control.client import ControlClient, ControlError
+from gemini.control.launcher import FailureHint
 from gemini_operator.cache import JobKey
 from gemini_operator.hints import HintGate, HintServer
 from gemini_operator.render import JobRef
@@ -126,13 +127,13 @@ async def test_repeated_hints_poll_a_job_at_most_once_per_interval(operator: Ope
 
 
 @pytest.mark.parametrize("body", [b"[]", b'{"namespace": "team"}', b"{" * 5000,
-                                  b"x" * (control.MAX_HINT_BYTES + 1)])
+                                  b"x" * (paths.MAX_HINT_BYTES + 1)])
 async def test_malformed_or_oversized_hints_are_refused(operator: Operator, body: bytes) -> None:
     def post() -> int:
         import http.client
 
         conn = http.client.HTTPConnection("127.0.0.1", operator.server.port, timeout=5)
-        conn.request("POST", control.FAILURE_HINT_PATH, body=body,
+        conn.request("POST", paths.FAILURE_HINT_PATH, body=body,
                      headers={"Authorization": f"Bearer {TOKEN}"})
         status = conn.getresponse().status
         conn.close()

@@ -11,11 +11,8 @@ from typing import TypeVar
 
 import pytest
 
-from gemini.control import (
-    ControlClient,
-    ControlError,
-    FetchReplicasRequest,
-    FetchRequest,
+from gemini.control.client import ControlClient, ControlError
+from gemini.control.messages import (
     Health,
     NotifyAnswer,
     NotifyRequest,
@@ -24,6 +21,7 @@ from gemini.control import (
     ProfileIteration,
     ProfileRequest,
 )
+from gemini.control.transfers import FetchReplicasRequest, FetchRequest
 from gemini_sidecar.app import Sidecar
 from tests.integration.sidecar.conftest import (
     TOKEN,

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from gemini import control
+from gemini.control import auth
 from tests.integration.sidecar.conftest import TOKEN, free_port, make_config, started
 from tests.integration.sidecar.test_api_hostile_input import _http, _post
 
@@ -25,7 +25,7 @@ def _get(port: int, path: str, token: bytes) -> int:
 
 async def test_the_job_token_reads_and_notifies_but_only_the_control_token_drives(tmp_path):
     cfg = make_config(0, 2, tmp_path, {0: free_port(), 1: free_port()},
-                      control_sha256=control.control_digest(CONTROL.decode()))
+                      control_sha256=auth.control_digest(CONTROL.decode()))
     async with started(cfg) as (car,):
         port = car.api_port
 

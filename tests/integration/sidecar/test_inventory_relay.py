@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from gemini import control
+from gemini.control import auth, inventory
 from gemini_operator import sidecars as calls
 from tests.integration.sidecar.conftest import TOKEN, free_port, make_config, started
 from tests.integration.sidecar.test_api_hostile_input import _post
@@ -22,7 +22,7 @@ WORLD = 5
 def _configs(tmp_path):
     ports = {r: free_port() for r in range(WORLD)}
     return [make_config(r, WORLD, tmp_path, ports,
-                        control_sha256=control.control_digest(CONTROL)) for r in range(WORLD)]
+                        control_sha256=auth.control_digest(CONTROL)) for r in range(WORLD)]
 
 
 async def test_batches_are_relayed_and_a_silent_sidecar_is_named(tmp_path):
@@ -55,7 +55,7 @@ async def test_a_relayed_answer_for_the_wrong_rank_is_not_taken(tmp_path):
         status, raw = await asyncio.to_thread(_post, cars[0].api_port, "/inventories", body,
                                               b"Bearer " + CONTROL.encode())
     assert status == 200
-    answer = control.InventoriesAnswer.from_json(json.loads(raw))
+    answer = inventory.InventoriesAnswer.from_json(json.loads(raw))
     assert sorted(answer.inventories) == [0]
     assert "inventory of rank 1" in answer.failed[3]
 

@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from gemini import control
+from gemini.control import paths
 from gemini_cli import main as gemini
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import S3Settings
@@ -76,18 +76,18 @@ async def _checkpoint(http: aiohttp.ClientSession, car: Sidecar, version: int) -
     commits it (retention runs with the commit)."""
     data = payload(zlib.crc32(f"{car.cfg.shm_dir}/{version}".encode()), SIZE)
     write_local(car.cfg, version, data, capacity=SIZE)
-    await _ok(http, car, control.PERSIST_PATH, {"version": version})
-    await _ok(http, car, control.COMMIT_PATH, {"version": version})
+    await _ok(http, car, paths.PERSIST_PATH, {"version": version})
+    await _ok(http, car, paths.COMMIT_PATH, {"version": version})
     return data
 
 
 async def _steps(http: aiohttp.ClientSession, car: Sidecar) -> list[int]:
-    return list((await _ok(http, car, control.COMMITTED_STEPS_PATH))["steps"])
+    return list((await _ok(http, car, paths.COMMITTED_STEPS_PATH))["steps"])
 
 
 async def _restored(http: aiohttp.ClientSession, car: Sidecar,
                     version: int | None = None) -> tuple[int, bytes]:
-    got = await _ok(http, car, control.RESTORE_PATH, {"version": version})
+    got = await _ok(http, car, paths.RESTORE_PATH, {"version": version})
     return got["version"], read_local(car.cfg, got["version"])
 
 
@@ -137,13 +137,13 @@ async def test_a_step_whose_marker_names_another_job_is_refused_and_logged_once(
         async with job_sidecar(tmp_path, s3, "team-a", "uid-thief") as thief:
             assert await _steps(http, thief) == []
             for _ in range(2):
-                status, doc = await _call(http, thief, control.RESTORE_PATH, {"version": 4})
+                status, doc = await _call(http, thief, paths.RESTORE_PATH, {"version": 4})
                 assert status == 502, doc
                 assert doc["error"] == (
                     "S3: refusing to restore another job's checkpoint: the commit marker of "
                     f"step 4 names job team-a/{NAME} (uid uid-owner), not team-a/{NAME} "
                     "(uid uid-thief)")
-            status, doc = await _call(http, thief, control.RESTORE_PATH, {})
+            status, doc = await _call(http, thief, paths.RESTORE_PATH, {})
             assert status == 400 and "no committed checkpoint" in doc["error"], doc
     refusals = [r for r in caplog.records if "refusing to restore" in r.getMessage()]
     assert len(refusals) == 1, [r.getMessage() for r in caplog.records]
@@ -177,7 +177,7 @@ async def test_a_legacy_checkpoint_is_kept_and_restored_only_once_adopted(
             assert await _steps(http, car) == [3]  # retention ran, among its own steps only
             listed = client.list_objects_v2(Bucket=s3.bucket, Prefix=base)["Contents"]
             assert sorted(o["Key"] for o in listed) == [base + "COMMITTED", base + "rank-0.bin"]
-            status, doc = await _call(http, car, control.RESTORE_PATH, {"version": 7})
+            status, doc = await _call(http, car, paths.RESTORE_PATH, {"version": 7})
             assert status == 502 and "is not committed" in doc["error"], doc
             assert (await _restored(http, car))[0] == 3  # not the legacy step 7
 

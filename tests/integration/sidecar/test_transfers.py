@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from gemini.control import (
-    ControlClient,
+from gemini.control.client import ControlClient
+from gemini.control.transfers import (
     FetchAnswer,
     FetchRequest,
     PersistAnswer,

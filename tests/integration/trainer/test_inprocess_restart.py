@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gemini import control
+from gemini.control import files
 from gemini_trainer.launcher import Launcher, LauncherConfig
 from tests.integration.trainer.test_launcher import TOKEN, Running, alive
 
@@ -127,7 +127,7 @@ def test_a_failed_process_parks_and_the_next_restart_runs_main_again_in_it(
     parked = running.until(lambda s: s["state"] == "parked")
     pid = parked["pid"]
     assert "Connection closed by peer" in parked["error"] and parked["exit_code"] is None
-    marker = control.read_parked(control.parked_path(running.launcher.heartbeat_file))
+    marker = files.read_parked(files.parked_path(running.launcher.heartbeat_file))
     assert marker is not None and marker.epoch == 1 and "Connection closed" in marker.error
     assert json.loads((tmp_path / "status.json").read_text())["state"] == "parked"
 
@@ -136,7 +136,7 @@ def test_a_failed_process_parks_and_the_next_restart_runs_main_again_in_it(
     running.thread.join(20)
     assert running.code == 0, "main() succeeded on its second call: training is done"
     assert calls(tmp_path) == [[str(pid), "1", "-", "1"], [str(pid), "2", "7", "2"]]
-    assert not control.parked_path(running.launcher.heartbeat_file).exists()
+    assert not files.parked_path(running.launcher.heartbeat_file).exists()
 
 
 def test_a_running_process_is_asked_to_park_with_sigusr1(start: Any, tmp_path: Path) -> None:
@@ -200,14 +200,14 @@ def test_a_process_that_dies_is_reported_with_its_last_words_and_the_launcher_st
     running = start("die")
     exited = running.until(lambda s: s["state"] == "exited")
     assert exited["exit_code"] == 3 and running.thread.is_alive()
-    marker = control.read_parked(control.parked_path(running.launcher.heartbeat_file))
+    marker = files.read_parked(files.parked_path(running.launcher.heartbeat_file))
     assert marker is not None and marker.epoch == 1 and marker.exit_code == 3
     assert "exited with code 3" in marker.error and "CUDA error: out of memory" in marker.error
     body = restart(running, 2)
     assert body["pid"] != exited["pid"] and body["in_process"] == 0
     running.thread.join(20)
     assert running.code == 0
-    assert not control.parked_path(running.launcher.heartbeat_file).exists()
+    assert not files.parked_path(running.launcher.heartbeat_file).exists()
 
 
 def test_in_process_restarts_can_be_turned_off(start: Any, tmp_path: Path) -> None:

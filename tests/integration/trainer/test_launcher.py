@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gemini import control
+from gemini.control import auth, files
 from gemini_trainer import standby as warm
 from gemini_trainer.launcher import Launcher, LauncherConfig
 
@@ -178,7 +178,7 @@ def test_requests_without_the_job_token_or_with_bad_bodies_are_refused(start: An
 
 def test_with_the_control_digest_the_job_token_only_reads(start: Any) -> None:
     """Another pod of the job holds the job token: it must not restart or stop this one."""
-    running = start("-1", control_sha256=control.control_digest(CONTROL))
+    running = start("-1", control_sha256=auth.control_digest(CONTROL))
     running.until(lambda s: s["state"] == "running")
     assert running.call("GET", "/status")[0] == 200  # the job token reads
     assert running.call("POST", "/restart", {"epoch": 2})[0] == 401
@@ -520,7 +520,7 @@ def test_a_failed_group_reports_its_own_last_lines_not_what_its_standbys_printed
     beside = [standby.proc.pid for standby in running.launcher._standbys]
     os.kill(records(tmp_path)[0]["pid"], 9)
     running.until(lambda s: s["state"] == "exited")
-    parked = control.read_parked(running.launcher.parked_file)
+    parked = files.read_parked(running.launcher.parked_file)
     assert parked is not None and "hello from epoch 1" in parked.error, parked
     for pid in beside:
         assert f"standby noise {pid}" not in parked.error, parked.error

@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from gemini.control import ControlClient, ControlError, RestartRequest, RestoreOrder
+from gemini.control.client import ControlClient, ControlError
+from gemini.control.launcher import RestartRequest, RestoreOrder
 from gemini_trainer.launcher import Launcher, LauncherConfig
 
 pytestmark = pytest.mark.integration

@@ -9,30 +9,30 @@ from typing import Any
 
 import pytest
 
-from gemini import control
-from gemini.control import (
+from gemini.control import auth, launcher
+from gemini.control import paths as control_paths
+from gemini.control.client import ControlClient, ControlError
+from gemini.control.inventory import InventoriesAnswer, InventoriesRequest
+from gemini.control.launcher import RestartAnswer, RestartRequest
+from gemini.control.messages import (
+    Health,
+    NotifyAnswer,
+    NotifyRequest,
+    ProfileAnswer,
+    ProfileIteration,
+    ProfileRequest,
+)
+from gemini.control.transfers import (
     CommitAnswer,
     CommitRequest,
     CommittedStepsAnswer,
-    ControlClient,
-    ControlError,
     FetchAnswer,
     FetchReplicasAnswer,
     FetchReplicasRequest,
     FetchRequest,
-    Health,
-    InventoriesAnswer,
-    InventoriesRequest,
-    NotifyAnswer,
-    NotifyRequest,
     PersistAnswer,
     PersistRequest,
-    ProfileAnswer,
-    ProfileIteration,
-    ProfileRequest,
     ReplicaFetch,
-    RestartAnswer,
-    RestartRequest,
     RestoreAnswer,
     RestoreRequest,
 )
@@ -63,8 +63,8 @@ CALLS: list[tuple[str, Any, str, str, Any]] = [
     ("restart", RestartRequest(3, 7, "peer", {"MASTER_PORT": "1"}), "/restart", "POST",
      RestartAnswer("restarted", STATUS)),
     ("stop", None, "/stop", "POST", STATUS),
-    ("failure_hint", control.FailureHint("team", "llm", "uid-1", 3, 2), "/v1/hints/failure",
-     "POST", control.HintAnswer(True)),
+    ("failure_hint", launcher.FailureHint("team", "llm", "uid-1", 3, 2), "/v1/hints/failure",
+     "POST", launcher.HintAnswer(True)),
 ]
 
 
@@ -89,8 +89,8 @@ def test_each_call_sends_its_body_to_its_path_and_returns_the_typed_answer(
 
 
 def test_every_path_of_both_apis_has_a_client_call() -> None:
-    covered = {c[2] for c in CALLS} | {control.NOTIFY_PATH, control.METRICS_PATH}
-    paths = {v for k, v in vars(control).items() if k.endswith("_PATH")}
+    covered = {c[2] for c in CALLS} | {control_paths.NOTIFY_PATH, control_paths.METRICS_PATH}
+    paths = {v for k, v in vars(control_paths).items() if k.endswith("_PATH")}
     assert paths == covered
 
 
@@ -185,7 +185,7 @@ def test_a_refused_control_token_is_asked_again_once_with_the_job_token(
     """Pods made before control tokens know only the job token (401 to the control one)."""
     script, port = scripted
     script.answer("/restart", {"error": "unauthorized"}, status=401)
-    creds = control.Credentials("control-token", fallback=TOKEN)
+    creds = auth.Credentials("control-token", fallback=TOKEN)
     with pytest.raises(ControlError) as err:
         ControlClient("127.0.0.1", port, creds).restart(RestartRequest(1))
     assert err.value.status == 401
@@ -198,16 +198,16 @@ def test_a_refused_control_token_is_asked_again_once_with_the_job_token(
 
 
 def test_only_the_control_token_may_drive_a_pod_once_the_pod_has_its_digest() -> None:
-    digest = control.control_digest("control-token")
+    digest = auth.control_digest("control-token")
     job, ctl, other = b"Bearer job-token", b"Bearer control-token", b"Bearer other"
 
     def may(header: bytes, allowed: bool, digest_: str = digest) -> bool:
-        return control.may_call(header, b"job-token", digest_, allowed)
+        return auth.may_call(header, b"job-token", digest_, allowed)
 
     assert may(ctl, False) and may(ctl, True)
     assert may(job, True) and not may(job, False)  # reads and the trainer's calls only
     assert not may(other, True) and not may(b"", True) and not may(b"Bearer ", False)
     assert may(job, False, "") and not may(ctl, False, "")  # a pod without the digest
     with pytest.raises(ValueError, match="64 hex digits"):
-        control.control_digest_setting({control.CONTROL_DIGEST_ENV: "abc"})
-    assert control.control_digest_setting({control.CONTROL_DIGEST_ENV: digest.upper()}) == digest
+        auth.control_digest_setting({auth.CONTROL_DIGEST_ENV: "abc"})
+    assert auth.control_digest_setting({auth.CONTROL_DIGEST_ENV: digest.upper()}) == digest

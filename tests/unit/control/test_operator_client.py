@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from gemini.control import (
+from gemini.control.launcher import RestartAnswer, RestartRequest
+from gemini.control.transfers import (
     CommitAnswer,
     FetchAnswer,
     FetchReplicasAnswer,
@@ -17,8 +18,6 @@ from gemini.control import (
     FetchRequest,
     PersistAnswer,
     ReplicaFetch,
-    RestartAnswer,
-    RestartRequest,
     RestoreAnswer,
     RestoreRequest,
     TransferRunning,

@@ -1,4 +1,4 @@
-"""The client's strict JSON (gemini.control.parse_json) and its refusal log: deep nesting,
+"""The client's strict JSON (gemini.control.strict.parse_json) and its refusal log: deep nesting,
 non-finite numbers and malformed text are ValueErrors, never another exception; a refusal is
 logged once, loudly the first time in a while per address and kind."""
 
@@ -8,8 +8,8 @@ import logging
 
 import pytest
 
-from gemini import control
-from gemini.control import MAX_JSON_DEPTH, parse_json
+from gemini.control import client
+from gemini.control.strict import MAX_JSON_DEPTH, parse_json
 
 
 @pytest.mark.parametrize(("raw", "words"), [
@@ -44,12 +44,12 @@ def test_plain_json_up_to_the_depth_limit_parses_as_json_does() -> None:
 def test_a_refusal_is_logged_loudly_once_per_address_and_kind_in_a_while(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     caplog.set_level(logging.DEBUG, "gemini.control")
-    refusals = control._RefusalLog()
+    refusals = client._RefusalLog()
     refusals.note("10.0.0.1:7071", "/inventory", "deadline", "no whole answer")
     refusals.note("10.0.0.1:7071", "/inventory", "deadline", "no whole answer")
     refusals.note("10.0.0.1:7071", "/inventory", "too large", "answered 9 bytes")
     refusals.note("10.0.0.2:7071", "/inventory", "deadline", "no whole answer")
-    monkeypatch.setattr(control, "REFUSAL_LOG_SECONDS", 0.0)  # the while has passed
+    monkeypatch.setattr(client, "REFUSAL_LOG_SECONDS", 0.0)  # the while has passed
     refusals.note("10.0.0.1:7071", "/status", "deadline", "no whole answer")
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("WARNING", "refused the answer of 10.0.0.1:7071/inventory (deadline): no whole answer"),

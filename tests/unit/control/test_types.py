@@ -10,45 +10,51 @@ from typing import Any
 
 import pytest
 
-from gemini import control
-from gemini.control import (
+from gemini.control import inventory, launcher, messages, transfers
+from gemini.control.inventory import (
+    InventoriesAnswer,
+    InventoriesRequest,
+    Inventory,
+    LocalCopy,
+    MemoryUse,
+    PeerSending,
+    ReplicaCopy,
+    Sending,
+)
+from gemini.control.launcher import (
+    FailureHint,
+    HintAnswer,
+    LauncherStatus,
+    Parked,
+    Progress,
+    RestartAnswer,
+    RestartRequest,
+    RestoreOrder,
+    StandbyState,
+)
+from gemini.control.messages import (
+    ErrorAnswer,
+    Health,
+    NotifyAnswer,
+    NotifyRequest,
+    Peers,
+    ProfileAnswer,
+    ProfileIteration,
+    ProfileRequest,
+)
+from gemini.control.transfers import (
     CommitAnswer,
     CommitRequest,
     CommittedStepsAnswer,
-    ErrorAnswer,
-    FailureHint,
     FetchAnswer,
     FetchReplicasAnswer,
     FetchReplicasRequest,
     FetchRequest,
-    Health,
-    HintAnswer,
-    InventoriesAnswer,
-    InventoriesRequest,
-    Inventory,
-    LauncherStatus,
-    LocalCopy,
-    MemoryUse,
-    NotifyAnswer,
-    NotifyRequest,
-    Parked,
-    Peers,
-    PeerSending,
     PersistAnswer,
     PersistRequest,
-    ProfileAnswer,
-    ProfileIteration,
-    ProfileRequest,
-    Progress,
-    ReplicaCopy,
     ReplicaFetch,
-    RestartAnswer,
-    RestartRequest,
     RestoreAnswer,
-    RestoreOrder,
     RestoreRequest,
-    Sending,
-    StandbyState,
     TransferRunning,
 )
 
@@ -132,7 +138,8 @@ def test_every_type_survives_a_round_trip_through_json_text(value: Any) -> None:
 
 
 def test_every_request_and_answer_type_has_an_example() -> None:
-    wire = {name for name, obj in vars(control).items()
+    wire = {name for module in (messages, inventory, transfers, launcher)
+            for name, obj in vars(module).items()
             if isinstance(obj, type) and hasattr(obj, "from_json")}
     assert wire <= {type(v).__name__ for v in EXAMPLES}
 

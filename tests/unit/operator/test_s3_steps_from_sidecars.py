@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from gemini import control
+from gemini.control import paths
 from gemini_operator import naming
 from gemini_operator.decide import JobView
 from gemini_operator.outcome import S3Unreadable
@@ -93,7 +93,7 @@ def _calls(kube: FakeKube, port: int) -> WorkerCalls:
 def test_the_steps_come_from_the_jobs_own_sidecar_and_no_credentials_are_read(sidecar):
     kube = FakeKube([_pod(0), _pod(1, owner="another-job")])
     assert _calls(kube, sidecar).committed_steps(JOB, PERSISTENCE) == [2, 4]
-    assert FakeSidecar.seen == [(control.COMMITTED_STEPS_PATH, f"Bearer {CONTROL}")]
+    assert FakeSidecar.seen == [(paths.COMMITTED_STEPS_PATH, f"Bearer {CONTROL}")]
     assert kube.secret_reads == [("team-a", naming.secret_name("train"), "token"),
                                  ("team-a", naming.control_secret_name("train"), "token")]
 

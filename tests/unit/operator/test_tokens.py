@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gemini.control import Credentials
+from gemini.control.auth import Credentials
 from gemini_operator.render import JobRef
 from gemini_operator.tokens import JobTokens, TokenKeyError, load_key
 

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from gemini.control import TransferRunning
+from gemini.control.transfers import TransferRunning
 from gemini_sidecar.transfers import KEEP_SECONDS, Progress, Transfers, outcome
 
 

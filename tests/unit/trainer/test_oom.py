@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gemini.control import OUT_OF_MEMORY
+from gemini.control.launcher import OUT_OF_MEMORY
 from gemini_trainer.oom import MemoryCgroup, describe
 
 
