@@ -16,15 +16,17 @@ from typing import Any, cast
 import pytest
 
 from gemini.control import Progress
-from gemini_operator import handlers, naming, poller
-from gemini_operator.cache import ClusterCache, JobKey
-from gemini_operator.decide import ReconcileConfig
-from gemini_operator.election import LeaderElector
-from gemini_operator.kube import KubeClient
-from gemini_operator.metrics import OperatorMetrics
-from gemini_operator.reconciler import Reconciler
-from gemini_operator.render import RenderConfig
-from gemini_operator.workqueue import WorkQueue
+from gemini_operator.calls import poller
+from gemini_operator.cluster.cache import ClusterCache, JobKey
+from gemini_operator.cluster.kube import KubeClient
+from gemini_operator.core import naming
+from gemini_operator.core.decide import ReconcileConfig
+from gemini_operator.core.render import RenderConfig
+from gemini_operator.runtime import handlers
+from gemini_operator.runtime.election import LeaderElector
+from gemini_operator.runtime.metrics import OperatorMetrics
+from gemini_operator.runtime.reconciler import Reconciler
+from gemini_operator.runtime.workqueue import WorkQueue
 from tests.integration.control.hostile import Server, drip_body, routes, serving
 from tests.unit.control.test_types import INVENTORY, STATUS
 from tests.unit.operator.builders import make_job

@@ -17,9 +17,9 @@ import pytest
 
 from gemini import control
 from gemini.control import ControlClient, ControlError, FailureHint
-from gemini_operator.cache import JobKey
-from gemini_operator.hints import HintGate, HintServer
-from gemini_operator.render import JobRef
+from gemini_operator.calls.hints import HintGate, HintServer
+from gemini_operator.cluster.cache import JobKey
+from gemini_operator.core.render import JobRef
 from gemini_trainer.failure_hint import FailureHints
 from gemini_trainer.launcher import Launcher, LauncherConfig
 

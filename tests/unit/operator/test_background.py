@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
-from gemini_operator.background import BackgroundCalls, Finished, Running
-from gemini_operator.cache import ClusterCache, Snapshot
-from gemini_operator.decide import DeliverPlacement, JobView, ReconcileConfig
-from gemini_operator.observed import PodView
-from gemini_operator.reconciler import Reconciler, _Call
-from gemini_operator.render import RenderConfig
-from gemini_operator.sidecars import DELIVERY_TIMEOUT_SECONDS
-from gemini_operator.status import JobStatus
+from gemini_operator.calls.background import BackgroundCalls, Finished, Running
+from gemini_operator.calls.sidecars import DELIVERY_TIMEOUT_SECONDS
+from gemini_operator.cluster.cache import ClusterCache, Snapshot
+from gemini_operator.core.decide import DeliverPlacement, JobView, ReconcileConfig
+from gemini_operator.core.observed import PodView
+from gemini_operator.core.render import RenderConfig
+from gemini_operator.core.status import JobStatus
+from gemini_operator.runtime.reconciler import Reconciler, _Call
 
 KEY = ("ns", "job")
 

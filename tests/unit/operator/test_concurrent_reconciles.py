@@ -12,13 +12,13 @@ from typing import Any
 import pytest
 
 from gemini.domain.recovery import FailureKind
-from gemini_operator import reconciler as reconciler_module
-from gemini_operator.cache import ClusterCache, Snapshot
-from gemini_operator.decide import Decision, JobView, Observed, ReconcileConfig, Recover
-from gemini_operator.events import Event, EventReason
-from gemini_operator.outcome import Outcome
-from gemini_operator.reconciler import Reconciler
-from gemini_operator.status import JobStatus
+from gemini_operator.cluster.cache import ClusterCache, Snapshot
+from gemini_operator.core.decide import Decision, JobView, Observed, ReconcileConfig, Recover
+from gemini_operator.core.events import Event, EventReason
+from gemini_operator.core.outcome import Outcome
+from gemini_operator.core.status import JobStatus
+from gemini_operator.runtime import reconciler as reconciler_module
+from gemini_operator.runtime.reconciler import Reconciler
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 JOBS = ("a", "b")

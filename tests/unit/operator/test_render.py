@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import hashlib
 
-from gemini_operator import naming, render
-from gemini_operator.spec import parse_spec
+from gemini_operator.core import naming, render
+from gemini_operator.core.spec import parse_spec
 from tests.unit.operator.builders import make_job
 
 JOB = render.JobRef("train", "ml", "uid-1")

@@ -12,12 +12,12 @@ from typing import Any, ClassVar
 import pytest
 
 from gemini import control
-from gemini_operator import naming
-from gemini_operator.decide import JobView
-from gemini_operator.outcome import S3Unreadable
-from gemini_operator.render import RenderConfig
-from gemini_operator.spec import Persistence
-from gemini_operator.worker_calls import WorkerCalls
+from gemini_operator.calls.worker_calls import WorkerCalls
+from gemini_operator.core import naming
+from gemini_operator.core.decide import JobView
+from gemini_operator.core.outcome import S3Unreadable
+from gemini_operator.core.render import RenderConfig
+from gemini_operator.core.spec import Persistence
 
 TOKEN = "peer-token-0123456789abcdef"
 CONTROL = "control-token-0123456789abcdef"

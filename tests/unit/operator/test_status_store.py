@@ -1,5 +1,5 @@
 """The status's per-rank detail: split off, compressed, joined back, and written to a
-ConfigMap before the status names it (gemini.rank_detail, gemini_operator.status_store).
+ConfigMap before the status names it (gemini.rank_detail, gemini_operator.cluster.status_store).
 The API server is a dict here; tests/cluster runs the operator with every detail spilled."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pytest
 from gemini import rank_detail
 from gemini.domain.placement import Machine, domain_aware_placement
 from gemini.rank_detail import RankDetailError
-from gemini_operator.status import merge_patched, status_patch
-from gemini_operator.status_store import StatusStore
+from gemini_operator.cluster.status_store import StatusStore
+from gemini_operator.core.status import merge_patched, status_patch
 
 STATUS_TARGET = 256 * 1024
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from gemini.control import Credentials
-from gemini_operator.render import JobRef
-from gemini_operator.tokens import JobTokens, TokenKeyError, load_key
+from gemini_operator.calls.tokens import JobTokens, TokenKeyError, load_key
+from gemini_operator.core.render import JobRef
 
 KEY = b"k" * 40
 

@@ -7,15 +7,15 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gemini_operator import naming, render, spares
-from gemini_operator.decide import (
+from gemini_operator.core import naming, render, spares
+from gemini_operator.core.decide import (
     CreateNetworkPolicy,
     JobView,
     Observed,
     ReconcileConfig,
     decide,
 )
-from gemini_operator.spec import SpecError, parse_spec
+from gemini_operator.core.spec import SpecError, parse_spec
 from tests.unit.operator.builders import make_job
 
 JOB = render.JobRef("train", "ml", "uid-1")
