@@ -40,7 +40,7 @@ from gemini_operator.cluster.cache import ClusterCache, JobKey
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core.apitime import api_time, parse_api_time
 from gemini_operator.core.conditions import FINISHED_TYPES, ConditionType, is_true
-from gemini_operator.core.decide import JobView, ReconcileConfig, training_started
+from gemini_operator.core.decide import training_started
 from gemini_operator.core.failures import Progress
 from gemini_operator.core.observed import PodView
 from gemini_operator.core.pace import replication_pace
@@ -52,6 +52,7 @@ from gemini_operator.core.status import (
     PersistProgress,
     ReplicaCoverage,
 )
+from gemini_operator.core.types import JobView, ReconcileConfig
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 2.0

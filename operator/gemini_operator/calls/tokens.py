@@ -28,7 +28,7 @@ from pathlib import Path
 
 from gemini.control import Credentials
 from gemini_operator.cluster.kube import KubeClient
-from gemini_operator.core import naming, render
+from gemini_operator.core import children, naming
 from gemini_operator.core.render import JobRef
 
 KEY_ENV = "GEMINI_OPERATOR_TOKEN_KEY"
@@ -71,7 +71,7 @@ class JobTokens:
     def keep_control(self, job: JobRef, control: str) -> str:
         """Random tokens: keep `control` in the job's control Secret, or return the one kept
         there already (an operator that stopped between the two Secrets)."""
-        if self.kube.create(render.control_secret(job, control)):
+        if self.kube.create(children.control_secret(job, control)):
             return control
         kept = self.kube.secret_value(job.namespace, naming.control_secret_name(job.name),
                                       naming.SECRET_TOKEN_KEY)

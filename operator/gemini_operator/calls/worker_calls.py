@@ -18,11 +18,11 @@ from gemini_operator.calls.tokens import JobTokens
 from gemini_operator.cluster.cache import Snapshot
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core import render
-from gemini_operator.core.decide import JobView
 from gemini_operator.core.observed import PodView, pod_view
 from gemini_operator.core.outcome import RecoveryWait, S3Unreadable
 from gemini_operator.core.records import LaunchRecord
 from gemini_operator.core.spec import Persistence
+from gemini_operator.core.types import JobView
 
 log = logging.getLogger(__name__)
 PORT_WINDOW = 1000  # the rendezvous port of epoch e is base + e % PORT_WINDOW

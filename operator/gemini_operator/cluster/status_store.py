@@ -19,7 +19,7 @@ from typing import Any
 from gemini import rank_detail
 from gemini.rank_detail import RankDetailError
 from gemini_operator.cluster.kube import KubeClient
-from gemini_operator.core import render
+from gemini_operator.core import children, render
 from gemini_operator.core.status import merge_patched, status_patch
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class StatusStore:
         if kept is not None and len(kept[1]) + len(blob) <= CONFIGMAP_BUDGET:
             blobs[keep or ""] = kept[1]
         ref = render.JobRef(_meta(job, "name"), _meta(job, "namespace"), _meta(job, "uid"))
-        self._kube.put_configmap(render.rank_detail_configmap(ref, blobs))
+        self._kube.put_configmap(children.rank_detail_configmap(ref, blobs))
         with self._lock:
             self._known[key] = {
                 **({keep: kept} if keep and kept is not None else {}),

@@ -1,12 +1,13 @@
-"""Manifests of a GeminiJob's children, rendered from the typed spec: spec in, dicts out.
+"""The worker pod of a GeminiJob, rendered from the typed spec: spec in, dicts out; and what
+every child of the job shares (JobRef, RenderConfig, the owner reference, stable host names).
+The job's other children (Service, NetworkPolicy, Secrets, the rank-detail ConfigMap) are
+rendered in children.py.
 
 One worker pod per rank: the trainer container runs the user's command under `gemini launch`
 (which can restart it in place), the checkpoint sidecar is a native sidecar (an init container
 with `restartPolicy: Always`, started first and stopped last), and both share a memory-backed
 emptyDir. Required anti-affinity keeps one worker (or spare placeholder, spares.py) per node,
 so a node loss costs one rank.
-A headless Service gives the pods stable DNS names; a per-job Secret authenticates peer traffic;
-a per-job NetworkPolicy admits only the job's own pods and the operator.
 
 Hardened by default (Pod Security `restricted`): non-root, no privilege escalation, every
 capability dropped, seccomp RuntimeDefault, no service-account token. A template that asks for
@@ -15,13 +16,11 @@ user 0 gets a root trainer with the runtime's default capabilities (`baseline`).
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemini import rank_detail
-from gemini.control import CONTROL_DIGEST_ENV, HEALTHZ_PATH, control_digest
+from gemini.control import CONTROL_DIGEST_ENV, HEALTHZ_PATH
 from gemini_operator.core import naming
 from gemini_operator.core.pod_template import merged
 from gemini_operator.core.spec import JobSpec, Persistence, RunAs, TrainerTemplate
@@ -129,82 +128,6 @@ def worker_pod(
     }, spec.template.parts)
 
 
-def rank_detail_configmap(job: JobRef, blobs: Mapping[str, bytes]) -> Manifest:
-    """The ConfigMap with the status's per-rank detail (gemini.rank_detail), by digest."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {
-            "name": rank_detail.configmap_name(job.name),
-            "namespace": job.namespace,
-            "labels": naming.job_labels(job.name),
-            "ownerReferences": [owner_reference(job)],
-        },
-        "binaryData": {d: base64.b64encode(b).decode() for d, b in sorted(blobs.items())},
-    }
-
-
-def headless_service(job: JobRef, config: RenderConfig) -> Manifest:
-    """Stable DNS names `<pod>.<job>.<namespace>.svc` for the workers, ready or not."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": naming.service_name(job.name),
-            "namespace": job.namespace,
-            "labels": naming.job_labels(job.name),
-            "ownerReferences": [owner_reference(job)],
-        },
-        "spec": {
-            "clusterIP": "None",
-            "selector": naming.worker_selector(job.name),
-            # Peers must reach a rank before it is Ready (replacements fetch before training).
-            "publishNotReadyAddresses": True,
-            "ports": [
-                _port("rendezvous", config.rendezvous_port),
-                _port("peer", config.sidecar_port),
-                _port("sidecar-api", config.sidecar_api_port),
-                _port("launcher", config.launcher_port),
-            ],
-        },
-    }
-
-
-def network_policy(job: JobRef, config: RenderConfig) -> Manifest:
-    """Who may reach the workers: the job's own workers on any port (collectives open ports
-    of their own, and the rendezvous port moves with each epoch), the operator on the two
-    APIs it calls, and the configured metrics scrapers on the sidecar's API. Egress is open
-    (S3, DNS, the image's own needs)."""
-    workers = {"podSelector": {"matchLabels": naming.worker_selector(job.name)}}
-    operator = {
-        "namespaceSelector": {"matchLabels": dict(config.operator_namespace_labels)},
-        "podSelector": {"matchLabels": dict(config.operator_pod_labels)},
-    }
-    ingress: list[Manifest] = [
-        {"from": [workers]},
-        {"from": [operator], "ports": [_policy_port(config.sidecar_api_port),
-                                       _policy_port(config.launcher_port)]},
-    ]
-    if config.metrics_from:
-        ingress.append({"from": [dict(peer) for peer in config.metrics_from],
-                        "ports": [_policy_port(config.sidecar_api_port)]})
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": {
-            "name": naming.network_policy_name(job.name),
-            "namespace": job.namespace,
-            "labels": naming.job_labels(job.name),
-            "ownerReferences": [owner_reference(job)],
-        },
-        "spec": {
-            "podSelector": {"matchLabels": naming.worker_selector(job.name)},
-            "policyTypes": ["Ingress"],
-            "ingress": ingress,
-        },
-    }
-
-
 def pod_security_context(run_as: RunAs) -> Manifest:
     """Pod level: non-root, seccomp RuntimeDefault; a non-root user the template names applies
     to both containers (they share files in the memory volume, created mode 0600)."""
@@ -239,36 +162,6 @@ def sidecar_probes(config: RenderConfig) -> Manifest:
 
     return {"startupProbe": probe(1, 1, 30), "livenessProbe": probe(10, 3, 3),
             "readinessProbe": probe(5, 2, 2)}
-
-
-def peer_secret(job: JobRef, token: str, control_token: str) -> Manifest:
-    """The per-job Secret the pods mount: the job token, and the SHA-256 of the operator's
-    control token (not the token); both are generated by the caller (rendering is pure)."""
-    return _secret(naming.secret_name(job.name), job, {
-        naming.SECRET_TOKEN_KEY: token,
-        naming.SECRET_CONTROL_DIGEST_KEY: control_digest(control_token),
-    })
-
-
-def control_secret(job: JobRef, control_token: str) -> Manifest:
-    """Where a random control token is kept for the operator alone (no pod mounts it)."""
-    return _secret(naming.control_secret_name(job.name), job,
-                   {naming.SECRET_TOKEN_KEY: control_token})
-
-
-def _secret(name: str, job: JobRef, values: Mapping[str, str]) -> Manifest:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "type": "Opaque",
-        "metadata": {
-            "name": name,
-            "namespace": job.namespace,
-            "labels": naming.job_labels(job.name),
-            "ownerReferences": [owner_reference(job)],
-        },
-        "data": {k: base64.b64encode(v.encode()).decode() for k, v in values.items()},
-    }
 
 
 def rendezvous_host(job: JobRef, config: RenderConfig) -> str:
@@ -487,14 +380,6 @@ def _secret_env(name: str, secret: str, key: str, optional: bool = False) -> Man
 
 def _ranks(ranks: Sequence[int]) -> str:
     return ",".join(str(r) for r in ranks)
-
-
-def _port(name: str, port: int) -> Manifest:
-    return {"name": name, "port": port, "targetPort": port, "protocol": "TCP"}
-
-
-def _policy_port(port: int) -> Manifest:
-    return {"protocol": "TCP", "port": port}
 
 
 def _container_port(name: str, port: int) -> Manifest:

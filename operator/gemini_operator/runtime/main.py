@@ -16,8 +16,8 @@ from gemini import rank_detail
 from gemini_operator.cluster.cache import ClusterCache
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core import spares
-from gemini_operator.core.decide import ReconcileConfig
 from gemini_operator.core.render import RenderConfig
+from gemini_operator.core.types import ReconcileConfig
 from gemini_operator.runtime import handlers
 from gemini_operator.runtime.election import LeaderElector
 from gemini_operator.runtime.metrics import OperatorMetrics

@@ -32,7 +32,23 @@ from gemini_operator.calls.tokens import JobTokens
 from gemini_operator.cluster.cache import ClusterCache, JobKey, Snapshot
 from gemini_operator.cluster.kube import Invalid, KubeClient
 from gemini_operator.cluster.status_store import StatusStore
-from gemini_operator.core import naming, render
+from gemini_operator.core import children, naming
+from gemini_operator.core.actions import (
+    CreateNetworkPolicy,
+    CreatePods,
+    CreateSecret,
+    CreateService,
+    CreateWorkload,
+    Decision,
+    DeleteJob,
+    DeletePods,
+    DeleteWorkload,
+    DeliverPlacement,
+    PatchWorkload,
+    Recover,
+    SaveBeforeSuspend,
+    StartTraining,
+)
 from gemini_operator.core.apitime import api_time, parse_api_time
 from gemini_operator.core.conditions import (
     FAILURE_POLICY_FAIL_JOB,
@@ -50,32 +66,14 @@ from gemini_operator.core.conditions import (
     state_of,
     upsert,
 )
-from gemini_operator.core.decide import (
-    CreateNetworkPolicy,
-    CreatePods,
-    CreateSecret,
-    CreateService,
-    CreateWorkload,
-    Decision,
-    DeleteJob,
-    DeletePods,
-    DeleteWorkload,
-    DeliverPlacement,
-    JobView,
-    Observed,
-    PatchWorkload,
-    ReconcileConfig,
-    Recover,
-    SaveBeforeSuspend,
-    StartTraining,
-    decide,
-)
+from gemini_operator.core.decide import decide
 from gemini_operator.core.events import Event
 from gemini_operator.core.observed import detection_lags
 from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.queueing import queue_name, was_queued
 from gemini_operator.core.spares import HoldSpares
 from gemini_operator.core.status import JobStatus, status_patch
+from gemini_operator.core.types import JobView, Observed, ReconcileConfig
 from gemini_operator.runtime.metrics import OperatorMetrics
 from gemini_operator.steps.recovery import RecoveryExecutor, newly_lost
 from gemini_operator.steps.start import TrainingStarter
@@ -349,7 +347,7 @@ class Reconciler:
         token, control = self.tokens.new(job.ref)
         if not self.tokens.derived:  # first, so the pods never hold a digest of nothing
             control = self.tokens.keep_control(job.ref, control)
-        self.kube.create(render.peer_secret(job.ref, token, control))
+        self.kube.create(children.peer_secret(job.ref, token, control))
         self._children.add((job.uid, "Secret"))
 
     def _create_service(self, context: _Call, job: JobView, snap: Snapshot,

@@ -34,8 +34,8 @@ from gemini_operator.calls.sidecars import SidecarError, refusing, worker_ports
 from gemini_operator.calls.worker_calls import inventory_copies
 from gemini_operator.cluster.cache import ClusterCache, Snapshot
 from gemini_operator.core import render
+from gemini_operator.core.actions import Recover
 from gemini_operator.core.apitime import api_time
-from gemini_operator.core.decide import JobView, Recover
 from gemini_operator.core.failures import describe
 from gemini_operator.core.node_affinity import avoiding_nodes, preferring_nodes
 from gemini_operator.core.observed import PodView, pod_view
@@ -45,6 +45,7 @@ from gemini_operator.core.silence import PRESUME_S, suspects
 from gemini_operator.core.spares import spare_nodes
 from gemini_operator.core.spec import JobSpec
 from gemini_operator.core.status import JobStatus
+from gemini_operator.core.types import JobView
 from gemini_operator.steps.restore import PhaseExecutor
 
 log = logging.getLogger(__name__)

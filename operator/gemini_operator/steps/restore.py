@@ -18,13 +18,13 @@ from gemini_operator.calls.worker_calls import CommittedSteps, WorkerCalls, laun
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core.apitime import api_time
 from gemini_operator.core.conditions import RECOVERY_FINISHED
-from gemini_operator.core.decide import JobView, ReconcileConfig
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.observed import PodView
 from gemini_operator.core.outcome import Keep, Outcome, RecoveryWait, kept
 from gemini_operator.core.records import RESUME, SUPERSEDED, PlanRecord, RecoveryRecord
 from gemini_operator.core.spec import JobSpec
 from gemini_operator.core.status import JobStatus
+from gemini_operator.core.types import JobView, ReconcileConfig
 
 PHASE_ORDER = (SUPERSEDED, "planning", "replacing", "fetching", "restarting")
 WriteStatus = Callable[[JobView, Mapping[str, Any]], None]

@@ -18,13 +18,14 @@ from gemini_operator.calls.worker_calls import (
     rendezvous_port,
 )
 from gemini_operator.cluster.cache import Snapshot
+from gemini_operator.core.actions import StartTraining
 from gemini_operator.core.apitime import api_time
-from gemini_operator.core.decide import JobView, StartTraining
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.outcome import Outcome, RecoveryWait, S3Unreadable
 from gemini_operator.core.records import RESUME, PlanRecord, RecoveryPhase, RecoveryRecord
 from gemini_operator.core.spec import JobSpec
 from gemini_operator.core.status import JobStatus
+from gemini_operator.core.types import JobView
 from gemini_operator.steps.restore import PhaseExecutor
 
 log = logging.getLogger(__name__)

@@ -12,11 +12,12 @@ from gemini_operator.calls.sidecars import SidecarError, persist_and_commit
 from gemini_operator.calls.worker_calls import WorkerCalls
 from gemini_operator.cluster.cache import Snapshot
 from gemini_operator.cluster.kube import KubeClient
+from gemini_operator.core.actions import SaveBeforeSuspend
 from gemini_operator.core.apitime import api_time
-from gemini_operator.core.decide import JobView, ReconcileConfig, SaveBeforeSuspend
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.status import JobStatus
+from gemini_operator.core.types import JobView, ReconcileConfig
 
 SUSPEND_PERSIST_SECONDS = 120.0  # how long a suspend waits for the upload before deleting
 

@@ -9,10 +9,11 @@ from collections.abc import Callable
 
 from gemini_operator.cluster.kube import KubeClient, KubeError
 from gemini_operator.core import queueing
-from gemini_operator.core.decide import CreateWorkload, DeleteWorkload, JobView, PatchWorkload
+from gemini_operator.core.actions import CreateWorkload, DeleteWorkload, PatchWorkload
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.queueing import Flavor, Manifest, WorkloadView
+from gemini_operator.core.types import JobView
 
 FLAVOR_SECONDS = 30.0  # how long a ResourceFlavor read is reused
 

@@ -20,8 +20,8 @@ from gemini_operator.calls import poller
 from gemini_operator.cluster.cache import ClusterCache, JobKey
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core import naming
-from gemini_operator.core.decide import ReconcileConfig
 from gemini_operator.core.render import RenderConfig
+from gemini_operator.core.types import ReconcileConfig
 from gemini_operator.runtime import handlers
 from gemini_operator.runtime.election import LeaderElector
 from gemini_operator.runtime.metrics import OperatorMetrics

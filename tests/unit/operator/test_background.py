@@ -15,10 +15,11 @@ import pytest
 from gemini_operator.calls.background import BackgroundCalls, Finished, Running
 from gemini_operator.calls.sidecars import DELIVERY_TIMEOUT_SECONDS
 from gemini_operator.cluster.cache import ClusterCache, Snapshot
-from gemini_operator.core.decide import DeliverPlacement, JobView, ReconcileConfig
+from gemini_operator.core.actions import DeliverPlacement
 from gemini_operator.core.observed import PodView
 from gemini_operator.core.render import RenderConfig
 from gemini_operator.core.status import JobStatus
+from gemini_operator.core.types import JobView, ReconcileConfig
 from gemini_operator.runtime.reconciler import Reconciler, _Call
 
 KEY = ("ns", "job")

@@ -13,10 +13,11 @@ import pytest
 
 from gemini.domain.recovery import FailureKind
 from gemini_operator.cluster.cache import ClusterCache, Snapshot
-from gemini_operator.core.decide import Decision, JobView, Observed, ReconcileConfig, Recover
+from gemini_operator.core.actions import Decision, Recover
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.status import JobStatus
+from gemini_operator.core.types import JobView, Observed, ReconcileConfig
 from gemini_operator.runtime import reconciler as reconciler_module
 from gemini_operator.runtime.reconciler import Reconciler
 

@@ -9,17 +9,17 @@ from typing import Any
 
 from gemini_operator.cluster.cache import ClusterCache
 from gemini_operator.core import naming, queueing
-from gemini_operator.core.decide import (
+from gemini_operator.core.actions import (
     CreatePods,
     CreateWorkload,
     DeletePods,
     DeleteWorkload,
-    HoldSpares,
-    JobView,
     PatchWorkload,
 )
 from gemini_operator.core.queueing import Flavor, WorkloadView
 from gemini_operator.core.render import JobRef
+from gemini_operator.core.spares import HoldSpares
+from gemini_operator.core.types import JobView
 from gemini_operator.steps.workloads import Workloads
 from tests.unit.operator.builders import make_job
 from tests.unit.operator.test_decide import Harness, _of

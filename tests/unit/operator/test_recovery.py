@@ -9,7 +9,8 @@ from gemini.domain.placement import mixed_placement
 from gemini.domain.recovery import FailureKind, plan_recovery
 from gemini_operator.calls.poller import complete_in_memory, progress_of
 from gemini_operator.calls.worker_calls import inventory_copies, launch_record, rendezvous
-from gemini_operator.core.decide import Recover, StartTraining, trainer_exits
+from gemini_operator.core.actions import Recover, StartTraining
+from gemini_operator.core.decide_failures import trainer_exits
 from gemini_operator.core.failures import Progress
 from gemini_operator.core.observed import ContainerExit, PodView, pod_view
 from gemini_operator.core.records import PlanRecord, RecoveryRecord
@@ -112,8 +113,8 @@ def test_breakdown_turns_cumulative_marks_into_phase_seconds() -> None:
 
 
 def test_a_recovery_planned_again_reports_the_superseded_time_apart_from_its_phases() -> None:
-    from gemini_operator.core.decide import JobView
     from gemini_operator.core.failures import FailureReason, RankFailure
+    from gemini_operator.core.types import JobView
     from gemini_operator.steps.recovery import RecoveryExecutor
 
     # Rank 1 lost 4.6 s into a recovery that was replacing rank 0: the new plan keeps the
@@ -185,7 +186,7 @@ def test_a_node_lost_after_planning_makes_the_recovery_plan_again() -> None:
 
 
 def test_a_replan_for_newly_lost_ranks_is_confirmed_with_the_api_first() -> None:
-    from gemini_operator.core.decide import Decision
+    from gemini_operator.core.actions import Decision
     from gemini_operator.core.failures import FailureReason, RankFailure
     from gemini_operator.core.status import JobStatus
     from gemini_operator.runtime.reconciler import _replans

@@ -14,10 +14,10 @@ import pytest
 from gemini import control
 from gemini_operator.calls.worker_calls import WorkerCalls
 from gemini_operator.core import naming
-from gemini_operator.core.decide import JobView
 from gemini_operator.core.outcome import S3Unreadable
 from gemini_operator.core.render import RenderConfig
 from gemini_operator.core.spec import Persistence
+from gemini_operator.core.types import JobView
 
 TOKEN = "peer-token-0123456789abcdef"
 CONTROL = "control-token-0123456789abcdef"

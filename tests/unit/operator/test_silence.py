@@ -8,12 +8,12 @@ from datetime import UTC, datetime
 
 from gemini_operator.calls.sidecars import refusing
 from gemini_operator.cluster.cache import ClusterCache
-from gemini_operator.core.decide import JobView
 from gemini_operator.core.failures import FailureReason, detect_failures
 from gemini_operator.core.observed import PodView
 from gemini_operator.core.records import RecoveryRecord
 from gemini_operator.core.silence import SilenceTracker, suspects
 from gemini_operator.core.status import JobStatus
+from gemini_operator.core.types import JobView
 from gemini_operator.steps.recovery import RecoveryExecutor
 from tests.unit.operator.test_decide import CONFIG
 from tests.unit.operator.test_recovery import RECOVERY_DOC

@@ -8,7 +8,7 @@ from typing import Any
 
 from gemini_operator.cluster.cache import ClusterCache
 from gemini_operator.core import naming, render
-from gemini_operator.core.decide import JobView, Observed, decide
+from gemini_operator.core.decide import decide
 from gemini_operator.core.node_affinity import avoiding_nodes, preferring_nodes
 from gemini_operator.core.observed import NodeView
 from gemini_operator.core.spares import (
@@ -22,6 +22,7 @@ from gemini_operator.core.spares import (
     spare_view,
 )
 from gemini_operator.core.spec import parse_spec
+from gemini_operator.core.types import JobView, Observed
 from tests.unit.operator.builders import make_job
 from tests.unit.operator.test_decide import CONFIG, Harness
 

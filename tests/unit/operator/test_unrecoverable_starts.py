@@ -11,7 +11,8 @@ from typing import Any
 
 from gemini_operator.calls.worker_calls import launch_record
 from gemini_operator.core import naming
-from gemini_operator.core.decide import DeletePods, Recover, relaunch_exits
+from gemini_operator.core.actions import DeletePods, Recover
+from gemini_operator.core.decide_failures import relaunch_exits
 from gemini_operator.core.failures import log_note, log_tail
 from gemini_operator.core.observed import ContainerExit, PodView, pod_view
 from gemini_operator.core.records import RecoveryPhase, RecoveryRecord
