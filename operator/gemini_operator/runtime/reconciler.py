@@ -1,3 +1,4 @@
+# Over 500 lines: its action table and status flow stay whole until issue 40 item 6 reshapes them.
 """Executes decisions: observe (cache + a few reads), decide (pure `decide.decide`), act,
 record. `workqueue.WorkQueue` calls `Reconciler.reconcile(key)`.
 
