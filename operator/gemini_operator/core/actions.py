@@ -11,13 +11,9 @@ from typing import Any
 
 from gemini.domain.recovery import FailureKind
 from gemini_operator.core.events import Event
-from gemini_operator.core.failures import (
-    RankFailure,
-)
+from gemini_operator.core.failures import RankFailure
 from gemini_operator.core.spares import HoldSpares
-from gemini_operator.core.spec import (
-    JobSpec,
-)
+from gemini_operator.core.spec import JobSpec
 from gemini_operator.core.status import JobStatus
 
 Manifest = dict[str, Any]

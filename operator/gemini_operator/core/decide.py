@@ -40,14 +40,7 @@ from gemini_operator.core.actions import (
 from gemini_operator.core.apitime import parse_api_time
 from gemini_operator.core.conditions import ConditionType
 from gemini_operator.core.decide_failures import cannot_start, judge_failures
-from gemini_operator.core.draft import (
-    Draft,
-    Step,
-    current_pods,
-    delete_active,
-    delete_all,
-    finish,
-)
+from gemini_operator.core.draft import Draft, Step, current_pods, delete_active, delete_all, finish
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.observed import NodeView, PodView
 from gemini_operator.core.queueing import WorkloadView

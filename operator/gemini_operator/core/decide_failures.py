@@ -25,10 +25,7 @@ from gemini_operator.core.failures import (
 )
 from gemini_operator.core.observed import PodView
 from gemini_operator.core.records import LaunchRecord
-from gemini_operator.core.spec import (
-    JobSpec,
-    RuleAction,
-)
+from gemini_operator.core.spec import JobSpec, RuleAction
 from gemini_operator.core.types import Observed, ReconcileConfig
 
 

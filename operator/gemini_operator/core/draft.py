@@ -14,9 +14,7 @@ from gemini_operator.core.apitime import api_time
 from gemini_operator.core.conditions import ConditionType, Reason
 from gemini_operator.core.events import Event
 from gemini_operator.core.observed import PodView
-from gemini_operator.core.spec import (
-    JobSpec,
-)
+from gemini_operator.core.spec import JobSpec
 from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import Observed, ReconcileConfig
 

@@ -12,9 +12,7 @@ from typing import Any
 
 from gemini import rank_detail
 from gemini_operator.core import queueing, render
-from gemini_operator.core.failures import (
-    Progress,
-)
+from gemini_operator.core.failures import Progress
 from gemini_operator.core.observed import NodeView, PodView
 from gemini_operator.core.queueing import WorkloadView
 from gemini_operator.core.spares import SpareView
