@@ -25,7 +25,7 @@ After BENCH_WARMUP steps, BENCH_LOSSES (default 10) times, after a seeded random
 training, one node is lost (seeded): at that moment every trainer is stopped (SIGSTOP) and
 the relays stop forwarding, so no copy anywhere changes; then the inventories of the three
 surviving sidecars (GET /inventory; the lost node's shm and replicas are gone with it) go
-through the operator's own conversion (gemini_operator.worker_calls.inventory_copies) into
+through the operator's own conversion (gemini_operator.calls.worker_calls.inventory_copies) into
 the domain planner (gemini.domain.recovery.plan_recovery, no S3 version): "recovered from
 memory" is exactly a plan in mode memory, as the operator would decide. Then the relays and
 trainers go on. The same frozen state is also planned for the loss of each of the 4 nodes
@@ -272,7 +272,7 @@ class World:
         """Freeze every copy (trainers stopped, relays shut), plan the loss of `node` as the
         operator would, and of every other node as a second sample; then go on."""
         from gemini.domain.recovery import plan_recovery
-        from gemini_operator.worker_calls import inventory_copies
+        from gemini_operator.calls.worker_calls import inventory_copies
 
         self.relay.pause()
         self.signal_trainers(signal.SIGSTOP)

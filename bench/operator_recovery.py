@@ -66,7 +66,7 @@ class Operator:
     """The operator in a thread of this process (as tests/fixtures/operator.py runs it)."""
 
     def __init__(self, kubeconfig: Path) -> None:
-        from gemini_operator.main import OperatorOptions, build_runtime, run_operator
+        from gemini_operator.runtime.main import OperatorOptions, build_runtime, run_operator
 
         self.options = OperatorOptions(kubeconfig=str(kubeconfig), sidecar_image="gemini:bench",
                                        identity="bench", lease_name="gemini-operator-bench")

@@ -6,7 +6,7 @@ The sidecars are stand-ins that serve what a real sidecar of an N-rank job with 
 (`GET /inventory`: two local slots, one replica, its peer's sending state, placement and a
 heartbeat) and relay with the sidecar's own code (gemini_sidecar.relay), one address each on
 loopback (127.1.x.y, as pod IPs), all in one server process. The poll is the operator's own
-`gemini_operator.sidecars.inventories_each` in this process: what is measured is this
+`gemini_operator.calls.sidecars.inventories_each` in this process: what is measured is this
 process's CPU time (every thread) and wall time per poll, and the calls it makes. The server
 shares the two cores, so wall times say more about it than about the operator; CPU seconds
 are the operator's alone.
@@ -122,7 +122,7 @@ def serve(world: int) -> None:
 
 def poll(world: int, batched: bool) -> tuple[float, float, int]:
     """One poll: (CPU seconds, wall seconds, calls made)."""
-    from gemini_operator import sidecars
+    from gemini_operator.calls import sidecars
 
     targets = {r: (address(r), PORT) for r in range(world)}
     relay_min = sidecars.RELAY_MIN_RANKS if batched else world + 1

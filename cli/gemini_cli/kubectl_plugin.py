@@ -45,7 +45,7 @@ from gemini_cli.kubectl_views import (
     worker_infos,
 )
 from gemini_cli.output import add_output_flag, emit
-from gemini_operator import naming
+from gemini_operator.core import naming
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 T = TypeVar("T")

@@ -17,8 +17,8 @@ from gemini.domain.probability import recovery_probability
 from gemini.domain.recovery import RecoveryPlan, ShardCopy, plan_recovery
 from gemini_cli import CliError
 from gemini_cli.output import format_table
-from gemini_operator import naming
-from gemini_operator.observed import RACK_LABEL, ZONE_LABEL
+from gemini_operator.core import naming
+from gemini_operator.core.observed import RACK_LABEL, ZONE_LABEL
 
 PERSIST_ANNOTATION = "gemini.io/persist-requested"
 FINISHED_STATES = ("Succeeded", "Failed")

@@ -16,8 +16,8 @@ from typing import Any
 import yaml
 
 from gemini_cli import COMMANDS
-from gemini_operator import naming
-from gemini_operator.pod_template import from_v1alpha1
+from gemini_operator.core import naming
+from gemini_operator.core.pod_template import from_v1alpha1
 
 OLD_API_VERSION = f"{naming.GROUP}/v1alpha1"
 

@@ -93,10 +93,10 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gemini_cli import CliError
-    from gemini_operator.main import OperatorOptions
-    from gemini_operator.main import run as run_operator
-    from gemini_operator.render import RenderConfig
-    from gemini_operator.tokens import TokenKeyError, load_key
+    from gemini_operator.calls.tokens import TokenKeyError, load_key
+    from gemini_operator.core.render import RenderConfig
+    from gemini_operator.runtime.main import OperatorOptions
+    from gemini_operator.runtime.main import run as run_operator
 
     logging.basicConfig(level=args.log_level,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gemini_operator import naming
+from gemini_operator.core import naming
 from tests.unit.operator.builders import JobBuilder, make_job
 
 pytestmark = pytest.mark.cluster

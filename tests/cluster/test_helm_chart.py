@@ -17,7 +17,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gemini_local.controlplane import ControlPlane, binaries_dir
-from gemini_operator import naming
+from gemini_operator.core import naming
 from tests.fixtures.helm import CHART, Helm
 from tests.fixtures.nodes import LocalCluster, wait_until
 from tests.unit.operator.builders import make_job

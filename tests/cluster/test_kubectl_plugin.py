@@ -25,12 +25,12 @@ import yaml
 from kubernetes import client
 
 from gemini_local.controlplane import binaries_dir
-from gemini_operator import naming
-from gemini_operator.decide import placement_document
-from gemini_operator.kube import KubeClient
-from gemini_operator.observed import node_view, pod_view
-from gemini_operator.spec import parse_spec
-from gemini_operator.status_store import StatusStore
+from gemini_operator.cluster.kube import KubeClient
+from gemini_operator.cluster.status_store import StatusStore
+from gemini_operator.core import naming
+from gemini_operator.core.decide import placement_document
+from gemini_operator.core.observed import node_view, pod_view
+from gemini_operator.core.spec import parse_spec
 from tests.fixtures.nodes import LocalCluster, wait_until
 from tests.unit.operator.builders import make_job
 

@@ -13,7 +13,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gemini import rank_detail
 from gemini_local.watcher import Watcher
-from gemini_operator import naming
+from gemini_operator.core import naming
 from tests.fixtures.operator import OperatorThread, configmap_reader
 from tests.unit.operator.builders import make_job
 

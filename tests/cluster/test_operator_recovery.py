@@ -385,10 +385,10 @@ def test_a_crashed_training_process_is_acted_on_at_once_not_at_the_next_poll(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The launcher of a crashed training process tells the operator (gemini_operator.hints):
+    """The launcher of a crashed training process tells the operator (gemini_operator.calls.hints):
     with polls 30 s apart the recovery still starts within seconds of the crash."""
     from gemini_demo.crash import kill_training_process
-    from gemini_operator import handlers
+    from gemini_operator.runtime import handlers
 
     jobs = Jobs(kube_api, job_namespace)
     jobs.create(training_job("hinted", 2))

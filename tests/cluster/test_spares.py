@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 
 from gemini_local import faults
-from gemini_operator import naming
+from gemini_operator.core import naming
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.fixtures.operator import OperatorThread
 from tests.unit.operator.builders import make_job

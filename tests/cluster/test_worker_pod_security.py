@@ -16,8 +16,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gemini_operator import naming, render, spares
-from gemini_operator.spec import parse_spec
+from gemini_operator.core import naming, render, spares
+from gemini_operator.core.spec import parse_spec
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.fixtures.operator import OperatorThread
 from tests.unit.operator.builders import make_job

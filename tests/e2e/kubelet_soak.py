@@ -35,7 +35,7 @@ from gemini_demo.crash import kill_training_process
 from gemini_demo.logs import StepLog
 from gemini_local import faults, kubelet
 from gemini_local.cluster import KUBELET_NODES
-from gemini_operator import naming
+from gemini_operator.core import naming
 from tests.e2e.kubelet_training import (
     MODEL,
     ensure_free_nodes,

@@ -15,7 +15,7 @@ from kubernetes import client
 
 from gemini_local import cluster, images
 from gemini_local.cluster import RACK_LABEL, ZONE_LABEL, Topology
-from gemini_operator import naming
+from gemini_operator.core import naming
 from tests.cluster.test_operator import sidecar_port
 from tests.fixtures.nodes import wait_until
 from tests.fixtures.trainers import STEP_LINE

@@ -23,7 +23,7 @@ from kubernetes import client
 from gemini_demo.reference import ReferenceRun
 from gemini_demo.reference_cache import ReferenceCache
 from gemini_local import faults
-from gemini_operator import naming
+from gemini_operator.core import naming
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import losses, newest_step
 from tests.fixtures.operator import OperatorThread

@@ -26,8 +26,8 @@ import pytest
 from kubernetes import client
 
 from gemini_local import faults
-from gemini_operator import naming
-from gemini_operator.render import RenderConfig
+from gemini_operator.core import naming
+from gemini_operator.core.render import RenderConfig
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import ENV, _recovered_after, losses, newest_step
 from tests.fixtures.isolated_nodes import IsolatedNodes

@@ -22,8 +22,8 @@ from boto3.s3.transfer import TransferConfig
 from kubernetes import client
 
 from gemini_local import faults
-from gemini_operator import naming
-from gemini_operator.render import RenderConfig
+from gemini_operator.core import naming
+from gemini_operator.core.render import RenderConfig
 from gemini_sidecar.s3 import JobIdentity, S3Store, committed_steps
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import (

@@ -56,7 +56,7 @@ from gemini_local import s3 as s3_server
 from gemini_local.controlplane import ControlPlane
 from gemini_local.nodeagent.podspec import parse_quantity
 from gemini_local.s3 import S3Endpoint
-from gemini_operator import naming
+from gemini_operator.core import naming
 from gemini_sidecar.s3 import JobIdentity, S3Store, committed_steps
 from tests.cluster.test_operator import Jobs
 from tests.e2e import test_lagging_replication as lag

@@ -20,9 +20,9 @@ from kubernetes.client.exceptions import ApiException
 
 from gemini_local import faults, kueue
 from gemini_local.controlplane import ControlPlane
-from gemini_operator import naming, queueing
-from gemini_operator.quantity import parse_quantity
-from gemini_operator.render import JobRef
+from gemini_operator.core import naming, queueing
+from gemini_operator.core.quantity import parse_quantity
+from gemini_operator.core.render import JobRef
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import ARGS, ENV, _recovered_after, losses
 from tests.e2e.test_two_jobs import assert_resumed_at, step_of

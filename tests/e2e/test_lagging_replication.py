@@ -52,7 +52,7 @@ import pytest
 from kubernetes import client
 
 from gemini_local import faults
-from gemini_operator import naming
+from gemini_operator.core import naming
 from tests.cluster.test_operator import Jobs, sidecar_port
 from tests.cluster.test_operator_recovery import ENV, log_texts, losses
 from tests.e2e.padded_trainer import PADDING_ENV

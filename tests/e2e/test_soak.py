@@ -36,7 +36,7 @@ from kubernetes import client
 
 from gemini_local import faults
 from gemini_local.processes import is_alive
-from gemini_operator import naming
+from gemini_operator.core import naming
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import ARGS, ENV, _recovered_after, losses
 from tests.fixtures.isolated_nodes import IsolatedNodes

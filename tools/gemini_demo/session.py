@@ -338,7 +338,7 @@ class Demo:
         command = [sys.executable, "-m", "gemini_cli", "operator", "run", "--kubeconfig",
                    str(self.kubeconfig), "--namespace", plan.NAMESPACE, "--lease-namespace",
                    plan.NAMESPACE, "--sidecar-image", self.pods.image("sidecar")]
-        # Launchers tell it of a failure at once (gemini_operator.hints); it serves on every
+        # Launchers tell it of a failure at once (gemini_operator.calls.hints); it serves on every
         # host address.
         hint_port = free_port()
         command += ["--hint-port", str(hint_port),

@@ -1,6 +1,6 @@
 """POST /inventories: a sidecar asks other sidecars of its job for their inventories on the
 operator's behalf, so the operator of a large job makes one call per batch of ranks instead
-of one per rank (gemini_operator.sidecars.inventories_each).
+of one per rank (gemini_operator.calls.sidecars.inventories_each).
 
 Every relayed GET goes out at once (asyncio, no thread per call), each under the request's
 deadline and size cap, with this sidecar's job token (GET /inventory takes it). Whatever did

@@ -1,4 +1,4 @@
-"""Tells the operator at once that this rank's training failed (gemini_operator.hints), so it
+"""Tells the operator at once that this rank's training failed (gemini_operator.calls.hints), so it
 polls the job now instead of at its next round. Best effort, off the launcher's own path: the
 operator's poll finds the failure anyway, a poll interval later."""
 

@@ -16,31 +16,27 @@ from typing import Any, cast
 import pytest
 
 from gemini.control.launcher import Progress
-from gemini_operator import handlers, naming, poller
-from gemini_operator.cache import ClusterCache, JobKey
-from gemini_operator.decide import ReconcileConfig
-from gemini_operator.election import LeaderElector
-from gemini_operator.kube import KubeClient
-from gemini_operator.metrics import OperatorMetrics
-from gemini_operator.reconciler import Reconciler
-from gemini_operator.render import RenderConfig
-from gemini_operator.workqueue import WorkQueue
+from gemini_operator.calls import poller
+from gemini_operator.cluster.cache import ClusterCache, JobKey
+from gemini_operator.cluster.kube import KubeClient
+from gemini_operator.core import naming
+from gemini_operator.core.render import RenderConfig
+from gemini_operator.core.types import ReconcileConfig
+from gemini_operator.runtime import handlers
+from gemini_operator.runtime.election import LeaderElector
+from gemini_operator.runtime.metrics import OperatorMetrics
+from gemini_operator.runtime.reconciler import Reconciler
+from gemini_operator.runtime.workqueue import WorkQueue
 from tests.integration.control.hostile import Server, drip_body, routes, serving
 from tests.unit.control.test_types import INVENTORY, STATUS
 from tests.unit.operator.builders import make_job
+from tests.unit.operator.fake_kube import FakeKube
 
 pytestmark = pytest.mark.integration
 
 ROUND = 0.5  # seconds between poll rounds here (2 s in the operator)
 CALL_DEADLINE = 1.5  # each poll call's deadline here (2 s in the operator)
 SLOW, HEALTHY = ("default", "slow"), ("default", "healthy")
-
-
-class Secrets:
-    """The one Kubernetes read a poll makes: the job's token."""
-
-    def secret_value(self, namespace: str, name: str, key: str) -> str:
-        return "job-token"
 
 
 @dataclass
@@ -88,7 +84,9 @@ def _running_job(cache: ClusterCache, key: JobKey, ip: str) -> None:
 def _runtime(cache: ClusterCache, ports: RenderConfig) -> handlers.Runtime:
     """The operator's runtime as main.build_runtime wires it, leading; only the Kubernetes
     client is a stand-in (its one read here is the token)."""
-    kube = cast(KubeClient, Secrets())
+    tokens = {(namespace, naming.secret_name(name)): {"token": "job-token"}
+              for namespace, name in (SLOW, HEALTHY)}
+    kube = cast(KubeClient, FakeKube(secrets=tokens))
     config = ReconcileConfig(render=ports, default_sidecar_image="gemini:side")
     metrics = OperatorMetrics()
     reconciler = Reconciler(kube, cache, config, metrics)

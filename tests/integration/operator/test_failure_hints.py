@@ -18,9 +18,9 @@ import pytest
 from gemini.control import paths
 from gemini.control.client import ControlClient, ControlError
 from gemini.control.launcher import FailureHint
-from gemini_operator.cache import JobKey
-from gemini_operator.hints import HintGate, HintServer
-from gemini_operator.render import JobRef
+from gemini_operator.calls.hints import HintGate, HintServer
+from gemini_operator.cluster.cache import JobKey
+from gemini_operator.core.render import JobRef
 from gemini_trainer.failure_hint import FailureHints
 from gemini_trainer.launcher import Launcher, LauncherConfig
 

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from gemini.control import auth, inventory
-from gemini_operator import sidecars as calls
+from gemini_operator.calls import sidecars as calls
 from tests.integration.sidecar.conftest import TOKEN, free_port, make_config, started
 from tests.integration.sidecar.test_api_hostile_input import _post
 

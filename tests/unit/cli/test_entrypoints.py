@@ -21,7 +21,8 @@ PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 
 # What each command imports to run: its parser, then the modules its `func` imports.
 ENTRYPOINTS = {
-    "operator run": (["operator", "run"], ["gemini_operator.main", "gemini_operator.render"]),
+    "operator run": (["operator", "run"],
+                     ["gemini_operator.runtime.main", "gemini_operator.core.render"]),
     "sidecar": (["sidecar"], ["gemini_sidecar.app", "gemini_sidecar.config"]),
     "launch": (["launch", "--", "true"], ["gemini_trainer.launcher"]),
 }

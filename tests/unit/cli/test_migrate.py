@@ -11,8 +11,8 @@ import yaml
 
 from gemini_cli import main
 from gemini_cli.migrate import migrated
-from gemini_operator import render
-from gemini_operator.spec import parse_spec
+from gemini_operator.core import render
+from gemini_operator.core.spec import parse_spec
 from tests.unit.operator.builders import make_job
 
 JOB = render.JobRef("train", "ml", "uid-1")

@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-import gemini_operator.main
+import gemini_operator.runtime.main
 from gemini_cli import build_parser
 from gemini_cli.operator import IDENTITY_ENV
 
 
 def _options_of(argv: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
     seen: list[Any] = []
-    monkeypatch.setattr(gemini_operator.main, "run", seen.append)
+    monkeypatch.setattr(gemini_operator.runtime.main, "run", seen.append)
     args = build_parser(argv).parse_args(argv)
     assert args.func(args) == 0
     (options,) = seen

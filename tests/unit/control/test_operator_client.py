@@ -1,4 +1,4 @@
-"""The operator's side of the contract (gemini_operator.sidecars) against scripted servers on
+"""The operator's side of the contract (gemini_operator.calls.sidecars) against scripted servers on
 loopback: typed calls to many ranks, silent ranks, persist before commit, placement delivery,
 and the untyped calls kept for call sites not moved yet."""
 
@@ -22,8 +22,8 @@ from gemini.control.transfers import (
     RestoreRequest,
     TransferRunning,
 )
-from gemini_operator import sidecars
-from gemini_operator.sidecars import DeliveryError, SidecarAddress, SidecarError
+from gemini_operator.calls import sidecars
+from gemini_operator.calls.sidecars import DeliveryError, SidecarAddress, SidecarError
 from tests.unit.control.server import Scripted, serve
 from tests.unit.control.test_types import INVENTORY, STATUS
 

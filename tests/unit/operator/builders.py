@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from gemini_operator import naming
+from gemini_operator.core import naming
 
 
 class JobBuilder:

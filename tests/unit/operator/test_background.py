@@ -12,14 +12,16 @@ from typing import Any
 
 import pytest
 
-from gemini_operator.background import BackgroundCalls, Finished, Running
-from gemini_operator.cache import ClusterCache, Snapshot
-from gemini_operator.decide import DeliverPlacement, JobView, ReconcileConfig
-from gemini_operator.observed import PodView
-from gemini_operator.reconciler import Reconciler, _Call
-from gemini_operator.render import RenderConfig
-from gemini_operator.sidecars import DELIVERY_TIMEOUT_SECONDS
-from gemini_operator.status import JobStatus
+from gemini_operator.calls.background import BackgroundCalls, Finished, Running
+from gemini_operator.calls.sidecars import DELIVERY_TIMEOUT_SECONDS
+from gemini_operator.cluster.cache import ClusterCache, Snapshot
+from gemini_operator.core.actions import DeliverPlacement
+from gemini_operator.core.observed import PodView
+from gemini_operator.core.render import RenderConfig
+from gemini_operator.core.status import JobStatus
+from gemini_operator.core.types import JobView, ReconcileConfig
+from gemini_operator.runtime.reconciler import Reconciler, _Call
+from tests.unit.operator.fake_kube import FakeKube
 
 KEY = ("ns", "job")
 
@@ -62,13 +64,6 @@ def test_a_result_for_an_input_that_changed_is_dropped() -> None:
     assert calls.take(KEY, "old placement") is None  # dropped, not kept for later
 
 
-class _Kube:
-    """Only what placement delivery reads from the API: the job's peer-auth token."""
-
-    def secret_value(self, namespace: str, name: str, key: str) -> str:
-        return "token"
-
-
 @pytest.fixture
 def silent_sidecar() -> Iterator[int]:
     """An API port that takes connections (the kernel's backlog) but never answers, as a sidecar
@@ -83,7 +78,8 @@ def silent_sidecar() -> Iterator[int]:
 def test_a_silent_sidecar_does_not_hold_the_reconcile(silent_sidecar: int) -> None:
     woken = threading.Event()
     config = ReconcileConfig(render=RenderConfig(sidecar_port=silent_sidecar - 1))
-    reconciler = Reconciler(_Kube(), ClusterCache(), config)  # type: ignore[arg-type]
+    kube = FakeKube(secrets={("ns", "job-peer-auth"): {"token": "token"}})  # the peer-auth token
+    reconciler = Reconciler(kube, ClusterCache(), config)  # type: ignore[arg-type]
     reconciler.sidecar_calls.wake = lambda key: woken.set()
     job = JobView.from_object({"metadata": {"name": "job", "namespace": "ns", "uid": "u"},
                                "spec": {"numNodes": 1}})

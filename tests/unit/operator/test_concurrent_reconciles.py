@@ -5,20 +5,21 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from gemini.domain.recovery import FailureKind
-from gemini_operator import reconciler as reconciler_module
-from gemini_operator.cache import ClusterCache, Snapshot
-from gemini_operator.decide import Decision, JobView, Observed, ReconcileConfig, Recover
-from gemini_operator.events import Event, EventReason
-from gemini_operator.outcome import Outcome
-from gemini_operator.reconciler import Reconciler
-from gemini_operator.status import JobStatus
+from gemini_operator.cluster.cache import ClusterCache, Snapshot
+from gemini_operator.core.actions import Decision, Recover
+from gemini_operator.core.events import Event, EventReason
+from gemini_operator.core.outcome import Outcome
+from gemini_operator.core.status import JobStatus
+from gemini_operator.core.types import JobView, Observed, ReconcileConfig
+from gemini_operator.runtime import reconciler as reconciler_module
+from gemini_operator.runtime.reconciler import Reconciler
+from tests.unit.operator.fake_kube import FakeKube
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 JOBS = ("a", "b")
@@ -29,34 +30,6 @@ def _job(name: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}",
                          "generation": 1, "resourceVersion": "1"},
             "spec": {"numNodes": 1}, "status": {"state": "Recovering"}}
-
-
-class _Kube:
-    """The API as far as these reconciles touch it; records every status patch and event."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.jobs = {name: _job(name) for name in JOBS}
-        self.patches: dict[str, list[dict[str, Any]]] = {name: [] for name in JOBS}
-        self.events: dict[str, list[str]] = {name: [] for name in JOBS}
-
-    def exists(self, kind: str, namespace: str, name: str) -> bool:
-        return True
-
-    def patch_job_status(self, namespace: str, name: str, patch: dict[str, Any]
-                         ) -> dict[str, Any]:
-        with self.lock:
-            self.patches[name].append(patch)
-            job = self.jobs[name]
-            job["status"] = {**job["status"], **patch}
-            meta = job["metadata"]
-            meta["resourceVersion"] = str(int(meta["resourceVersion"]) + 1)
-            return copy.deepcopy(job)
-
-    def create_event(self, ref: Mapping[str, str], reason: str, message: str, warning: bool,
-                     when: datetime) -> None:
-        with self.lock:
-            self.events[ref["name"]].append(message)
 
 
 class _InterleavedRecovery:
@@ -94,9 +67,9 @@ def test_two_jobs_reconciled_at_once_keep_their_own_recovery_results(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(reconciler_module, "decide", _always_recover)
-    kube, cache = _Kube(), ClusterCache()
+    kube, cache = FakeKube(jobs=[_job(name) for name in JOBS]), ClusterCache()
     for name in JOBS:
-        cache.update_job(copy.deepcopy(kube.jobs[name]), deleted=False)
+        cache.update_job(copy.deepcopy(kube.jobs[("ns", name)]), deleted=False)
     reconciler = Reconciler(kube, cache, ReconcileConfig(),  # type: ignore[arg-type]
                             clock=lambda: NOW)
     barrier = threading.Barrier(2, timeout=10)
@@ -119,12 +92,12 @@ def test_two_jobs_reconciled_at_once_keep_their_own_recovery_results(
     assert not errors, errors
 
     for name in JOBS:
-        status = kube.jobs[name]["status"]
+        status = kube.jobs[("ns", name)]["status"]
         assert status["lastRecovery"] == {"job": name}
         assert status["recovery"] == {"phase": f"restarting {name}"}
         assert waits[name] == WAITS[name]
-        assert kube.events[name] == [f"recovered {name}"]
-        written = [p["lastRecovery"] for p in kube.patches[name] if "lastRecovery" in p]
+        assert kube.events[("ns", name)] == [f"recovered {name}"]
+        written = [p["lastRecovery"] for p in kube.patches[("ns", name)] if "lastRecovery" in p]
         assert written == [{"job": name}]
 
 
@@ -144,21 +117,21 @@ def test_an_unrecoverable_recovery_fails_the_job_and_ends_recovering(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(reconciler_module, "decide", _always_recover)
-    kube, cache = _Kube(), ClusterCache()
-    kube.jobs["a"]["status"] = {"state": "Recovering", "recovery": {"phase": "Planning"},
-                                "conditions": [{"type": "Recovering", "status": "True",
-                                                "reason": "RecoveryNeeded", "message": "x",
-                                                "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
-    cache.update_job(copy.deepcopy(kube.jobs["a"]), deleted=False)
+    kube, cache = FakeKube(jobs=[_job(name) for name in JOBS]), ClusterCache()
+    kube.jobs[("ns", "a")]["status"] = {
+        "state": "Recovering", "recovery": {"phase": "Planning"},
+        "conditions": [{"type": "Recovering", "status": "True", "reason": "RecoveryNeeded",
+                        "message": "x", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
+    cache.update_job(copy.deepcopy(kube.jobs[("ns", "a")]), deleted=False)
     reconciler = Reconciler(kube, cache, ReconcileConfig(),  # type: ignore[arg-type]
                             clock=lambda: NOW)
     reconciler.recovery = _Unrecoverable()  # type: ignore[assignment]
     reconciler.reconcile(("ns", "a"))
-    status = kube.jobs["a"]["status"]
+    status = kube.jobs[("ns", "a")]["status"]
     conditions = {c["type"]: c for c in status["conditions"]}
     assert status["state"] == "Failed" and status.get("recovery") is None  # merge: deleted
     assert conditions["Failed"]["reason"] == "Unrecoverable"
     assert "no copy of rank 1's shard is left" in conditions["Failed"]["message"]
     assert (conditions["Recovering"]["status"], conditions["Recovering"]["reason"]) == (
         "False", "RecoveryAbandoned")
-    assert any("no copy of rank 1's shard" in e for e in kube.events["a"])
+    assert any("no copy of rank 1's shard" in e for e in kube.events[("ns", "a")])

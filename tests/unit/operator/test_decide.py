@@ -6,26 +6,24 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from gemini.domain.recovery import FailureKind
-from gemini_operator import naming
-from gemini_operator.conditions import PLACEMENT_DELIVERED, SIDECARS_UNREACHABLE, upsert
-from gemini_operator.decide import (
+from gemini_operator.calls.worker_calls import launch_record
+from gemini_operator.core import naming
+from gemini_operator.core.actions import (
     CreatePods,
     CreateSecret,
     CreateService,
     DeleteJob,
     DeletePods,
     DeliverPlacement,
-    JobView,
-    Observed,
-    ReconcileConfig,
     Recover,
     StartTraining,
-    decide,
 )
-from gemini_operator.observed import ContainerExit, NodeView, PodView
-from gemini_operator.queueing import WorkloadView
-from gemini_operator.status import JobStatus, status_patch
-from gemini_operator.worker_calls import launch_record
+from gemini_operator.core.conditions import PLACEMENT_DELIVERED, SIDECARS_UNREACHABLE, upsert
+from gemini_operator.core.decide import decide
+from gemini_operator.core.observed import ContainerExit, NodeView, PodView
+from gemini_operator.core.queueing import WorkloadView
+from gemini_operator.core.status import JobStatus, status_patch
+from gemini_operator.core.types import JobView, Observed, ReconcileConfig
 from tests.unit.operator.builders import make_job
 
 NOW = datetime(2026, 11, 29, 18, 0, 0, tzinfo=UTC)

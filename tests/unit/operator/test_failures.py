@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from gemini.domain.recovery import FailureKind
-from gemini_operator.failures import (
+from gemini_operator.core.failures import (
     FailureReason,
     Progress,
     RankFailure,
@@ -16,8 +16,8 @@ from gemini_operator.failures import (
     detect_hang,
     matching_rule,
 )
-from gemini_operator.observed import ContainerExit, NodeView, PodView, node_view, pod_view
-from gemini_operator.spec import FailurePolicy, FailureRule, RuleAction
+from gemini_operator.core.observed import ContainerExit, NodeView, PodView, node_view, pod_view
+from gemini_operator.core.spec import FailurePolicy, FailureRule, RuleAction
 
 NODES = {"n0": NodeView("n0", True), "n1": NodeView("n1", False)}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gemini_operator.placement_delivery import stale_placements
-from gemini_operator.sidecars import SidecarAddress, peers_bodies
+from gemini_operator.calls.placement_delivery import stale_placements
+from gemini_operator.calls.sidecars import SidecarAddress, peers_bodies
 
 ADDRESSES = {r: SidecarAddress(r, f"10.0.0.{r}", 7071, 7070) for r in range(4)}
 PLACEMENT = {"holders": {"0": [0, 1], "1": [1, 0], "2": [2, 3], "3": [3, 2]}}
@@ -39,10 +39,10 @@ def test_one_delivery_path_sends_to_the_stale_sidecars_only() -> None:
 
     import pytest
 
-    from gemini_operator.observed import PodView
-    from gemini_operator.placement_delivery import deliver, stale_ranks
-    from gemini_operator.render import RenderConfig
-    from gemini_operator.sidecars import DeliveryError
+    from gemini_operator.calls.placement_delivery import deliver, stale_ranks
+    from gemini_operator.calls.sidecars import DeliveryError
+    from gemini_operator.core.observed import PodView
+    from gemini_operator.core.render import RenderConfig
 
     with socket.socket() as free:
         free.bind(("127.0.0.1", 0))
@@ -59,8 +59,8 @@ def test_one_delivery_path_sends_to_the_stale_sidecars_only() -> None:
 def test_a_hung_job_is_reconciled_again_when_its_hang_timeout_runs_out() -> None:
     from datetime import timedelta
 
-    from gemini_operator.failures import Progress
-    from gemini_operator.worker_calls import launch_record
+    from gemini_operator.calls.worker_calls import launch_record
+    from gemini_operator.core.failures import Progress
     from tests.unit.operator.builders import make_job
     from tests.unit.operator.test_decide import CONFIG, Harness
 
@@ -80,10 +80,10 @@ def test_progress_from_before_a_restart_does_not_count_towards_a_hang() -> None:
     from dataclasses import replace
     from datetime import UTC, datetime
 
-    from gemini_operator.cache import ClusterCache
-    from gemini_operator.failures import Progress
-    from gemini_operator.poller import CheckpointPoller, Findings
-    from gemini_operator.status import CheckpointStatus
+    from gemini_operator.calls.poller import CheckpointPoller, Findings
+    from gemini_operator.cluster.cache import ClusterCache
+    from gemini_operator.core.failures import Progress
+    from gemini_operator.core.status import CheckpointStatus
     from tests.unit.operator.test_decide import CONFIG
 
     cache = ClusterCache()

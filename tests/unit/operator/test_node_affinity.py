@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 
-from gemini_operator.node_affinity import avoiding_nodes, preferring_nodes
+from gemini_operator.core.node_affinity import avoiding_nodes, preferring_nodes
 
 GPU_TERM = {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h200"]}]}
 ZONE_TERM = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}],

@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
-from gemini_operator.metrics import OperatorMetrics
-from gemini_operator.observed import (
+from gemini_operator.calls.poller import placement_holders, replica_coverage
+from gemini_operator.calls.sidecars import DeliveryError, SidecarAddress, deliver_placement
+from gemini_operator.core.observed import (
     detection_lags,
     failure_visible_at,
     node_view,
     pod_view,
 )
-from gemini_operator.poller import placement_holders, replica_coverage
-from gemini_operator.sidecars import DeliveryError, SidecarAddress, deliver_placement
-from gemini_operator.status import JobStatus, ReplicaCoverage
+from gemini_operator.core.status import JobStatus, ReplicaCoverage
+from gemini_operator.runtime.metrics import OperatorMetrics
 
 ACTED = datetime(2026, 11, 29, 18, 0, 10, tzinfo=UTC)
 # Ring placement of 4 ranks, m = 2: rank r's shard is held by r and r + 1.
@@ -174,7 +174,7 @@ def test_delivery_tries_every_sidecar_and_says_how_many_did_not_answer(closed_po
 
 
 def test_a_re_list_of_some_ranks_replaces_only_those_ranks_in_the_cache() -> None:
-    from gemini_operator.cache import ClusterCache
+    from gemini_operator.cluster.cache import ClusterCache
 
     def pod(rank: int, uid: str) -> dict[str, Any]:
         labels = {"gemini.io/job-name": "train", "gemini.io/rank": str(rank)}

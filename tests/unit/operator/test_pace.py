@@ -4,9 +4,9 @@ and the events when the interval lengthens and comes back to every step."""
 from __future__ import annotations
 
 from gemini.control.inventory import Inventory
-from gemini_operator.decide import interval_events
-from gemini_operator.pace import replication_pace
-from gemini_operator.status import CheckpointStatus, JobStatus
+from gemini_operator.core.decide import interval_events
+from gemini_operator.core.pace import replication_pace
+from gemini_operator.core.status import CheckpointStatus, JobStatus
 
 MIB = 1 << 20
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gemini_operator.decide import JobView, Observed, ReconcileConfig, decide
-from gemini_operator.status import CheckpointStatus, status_patch
+from gemini_operator.core.decide import decide
+from gemini_operator.core.status import CheckpointStatus, status_patch
+from gemini_operator.core.types import JobView, Observed, ReconcileConfig
 from tests.unit.operator.builders import make_job
 from tests.unit.operator.test_decide import NODES, NOW
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gemini_operator import naming, render
-from gemini_operator.pod_template import OPERATOR_ENV_NAMES, operator_sets
-from gemini_operator.spares import spare_pod
-from gemini_operator.spec import SpecError, parse_spec
+from gemini_operator.core import naming, render
+from gemini_operator.core.pod_template import OPERATOR_ENV_NAMES, operator_sets
+from gemini_operator.core.spares import spare_pod
+from gemini_operator.core.spec import SpecError, parse_spec
 from tests.unit.operator.builders import make_job
 
 JOB = render.JobRef("train", "ml", "uid-1")

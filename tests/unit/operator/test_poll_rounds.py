@@ -10,8 +10,8 @@ import threading
 
 import pytest
 
-from gemini_operator.cache import JobKey
-from gemini_operator.poller import PollRounds
+from gemini_operator.calls.poller import PollRounds
+from gemini_operator.cluster.cache import JobKey
 
 STUCK, CHANGED, SAME, BROKEN = ("ns", "stuck"), ("ns", "changed"), ("ns", "same"), ("ns", "x")
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gemini_operator.observed import ContainerExit
-from gemini_operator.poller import workers_to_poll
-from gemini_operator.sidecars import relay_batches
-from gemini_operator.status import JobStatus
+from gemini_operator.calls.poller import workers_to_poll
+from gemini_operator.calls.sidecars import relay_batches
+from gemini_operator.core.observed import ContainerExit
+from gemini_operator.core.status import JobStatus
 from tests.unit.operator.test_decide import Harness, training_harness
 
 

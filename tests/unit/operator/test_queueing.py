@@ -7,20 +7,20 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gemini_operator import naming, queueing
-from gemini_operator.cache import ClusterCache
-from gemini_operator.decide import (
+from gemini_operator.cluster.cache import ClusterCache
+from gemini_operator.core import naming, queueing
+from gemini_operator.core.actions import (
     CreatePods,
     CreateWorkload,
     DeletePods,
     DeleteWorkload,
-    HoldSpares,
-    JobView,
     PatchWorkload,
 )
-from gemini_operator.queueing import Flavor, WorkloadView
-from gemini_operator.render import JobRef
-from gemini_operator.workloads import Workloads
+from gemini_operator.core.queueing import Flavor, WorkloadView
+from gemini_operator.core.render import JobRef
+from gemini_operator.core.spares import HoldSpares
+from gemini_operator.core.types import JobView
+from gemini_operator.steps.workloads import Workloads
 from tests.unit.operator.builders import make_job
 from tests.unit.operator.test_decide import Harness, _of
 
@@ -226,7 +226,7 @@ def test_a_workload_of_another_owner_is_read_but_never_mistaken_for_admission() 
 def test_kopfs_warning_about_an_absent_kueue_is_dropped_and_no_other() -> None:
     import logging
 
-    from gemini_operator.handlers import _WithoutKueue
+    from gemini_operator.runtime.handlers import _WithoutKueue
 
     def kept(message: str) -> bool:
         return _WithoutKueue().filter(

@@ -7,16 +7,17 @@ from datetime import UTC, datetime, timedelta
 
 from gemini.domain.placement import mixed_placement
 from gemini.domain.recovery import FailureKind, plan_recovery
-from gemini_operator.decide import Recover, StartTraining, trainer_exits
-from gemini_operator.failures import Progress
-from gemini_operator.observed import ContainerExit, PodView, pod_view
-from gemini_operator.poller import complete_in_memory, progress_of
-from gemini_operator.records import PlanRecord, RecoveryRecord
-from gemini_operator.render import RenderConfig
-from gemini_operator.restore import breakdown
-from gemini_operator.spec import parse_spec
-from gemini_operator.status import JobStatus
-from gemini_operator.worker_calls import inventory_copies, launch_record, rendezvous
+from gemini_operator.calls.poller import complete_in_memory, progress_of
+from gemini_operator.calls.worker_calls import inventory_copies, launch_record, rendezvous
+from gemini_operator.core.actions import Recover, StartTraining
+from gemini_operator.core.decide_failures import trainer_exits
+from gemini_operator.core.failures import Progress
+from gemini_operator.core.observed import ContainerExit, PodView, pod_view
+from gemini_operator.core.records import PlanRecord, RecoveryRecord
+from gemini_operator.core.render import RenderConfig
+from gemini_operator.core.spec import parse_spec
+from gemini_operator.core.status import JobStatus
+from gemini_operator.steps.restore import breakdown
 from tests.unit.operator.builders import make_job
 from tests.unit.operator.test_decide import CONFIG, Harness, _of
 
@@ -112,9 +113,9 @@ def test_breakdown_turns_cumulative_marks_into_phase_seconds() -> None:
 
 
 def test_a_recovery_planned_again_reports_the_superseded_time_apart_from_its_phases() -> None:
-    from gemini_operator.decide import JobView
-    from gemini_operator.failures import FailureReason, RankFailure
-    from gemini_operator.recovery import RecoveryExecutor
+    from gemini_operator.core.failures import FailureReason, RankFailure
+    from gemini_operator.core.types import JobView
+    from gemini_operator.steps.recovery import RecoveryExecutor
 
     # Rank 1 lost 4.6 s into a recovery that was replacing rank 0: the new plan keeps the
     # epoch and start, its phases are timed afresh, and the 4.6 s are reported apart.
@@ -172,8 +173,8 @@ def test_no_progress_for_the_hang_timeout_restarts_every_rank_in_place() -> None
 
 
 def test_a_node_lost_after_planning_makes_the_recovery_plan_again() -> None:
-    from gemini_operator.failures import FailureReason, RankFailure
-    from gemini_operator.recovery import newly_lost
+    from gemini_operator.core.failures import FailureReason, RankFailure
+    from gemini_operator.steps.recovery import newly_lost
 
     crash = RankFailure(0, FailureKind.SOFTWARE, FailureReason.ERROR, 1, "exited")
     lost = RankFailure(1, FailureKind.HARDWARE, FailureReason.NODE_LOST, None, "node gone")
@@ -185,10 +186,10 @@ def test_a_node_lost_after_planning_makes_the_recovery_plan_again() -> None:
 
 
 def test_a_replan_for_newly_lost_ranks_is_confirmed_with_the_api_first() -> None:
-    from gemini_operator.decide import Decision
-    from gemini_operator.failures import FailureReason, RankFailure
-    from gemini_operator.reconciler import _replans
-    from gemini_operator.status import JobStatus
+    from gemini_operator.core.actions import Decision
+    from gemini_operator.core.failures import FailureReason, RankFailure
+    from gemini_operator.core.status import JobStatus
+    from gemini_operator.runtime.reconciler import _replans
 
     lost = RankFailure(1, FailureKind.HARDWARE, FailureReason.NODE_LOST, None, "node gone")
     action = Recover(FailureKind.HARDWARE, (lost,), SPEC)
@@ -219,7 +220,7 @@ LAUNCH_DOC = {"epoch": 2, "restartAttempt": 0, "masterAddr": "10.0.0.0", "master
 
 
 def test_the_typed_records_write_back_exactly_the_json_they_read() -> None:
-    from gemini_operator.records import LaunchRecord, RecoveryPhase
+    from gemini_operator.core.records import LaunchRecord, RecoveryPhase
 
     record = RecoveryRecord.from_dict(RECOVERY_DOC)
     assert record.phase is RecoveryPhase.FETCHING and record.lost_ranks == (1,)
@@ -235,7 +236,7 @@ def test_the_typed_records_write_back_exactly_the_json_they_read() -> None:
 
 
 def test_each_phase_is_marked_with_the_seconds_since_the_start() -> None:
-    from gemini_operator.records import RecoveryPhase
+    from gemini_operator.core.records import RecoveryPhase
 
     record = RecoveryRecord.from_dict(RECOVERY_DOC)
     moved = record.at(RecoveryPhase.RESTARTING, record.started_unix + 7.0)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import hashlib
 
-from gemini_operator import naming, render
-from gemini_operator.spec import parse_spec
+from gemini_operator.core import children, naming, render
+from gemini_operator.core.spec import parse_spec
 from tests.unit.operator.builders import make_job
 
 JOB = render.JobRef("train", "ml", "uid-1")
@@ -130,7 +130,7 @@ def test_persistence_settings_and_credentials_reach_the_sidecar():
 
 
 def test_headless_service_publishes_not_ready_workers():
-    service = render.headless_service(JOB, CONFIG)
+    service = children.headless_service(JOB, CONFIG)
     assert service["metadata"]["name"] == "train"
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
@@ -138,13 +138,13 @@ def test_headless_service_publishes_not_ready_workers():
 
 
 def test_peer_secret_holds_the_job_token_and_only_a_digest_of_the_control_token():
-    secret = render.peer_secret(JOB, "s3cr3t-token-0123456789", "c0ntrol-token-0123456789")
+    secret = children.peer_secret(JOB, "s3cr3t-token-0123456789", "c0ntrol-token-0123456789")
     assert secret["metadata"]["name"] == "train-peer-auth"
     values = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert values == {"token": "s3cr3t-token-0123456789",
                       "control-sha256": hashlib.sha256(b"c0ntrol-token-0123456789").hexdigest()}
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
-    kept = render.control_secret(JOB, "c0ntrol-token-0123456789")
+    kept = children.control_secret(JOB, "c0ntrol-token-0123456789")
     assert kept["metadata"]["name"] == "train-control"
     assert base64.b64decode(kept["data"]["token"]).decode() == "c0ntrol-token-0123456789"
 

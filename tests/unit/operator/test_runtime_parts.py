@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from gemini_operator import conditions as cond
-from gemini_operator.cache import ClusterCache
-from gemini_operator.election import decide
-from gemini_operator.metrics import OperatorMetrics
-from gemini_operator.sidecars import SidecarAddress, placement_bodies
-from gemini_operator.status import JobStatus, status_patch
+from gemini_operator.calls.sidecars import SidecarAddress, placement_bodies
+from gemini_operator.cluster.cache import ClusterCache
+from gemini_operator.core import conditions as cond
+from gemini_operator.core.status import JobStatus, status_patch
+from gemini_operator.runtime.election import decide
+from gemini_operator.runtime.metrics import OperatorMetrics
 
 NOW = datetime(2026, 11, 29, 18, 0, 0, tzinfo=UTC)
 
@@ -178,7 +178,7 @@ def test_jobs_by_state_gauge_follows_each_jobs_latest_state():
 def test_every_event_reason_is_explained_with_its_type() -> None:
     from pathlib import Path
 
-    from gemini_operator.events import WARNINGS, EventReason
+    from gemini_operator.core.events import WARNINGS, EventReason
 
     docs = (Path(__file__).resolve().parents[3] / "docs" / "troubleshooting.md").read_text()
     for reason in EventReason:

@@ -12,12 +12,13 @@ from typing import Any, ClassVar
 import pytest
 
 from gemini.control import paths
-from gemini_operator import naming
-from gemini_operator.decide import JobView
-from gemini_operator.outcome import S3Unreadable
-from gemini_operator.render import RenderConfig
-from gemini_operator.spec import Persistence
-from gemini_operator.worker_calls import WorkerCalls
+from gemini_operator.calls.worker_calls import WorkerCalls
+from gemini_operator.core import naming
+from gemini_operator.core.outcome import S3Unreadable
+from gemini_operator.core.render import RenderConfig
+from gemini_operator.core.spec import Persistence
+from gemini_operator.core.types import JobView
+from tests.unit.operator.fake_kube import FakeKube
 
 TOKEN = "peer-token-0123456789abcdef"
 CONTROL = "control-token-0123456789abcdef"
@@ -59,27 +60,20 @@ def sidecar() -> Iterator[int]:
         server.server_close()
 
 
-class FakeKube:
-    """The job's pods, and a record of every Secret the operator reads."""
-
-    def __init__(self, pods: list[dict[str, Any]]) -> None:
-        self.pods = pods
-        self.secret_reads: list[tuple[str, str, str]] = []
-
-    def list_worker_pods(self, namespace: str, job: str, ranks: Any = None) -> list[Any]:
-        return self.pods
-
-    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        self.secret_reads.append((namespace, name, key))
-        if name == naming.control_secret_name(JOB.name):
-            return CONTROL
-        return TOKEN if name == naming.secret_name(JOB.name) else "a-credential"
+def _kube(pods: list[dict[str, Any]]) -> FakeKube:
+    """The job's pods and Secrets: its token, the operator's control token, S3 credentials."""
+    return FakeKube(pods=pods, secrets={
+        (JOB.namespace, naming.secret_name(JOB.name)): {"token": TOKEN},
+        (JOB.namespace, naming.control_secret_name(JOB.name)): {"token": CONTROL},
+        (JOB.namespace, PERSISTENCE.credentials_secret): {"accessKey": "a-credential"},
+    })
 
 
 def _pod(rank: int, phase: str = "Running", owner: str = JOB.uid) -> dict[str, Any]:
     return {
-        "metadata": {"name": f"train-worker-{rank}", "uid": f"pod-{rank}",
-                     "labels": {naming.LABEL_RANK: str(rank),
+        "metadata": {"name": f"train-worker-{rank}", "namespace": JOB.namespace,
+                     "uid": f"pod-{rank}",
+                     "labels": {naming.LABEL_JOB: JOB.name, naming.LABEL_RANK: str(rank),
                                 naming.LABEL_RESTART_ATTEMPT: "0"},
                      "ownerReferences": [{"uid": owner, "controller": True}]},
         "status": {"phase": phase, "podIP": "127.0.0.1"},
@@ -91,7 +85,7 @@ def _calls(kube: FakeKube, port: int) -> WorkerCalls:
 
 
 def test_the_steps_come_from_the_jobs_own_sidecar_and_no_credentials_are_read(sidecar):
-    kube = FakeKube([_pod(0), _pod(1, owner="another-job")])
+    kube = _kube([_pod(0), _pod(1, owner="another-job")])
     assert _calls(kube, sidecar).committed_steps(JOB, PERSISTENCE) == [2, 4]
     assert FakeSidecar.seen == [(paths.COMMITTED_STEPS_PATH, f"Bearer {CONTROL}")]
     assert kube.secret_reads == [("team-a", naming.secret_name("train"), "token"),
@@ -101,11 +95,11 @@ def test_the_steps_come_from_the_jobs_own_sidecar_and_no_credentials_are_read(si
 def test_a_sidecar_that_s3_refuses_makes_the_steps_unreadable(sidecar):
     FakeSidecar.answer = (502, {"error": "S3 request failed: AccessDenied"})
     with pytest.raises(S3Unreadable, match="AccessDenied"):
-        _calls(FakeKube([_pod(0)]), sidecar).committed_steps(JOB, PERSISTENCE)
+        _calls(_kube([_pod(0)]), sidecar).committed_steps(JOB, PERSISTENCE)
 
 
 def test_without_a_sidecar_to_ask_the_step_the_status_records_is_used(sidecar):
-    kube = FakeKube([_pod(0, phase="Failed")])
+    kube = _kube([_pod(0, phase="Failed")])
     recorded = JobView("train", "team-a", "uid-1", 1, {},
                        {"checkpoint": {"persistedStep": 7}})
     assert _calls(kube, sidecar).committed_steps(recorded, PERSISTENCE) == [7]
@@ -115,7 +109,7 @@ def test_without_a_sidecar_to_ask_the_step_the_status_records_is_used(sidecar):
 
 
 def test_no_persistence_lists_nothing(sidecar):
-    kube = FakeKube([_pod(0)])
+    kube = _kube([_pod(0)])
     assert _calls(kube, sidecar).committed_steps(JOB, None) == []
     assert FakeSidecar.seen == [] and kube.secret_reads == []
 
@@ -124,4 +118,4 @@ def test_a_sidecar_older_than_the_call_falls_back_to_the_recorded_step(sidecar):
     FakeSidecar.answer = (404, {"error": "not found"})
     recorded = JobView("train", "team-a", "uid-1", 1, {},
                        {"checkpoint": {"persistedStep": 9}})
-    assert _calls(FakeKube([_pod(0)]), sidecar).committed_steps(recorded, PERSISTENCE) == [9]
+    assert _calls(_kube([_pod(0)]), sidecar).committed_steps(recorded, PERSISTENCE) == [9]

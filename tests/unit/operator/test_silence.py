@@ -6,15 +6,15 @@ import socket
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from gemini_operator.cache import ClusterCache
-from gemini_operator.decide import JobView
-from gemini_operator.failures import FailureReason, detect_failures
-from gemini_operator.observed import PodView
-from gemini_operator.records import RecoveryRecord
-from gemini_operator.recovery import RecoveryExecutor
-from gemini_operator.sidecars import refusing
-from gemini_operator.silence import SilenceTracker, suspects
-from gemini_operator.status import JobStatus
+from gemini_operator.calls.sidecars import refusing
+from gemini_operator.cluster.cache import ClusterCache
+from gemini_operator.core.failures import FailureReason, detect_failures
+from gemini_operator.core.observed import PodView
+from gemini_operator.core.records import RecoveryRecord
+from gemini_operator.core.silence import SilenceTracker, suspects
+from gemini_operator.core.status import JobStatus
+from gemini_operator.core.types import JobView
+from gemini_operator.steps.recovery import RecoveryExecutor
 from tests.unit.operator.test_decide import CONFIG
 from tests.unit.operator.test_recovery import RECOVERY_DOC
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gemini_operator import naming, render
-from gemini_operator.cache import ClusterCache
-from gemini_operator.decide import JobView, Observed, decide
-from gemini_operator.node_affinity import avoiding_nodes, preferring_nodes
-from gemini_operator.observed import NodeView
-from gemini_operator.spares import (
+from gemini_operator.cluster.cache import ClusterCache
+from gemini_operator.core import naming, render
+from gemini_operator.core.decide import decide
+from gemini_operator.core.node_affinity import avoiding_nodes, preferring_nodes
+from gemini_operator.core.observed import NodeView
+from gemini_operator.core.spares import (
     GRACE_SECONDS,
     HoldSpares,
     SpareView,
@@ -21,7 +21,8 @@ from gemini_operator.spares import (
     spare_pod,
     spare_view,
 )
-from gemini_operator.spec import parse_spec
+from gemini_operator.core.spec import parse_spec
+from gemini_operator.core.types import JobView, Observed
 from tests.unit.operator.builders import make_job
 from tests.unit.operator.test_decide import CONFIG, Harness
 

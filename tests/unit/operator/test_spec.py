@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gemini_operator.quantity import QuantityError, parse_bytes, parse_quantity
-from gemini_operator.spec import (
+from gemini_operator.core.quantity import QuantityError, parse_bytes, parse_quantity
+from gemini_operator.core.spec import (
     DEFAULT_MEMORY_BUDGET_BYTES,
     PlacementStrategy,
     RuleAction,

@@ -1,5 +1,5 @@
 """The status's per-rank detail: split off, compressed, joined back, and written to a
-ConfigMap before the status names it (gemini.rank_detail, gemini_operator.status_store).
+ConfigMap before the status names it (gemini.rank_detail, gemini_operator.cluster.status_store).
 The API server is a dict here; tests/cluster runs the operator with every detail spilled."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import pytest
 from gemini import rank_detail
 from gemini.domain.placement import Machine, domain_aware_placement
 from gemini.rank_detail import RankDetailError
-from gemini_operator.status import merge_patched, status_patch
-from gemini_operator.status_store import StatusStore
+from gemini_operator.cluster.status_store import StatusStore
+from gemini_operator.core.status import merge_patched, status_patch
+from tests.unit.operator.fake_kube import FakeKube
 
 STATUS_TARGET = 256 * 1024
 
@@ -66,22 +67,6 @@ def test_a_detail_that_does_not_match_its_digest_or_inflates_too_far_is_refused(
     bomb = zlib.compress(b" " * (rank_detail.MAX_DETAIL_BYTES + 10))
     with pytest.raises(RankDetailError, match="inflates past"):
         rank_detail.decode(bomb, digest)
-
-
-class FakeKube:
-    """ConfigMaps by (namespace, name), as the API returns them (binaryData in base64)."""
-
-    def __init__(self) -> None:
-        self.configmaps: dict[tuple[str, str], dict[str, Any]] = {}
-        self.writes = 0
-
-    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return self.configmaps.get((namespace, name))
-
-    def put_configmap(self, manifest: dict[str, Any]) -> None:
-        meta = manifest["metadata"]
-        self.configmaps[(meta["namespace"], meta["name"])] = json.loads(json.dumps(manifest))
-        self.writes += 1
 
 
 def job(status: dict[str, Any]) -> dict[str, Any]:

@@ -5,20 +5,20 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gemini_operator.cache import Snapshot
-from gemini_operator.decide import (
+from gemini_operator.calls.worker_calls import launch_record
+from gemini_operator.cluster.cache import Snapshot
+from gemini_operator.core.actions import (
     DeletePods,
     DeliverPlacement,
-    JobView,
     SaveBeforeSuspend,
     StartTraining,
 )
-from gemini_operator.outcome import S3Unreadable
-from gemini_operator.records import RESUME, LaunchRecord
-from gemini_operator.spec import Persistence, parse_spec
-from gemini_operator.start import S3_RETRY_SECONDS, TrainingStarter, resuming
-from gemini_operator.status import JobStatus
-from gemini_operator.worker_calls import launch_record
+from gemini_operator.core.outcome import S3Unreadable
+from gemini_operator.core.records import RESUME, LaunchRecord
+from gemini_operator.core.spec import Persistence, parse_spec
+from gemini_operator.core.status import JobStatus
+from gemini_operator.core.types import JobView
+from gemini_operator.steps.start import S3_RETRY_SECONDS, TrainingStarter, resuming
 from tests.unit.operator.builders import make_job
 from tests.unit.operator.test_decide import CONFIG, Harness, _of
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import base64
 from typing import Any
 
 import pytest
 
 from gemini.control.auth import Credentials
-from gemini_operator.render import JobRef
-from gemini_operator.tokens import JobTokens, TokenKeyError, load_key
+from gemini_operator.calls.tokens import JobTokens, TokenKeyError, load_key
+from gemini_operator.core.render import JobRef
+from tests.unit.operator.fake_kube import FakeKube
 
 KEY = b"k" * 40
 
@@ -19,24 +19,6 @@ class NoSecretReads:
 
     def secret_value(self, *args: Any) -> str | None:
         raise AssertionError(f"a Secret was read: {args}")
-
-
-class Secrets:
-    """Secrets by (namespace, name, key); creating one that exists keeps the old one."""
-
-    def __init__(self, values: dict[tuple[str, str, str], str]) -> None:
-        self.values = values
-
-    def secret_value(self, namespace: str, name: str, key: str) -> str | None:
-        return self.values.get((namespace, name, key))
-
-    def create(self, manifest: dict[str, Any]) -> bool:
-        meta = manifest["metadata"]
-        where = (meta["namespace"], meta["name"], "token")
-        if where in self.values:
-            return False
-        self.values[where] = base64.b64decode(manifest["data"]["token"]).decode()
-        return True
 
 
 def test_a_derived_token_is_stable_per_job_and_differs_for_a_recreated_job() -> None:
@@ -51,7 +33,7 @@ def test_a_derived_token_is_stable_per_job_and_differs_for_a_recreated_job() -> 
 
 
 def test_without_a_key_tokens_are_random_and_read_back() -> None:
-    kube = Secrets({("ns", "j-peer-auth", "token"): "random-token"})
+    kube = FakeKube(secrets={("ns", "j-peer-auth"): {"token": "random-token"}})
     tokens = JobTokens(kube, None)  # type: ignore[arg-type]
     job = JobRef("j", "ns", "u")
     assert not tokens.derived

@@ -9,14 +9,15 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from gemini_operator import naming
-from gemini_operator.decide import DeletePods, Recover, relaunch_exits
-from gemini_operator.failures import log_note, log_tail
-from gemini_operator.observed import ContainerExit, PodView, pod_view
-from gemini_operator.records import RecoveryPhase, RecoveryRecord
-from gemini_operator.render import JobRef, RenderConfig, worker_pod
-from gemini_operator.spec import parse_spec
-from gemini_operator.worker_calls import launch_record
+from gemini_operator.calls.worker_calls import launch_record
+from gemini_operator.core import naming
+from gemini_operator.core.actions import DeletePods, Recover
+from gemini_operator.core.decide_failures import relaunch_exits
+from gemini_operator.core.failures import log_note, log_tail
+from gemini_operator.core.observed import ContainerExit, PodView, pod_view
+from gemini_operator.core.records import RecoveryPhase, RecoveryRecord
+from gemini_operator.core.render import JobRef, RenderConfig, worker_pod
+from gemini_operator.core.spec import parse_spec
 from tests.unit.operator.builders import make_job
 from tests.unit.operator.test_decide import CONFIG, Harness, _of
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from gemini_operator.recovery import WAIT_LOG_REPEAT_S, WaitLog
+from gemini_operator.steps.recovery import WAIT_LOG_REPEAT_S, WaitLog
 
 JOB, OTHER = ("ns", "a"), ("ns", "b")
 

@@ -7,15 +7,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from gemini_operator import naming, render, spares
-from gemini_operator.decide import (
-    CreateNetworkPolicy,
-    JobView,
-    Observed,
-    ReconcileConfig,
-    decide,
-)
-from gemini_operator.spec import SpecError, parse_spec
+from gemini_operator.core import children, naming, render, spares
+from gemini_operator.core.actions import CreateNetworkPolicy
+from gemini_operator.core.decide import decide
+from gemini_operator.core.spec import SpecError, parse_spec
+from gemini_operator.core.types import JobView, Observed, ReconcileConfig
 from tests.unit.operator.builders import make_job
 
 JOB = render.JobRef("train", "ml", "uid-1")
@@ -110,7 +106,7 @@ def test_the_sidecar_is_probed_on_its_healthz():
 # --- the NetworkPolicy ----------------------------------------------------------------------
 
 def test_the_network_policy_admits_the_job_and_the_operator_only():
-    policy = render.network_policy(JOB, CONFIG)
+    policy = children.network_policy(JOB, CONFIG)
     assert policy["apiVersion"] == "networking.k8s.io/v1" and policy["kind"] == "NetworkPolicy"
     assert policy["metadata"]["name"] == "train-workers"
     assert policy["metadata"]["namespace"] == "ml"
@@ -134,7 +130,7 @@ def test_the_operator_selector_and_metrics_scrapers_are_configurable():
         operator_pod_labels={"app.kubernetes.io/instance": "g"},
         operator_namespace_labels={"kubernetes.io/metadata.name": "gemini-system"},
         metrics_from=(prometheus,))
-    _, operator, metrics = render.network_policy(JOB, config)["spec"]["ingress"]
+    _, operator, metrics = children.network_policy(JOB, config)["spec"]["ingress"]
     assert operator["from"] == [{
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gemini-system"}},
         "podSelector": {"matchLabels": {"app.kubernetes.io/instance": "g"}}}]

@@ -27,7 +27,7 @@ def _sidecar() -> CollectorRegistry:
 
 
 def _operator() -> CollectorRegistry:
-    from gemini_operator.metrics import OperatorMetrics
+    from gemini_operator.runtime.metrics import OperatorMetrics
 
     return OperatorMetrics().registry
 
@@ -43,7 +43,7 @@ def _launcher() -> CollectorRegistry:
 # Module (as a path under the repository) -> how its component builds its registry.
 ADAPTERS: dict[str, Callable[[], CollectorRegistry]] = {
     "trainer_sidecar/gemini_sidecar/metrics.py": _sidecar,
-    "operator/gemini_operator/metrics.py": _operator,
+    "operator/gemini_operator/runtime/metrics.py": _operator,
     "trainer_sidecar/gemini_trainer/launcher_metrics.py": _launcher,
 }
 

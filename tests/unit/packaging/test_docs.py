@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gemini_operator import conditions
-from gemini_operator.failures import FailureReason
+from gemini_operator.core import conditions
+from gemini_operator.core.failures import FailureReason
 from tests.unit.packaging.metrics_registry import families
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from gemini_cli.operator import IDENTITY_ENV
-from gemini_operator import naming, render
-from gemini_operator.spec import parse_spec
+from gemini_operator.core import naming, render
+from gemini_operator.core.spec import parse_spec
 from tests.fixtures.helm import CHART, Helm, RenderError, by_kind, one
 from tests.unit.operator.builders import make_job
 from tests.unit.packaging import dockerfile

@@ -1,0 +1,48 @@
+"""What an executor of training steps (start, resume, suspend save, recovery) hands back to
+the reconciler, and the ways such a step stops short."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gemini_operator.core.conditions import Condition
+from gemini_operator.core.events import Event
+
+
+class RecoveryWait(Exception):
+    """A phase must wait for the cluster (a pod starting, a launcher restarting)."""
+
+
+class S3Unreadable(Exception):
+    """The job's S3 prefix cannot be listed now (endpoint down, credentials refused)."""
+
+
+class Unrecoverable(Exception):
+    """No consistent step is left anywhere (memory or S3); the message says what is missing."""
+
+
+@dataclass
+class Outcome:
+    """What a step leaves for the reconciler: status fields to set (JSON; None removes one),
+    when to call again, and the events to send."""
+
+    status: dict[str, Any] = field(default_factory=dict)
+    requeue_after: float | None = None
+    events: list[Event] = field(default_factory=list)
+    finished: Mapping[str, Any] | None = None  # the lastRecovery document when one finished
+    unrecoverable: tuple[str, str] | None = None  # (cause, why): the job fails
+    conditions: list[Condition] = field(default_factory=list)  # set on top of the decided
+
+
+Write = Callable[[Any, Mapping[str, Any]], None]  # (job, status patch): sent to the API
+Keep = Callable[[Mapping[str, Any]], None]  # a status patch noted by the reconcile that sent it
+
+
+def kept(write: Write, keep: Keep) -> Write:
+    """`write`, then `keep` the patch: the reconcile's final write must not take it back."""
+    def both(job: Any, patch: Mapping[str, Any]) -> None:
+        write(job, patch)
+        keep(patch)
+    return both

@@ -1,0 +1,5 @@
+"""The operator process: kopf handlers, the work queue, the reconciler that runs a decision's
+actions through the steps, leader election, metrics, and `main`, which builds and runs it.
+
+The top layer: may import every other layer; none imports it.
+"""

@@ -1,0 +1,97 @@
+"""Build the operator's runtime from options and run kopf in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+
+import kopf
+from prometheus_client import start_http_server
+
+from gemini import rank_detail
+from gemini_operator.cluster.cache import ClusterCache
+from gemini_operator.cluster.kube import KubeClient
+from gemini_operator.core import spares
+from gemini_operator.core.render import RenderConfig
+from gemini_operator.core.types import ReconcileConfig
+from gemini_operator.runtime import handlers
+from gemini_operator.runtime.election import LeaderElector
+from gemini_operator.runtime.metrics import OperatorMetrics
+from gemini_operator.runtime.reconciler import Reconciler
+from gemini_operator.runtime.workqueue import WorkQueue
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OperatorOptions:
+    kubeconfig: str | None = None
+    namespace: str | None = None  # None: every namespace
+    sidecar_image: str | None = None  # for jobs that name none
+    lease_namespace: str = "default"
+    lease_name: str = "gemini-operator"
+    identity: str = ""  # default: host name, pid and a random suffix
+    metrics_port: int | None = None
+    workers: int = 4
+    render: RenderConfig = field(default_factory=RenderConfig)
+    # Create the worker and spare PriorityClasses the pods name when missing (needs the right
+    # to create PriorityClasses; the Helm chart creates its own and turns this off).
+    create_priority_classes: bool = True
+    token_key: bytes | None = field(default=None, repr=False)  # tokens.py: None, random ones
+    status_inline_bytes: int = rank_detail.DEFAULT_INLINE_BYTES  # gemini.rank_detail
+    # Serve launchers' failure hints here ((host, port); gemini_operator.calls.hints); the pods
+    # are told `render.hint_url`. None: no hint server (failures wait for the next poll).
+    hint_bind: tuple[str, int] | None = None
+
+
+def default_identity() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def build_runtime(options: OperatorOptions) -> handlers.Runtime:
+    kube = KubeClient.connect(options.kubeconfig)
+    cache = ClusterCache()
+    metrics = OperatorMetrics()
+    config = ReconcileConfig(render=options.render, default_sidecar_image=options.sidecar_image,
+                             token_key=options.token_key,
+                             status_inline_bytes=options.status_inline_bytes)
+    reconciler = Reconciler(kube, cache, config, metrics)
+    elector = LeaderElector(kube, options.lease_namespace, options.lease_name,
+                            options.identity or default_identity())
+    queue = WorkQueue(reconciler.reconcile, elector.leads, metrics, workers=options.workers)
+    reconciler.sidecar_calls.wake = queue.add_threadsafe
+    return handlers.Runtime(kube, cache, reconciler, queue, elector, metrics,
+                            hint_bind=options.hint_bind)
+
+
+async def run_operator(
+    options: OperatorOptions,
+    stop_flag: asyncio.Event | None = None,
+    ready_flag: asyncio.Event | None = None,
+    runtime: handlers.Runtime | None = None,
+) -> None:
+    """Run until `stop_flag` is set (or the process is signalled); `runtime` is built from
+    the options unless given (tests look into it)."""
+    runtime = runtime or build_runtime(options)
+    if options.create_priority_classes:
+        created = await asyncio.to_thread(spares.ensure_priority_classes,
+                                          runtime.kube.create_priority_class, options.render)
+        if created:
+            log.info("created PriorityClasses %s", ", ".join(created))
+    if options.metrics_port is not None:
+        start_http_server(options.metrics_port, registry=runtime.metrics.registry)
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, runtime)
+    namespaces = [options.namespace] if options.namespace else []
+    await kopf.operator(
+        registry=registry, clusterwide=not namespaces, namespaces=namespaces, standalone=True,
+        stop_flag=stop_flag, ready_flag=ready_flag,
+    )
+
+
+def run(options: OperatorOptions) -> None:
+    asyncio.run(run_operator(options))

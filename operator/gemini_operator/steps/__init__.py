@@ -1,0 +1,6 @@
+"""The executors of the training steps a decision asks for (`core.actions`): starting and
+resuming training, saving before a suspend, recovering, and the job's Kueue Workload. Each
+hands back an `core.outcome.Outcome` to the reconciler.
+
+May import `calls`, `cluster` and `core`; not `runtime`.
+"""
