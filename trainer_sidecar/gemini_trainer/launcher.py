@@ -199,7 +199,7 @@ class LauncherConfig:
     in_process: bool = True  # offer in-process restarts (gemini_trainer.run) to the child
     park_grace_s: float = 1.0  # a running child asked to park (SIGUSR1) gets this long
     # one that said it is parking gets this long to get there (within the operator's 15 s
-    # deadline for /restart, gemini_operator.sidecars.RESTART_TIMEOUT_SECONDS)
+    # deadline for /restart, gemini_operator.calls.sidecars.RESTART_TIMEOUT_SECONDS)
     park_unwind_s: float = 8.0
     park_timeout_s: float = 60.0  # a parked child no restart reached by then is ended
     hints: FailureHints | None = None  # tell the operator of a failure at once
