@@ -5,8 +5,7 @@ Typed calls, one per API call, each to every rank given in parallel: `inventorie
 `committed_steps` (the first of a job's sidecars to answer),
 and the placement (`peers_bodies`, `deliver_peers`, `deliver_placement`). The order they must
 come in (placement before fetches, memory before restarts, persist before commit) is stated
-in gemini.control. The untyped `call` and `call_all` (JSON dicts) remain for call sites
-not moved yet. Addresses are pod IPs, which work with or without cluster DNS.
+in gemini.control. Addresses are pod IPs, which work with or without cluster DNS.
 
 Every timeout here is a call's whole deadline (gemini.control.client.ControlClient): a worker that
 answers a byte at a time is cut off at it, and answers are size-capped and strictly parsed,
@@ -429,33 +428,3 @@ def deliver_placement(
     errors = deliver_peers(addresses, bodies, token, timeout)
     if errors:
         raise DeliveryError(errors, len(bodies))
-
-
-def placement_bodies(
-    placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress],
-) -> dict[int, dict[str, Any]]:
-    """`peers_bodies` as JSON documents (for call sites not moved to the typed bodies)."""
-    return {r: body.to_json() for r, body in peers_bodies(placement, addresses).items()}
-
-
-# -- untyped calls (JSON dicts), kept while call sites move to the typed ones -----------------
-
-def call(
-    ip: str, port: int, path: str, token: Bearer, body: Mapping[str, Any] | None = None,
-    timeout: float = TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """One JSON request to a sidecar or launcher (GET without a body, POST with one); the
-    answer's JSON object. Raises SidecarError naming the address and what it answered."""
-    try:
-        return ControlClient(ip, port, token, timeout).call_json(path, body)
-    except ControlError as err:
-        raise SidecarError(str(err)) from err
-
-
-def call_all(
-    targets: Mapping[int, tuple[str, int]], path: str, token: Bearer,
-    bodies: Mapping[int, Mapping[str, Any] | None], timeout: float = TIMEOUT_SECONDS,
-) -> dict[int, dict[str, Any]]:
-    """`call` for every rank in parallel; raise one SidecarError naming every failure."""
-    return every(targets, token, lambda r, c: c.call_json(path, bodies.get(r)), timeout)
-

@@ -165,8 +165,6 @@ def test_the_placement_is_delivered_as_typed_bodies_and_refusals_are_counted(
     bodies = sidecars.peers_bodies(placement, addresses)
     assert bodies[0].to_json() == {"peers": {"1": "127.0.0.1:7001"}, "hold_ranks": [1],
                                    "send_to": [1]}
-    assert sidecars.placement_bodies(placement, addresses) == {
-        r: b.to_json() for r, b in bodies.items()}
     for rank, (script, _) in enumerate(two):
         script.answer("/peers", bodies[rank].to_json())
     sidecars.deliver_placement(placement, addresses, TOKEN)
@@ -179,18 +177,3 @@ def test_the_placement_is_delivered_as_typed_bodies_and_refusals_are_counted(
         sidecars.deliver_placement(placement, addresses, TOKEN)
     assert (err.value.failed, err.value.total) == (1, 2)
     assert str(err.value).startswith("rank 1: /peers answered 400")
-
-
-def test_the_untyped_calls_still_answer_json_documents(two: list[tuple[Scripted, int]]) -> None:
-    for script, _ in two:
-        script.answer("/inventory", INVENTORY.to_json())
-    targets = _targets(two)
-    ip, port = targets[0]
-    assert sidecars.call(ip, port, "/inventory", TOKEN) == INVENTORY.to_json()
-    assert sidecars.call_all(targets, "/inventory", TOKEN, {}) == {
-        0: INVENTORY.to_json(), 1: INVENTORY.to_json()}
-    silent = _closed_port()
-    with pytest.raises(SidecarError, match=f"rank 5: 127.0.0.1:{silent}/inventory"):
-        sidecars.call_all({**targets, 5: ("127.0.0.1", silent)}, "/inventory", TOKEN, {})
-    with pytest.raises(SidecarError, match=f"127.0.0.1:{silent}/status unreachable"):
-        sidecars.call("127.0.0.1", silent, "/status", TOKEN)

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gemini.control.inventory import Inventory
 from gemini_operator.calls.poller import placement_holders, replica_coverage
 from gemini_operator.calls.sidecars import DeliveryError, SidecarAddress, deliver_placement
 from gemini_operator.core.observed import (
@@ -19,6 +20,7 @@ from gemini_operator.core.observed import (
 )
 from gemini_operator.core.status import JobStatus, ReplicaCoverage
 from gemini_operator.runtime.metrics import OperatorMetrics
+from tests.unit.operator.builders import inventory
 
 ACTED = datetime(2026, 11, 29, 18, 0, 10, tzinfo=UTC)
 # Ring placement of 4 ranks, m = 2: rank r's shard is held by r and r + 1.
@@ -26,16 +28,12 @@ HOLDERS = {r: [r, (r + 1) % 4] for r in range(4)}
 
 
 def _inventory(rank: int, local: dict[int, bool], replicas: dict[tuple[int, int], bool]
-               ) -> dict[str, Any]:
+               ) -> Inventory:
     """A sidecar's GET /inventory: its own versions, and (rank, version) held for peers."""
-    return {
-        "local": [{"rank": rank, "version": v, "complete": c} for v, c in local.items()],
-        "replicas": [{"rank": r, "version": v, "complete": c}
-                     for (r, v), c in replicas.items()],
-    }
+    return inventory(rank, local.items(), [(r, v, c) for (r, v), c in replicas.items()])
 
 
-def _ring(version: int, skip: frozenset[int] = frozenset()) -> dict[int, dict[str, Any]]:
+def _ring(version: int, skip: frozenset[int] = frozenset()) -> dict[int, Inventory]:
     """Every rank holds `version` of its own shard and of its left neighbour's, except the
     replicas held for the ranks in `skip`."""
     return {r: _inventory(r, {version: True},
@@ -63,7 +61,8 @@ def test_coverage_is_taken_at_the_step_most_shards_have_fully_replicated() -> No
 
 
 def test_nothing_held_is_zero_coverage_of_every_shard() -> None:
-    assert replica_coverage({r: {} for r in range(4)}, HOLDERS) == ReplicaCoverage(0, 4, None)
+    assert replica_coverage({r: inventory(r) for r in range(4)}, HOLDERS) == ReplicaCoverage(
+        0, 4, None)
     assert replica_coverage({}, {}) == ReplicaCoverage(0, 0, None)
 
 
