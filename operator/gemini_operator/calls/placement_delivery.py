@@ -9,11 +9,11 @@ without their part).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any
 
 from gemini.control.auth import Bearer
 from gemini.control.inventory import Inventory
 from gemini.control.messages import Peers
+from gemini.domain.placement import Placement
 from gemini_operator.calls.sidecars import (
     DELIVERY_TIMEOUT_SECONDS,
     DeliveryError,
@@ -23,8 +23,6 @@ from gemini_operator.calls.sidecars import (
 )
 from gemini_operator.core.observed import PodView
 from gemini_operator.core.render import RenderConfig
-
-Placement = Mapping[str, Any]  # a status.placement document
 
 
 def sidecar_addresses(pods: Mapping[int, PodView], ports: RenderConfig

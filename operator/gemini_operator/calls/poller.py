@@ -129,13 +129,6 @@ def replica_coverage(inventories: Mapping[int, Inventory],
     return best
 
 
-def placement_holders(placement: Mapping[str, Any] | None) -> dict[int, list[int]] | None:
-    """rank -> holders, from a status.placement document (None without one)."""
-    if not placement or not isinstance(placement.get("holders"), Mapping):
-        return None
-    return {int(r): [int(h) for h in hs] for r, hs in placement["holders"].items()}
-
-
 def progress_of(beats: Mapping[int, Heartbeat | None], now: datetime,
                 previous: Progress | None) -> Progress | None:
     """The job's newest step and since when it has been the newest (from the trainers'
@@ -228,8 +221,8 @@ class CheckpointPoller:
         self._redeliver(job, status, pods, typed, token)
         epoch = _launch_epoch(status)
         previous = before.progress if before is not None and before.epoch == epoch else None
-        holders = placement_holders(status.placement)
-        coverage = (replica_coverage(typed, holders) if holders is not None
+        placement = status.placement
+        coverage = (replica_coverage(typed, placement.layout.holders) if placement is not None
                     else old.replica_coverage)
         progress = self._progress(pods, typed, token, previous)
         checkpoint = replace(old, in_memory_step=step if step is not None else
@@ -290,17 +283,16 @@ class CheckpointPoller:
                    inventories: Mapping[int, Inventory], token: Bearer) -> None:
         """Give restarted sidecars their part of the current placement again."""
         placement = status.placement
-        if not placement or placement.get("nodes") != {
-                str(r): p.node_name for r, p in sorted(pods.items())}:
+        if placement is None or not placement.on({r: p.node_name for r, p in pods.items()}):
             return  # ranks moved: the reconcile delivers the new placement to everyone
         ports = self.config.render
-        stale = placement_delivery.stale_ranks(placement, pods, ports, inventories)
+        stale = placement_delivery.stale_ranks(placement.layout, pods, ports, inventories)
         if not stale:
             return
         log.info("re-delivering the placement of %s/%s to the restarted sidecars of ranks %s",
                  job.namespace, job.name, stale)
         try:
-            placement_delivery.deliver(placement, pods, ports, token, ranks=stale)
+            placement_delivery.deliver(placement.layout, pods, ports, token, ranks=stale)
         except DeliveryError as err:
             log.warning("re-delivering the placement of %s/%s: %s", job.namespace, job.name,
                         err)

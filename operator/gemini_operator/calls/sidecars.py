@@ -45,6 +45,7 @@ from gemini.control.transfers import (
     RestoreRequest,
     TransferRunning,
 )
+from gemini.domain.placement import Placement
 
 TIMEOUT_SECONDS = 5.0
 # POST /peers is answered at once by a live sidecar; a silent one (a cut-off node) must not
@@ -391,20 +392,16 @@ def persist_and_commit(targets: Mapping[int, Target], token: Bearer, version: in
 
 # -- placement -------------------------------------------------------------------------------
 
-def peers_bodies(placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress],
+def peers_bodies(placement: Placement, addresses: Mapping[int, SidecarAddress],
                  ) -> dict[int, Peers]:
-    """Each rank's POST /peers body from a status.placement document."""
-    holders = {int(r): [int(h) for h in hs] for r, hs in placement["holders"].items()}
-    held_by: dict[int, list[int]] = {r: [] for r in holders}
-    for rank, rank_holders in holders.items():
-        for peer in rank_holders[1:]:
-            held_by[peer].append(rank)
+    """Each rank's POST /peers body: whose shards it holds, whom it sends its own to, and
+    where those peers listen."""
     bodies = {}
-    for rank in holders:
-        send_to, hold = holders[rank][1:], sorted(held_by[rank])
+    for rank in placement.ranks:
+        send_to, hold = placement.sends_to(rank), tuple(sorted(placement.receives_from(rank)))
         peers = {r: f"{addresses[r].ip}:{addresses[r].peer_port}"
                  for r in sorted(set(send_to) | set(hold))}
-        bodies[rank] = Peers(peers, tuple(hold), tuple(send_to))
+        bodies[rank] = Peers(peers, hold, send_to)
     return bodies
 
 
@@ -419,7 +416,7 @@ def deliver_peers(addresses: Mapping[int, SidecarAddress], bodies: Mapping[int, 
 
 
 def deliver_placement(
-    placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress], token: Bearer,
+    placement: Placement, addresses: Mapping[int, SidecarAddress], token: Bearer,
     timeout: float = TIMEOUT_SECONDS,
 ) -> None:
     """POST every rank's part of `placement` to its sidecar, in parallel; raise DeliveryError

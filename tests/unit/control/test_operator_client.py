@@ -22,6 +22,7 @@ from gemini.control.transfers import (
     RestoreRequest,
     TransferRunning,
 )
+from gemini.domain.placement import mixed_placement
 from gemini_operator.calls import sidecars
 from gemini_operator.calls.sidecars import DeliveryError, SidecarAddress, SidecarError
 from tests.unit.control.server import Scripted, serve
@@ -159,7 +160,7 @@ def test_persist_goes_to_every_rank_before_the_lowest_commits(
 def test_the_placement_is_delivered_as_typed_bodies_and_refusals_are_counted(
     two: list[tuple[Scripted, int]],
 ) -> None:
-    placement = {"holders": {"0": [0, 1], "1": [1, 0]}}
+    placement = mixed_placement(2, 2)
     addresses = {r: SidecarAddress(r, "127.0.0.1", port, 7000 + r)
                  for r, (_, port) in enumerate(two)}
     bodies = sidecars.peers_bodies(placement, addresses)

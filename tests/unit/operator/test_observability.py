@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from gemini.control.inventory import Inventory
-from gemini_operator.calls.poller import placement_holders, replica_coverage
+from gemini.domain.placement import Placement
+from gemini_operator.calls.poller import replica_coverage
 from gemini_operator.calls.sidecars import DeliveryError, SidecarAddress, deliver_placement
 from gemini_operator.core.observed import (
     detection_lags,
@@ -67,8 +68,12 @@ def test_nothing_held_is_zero_coverage_of_every_shard() -> None:
 
 
 def test_holders_come_from_the_published_placement() -> None:
-    assert placement_holders({"holders": {"0": [0, 1], "1": [1, 0]}}) == {0: [0, 1], 1: [1, 0]}
-    assert placement_holders(None) is None and placement_holders({"groups": []}) is None
+    published = {"replicas": 2, "strategy": "group", "reason": "", "groups": [[0, 1]],
+                 "holders": {"0": [0, 1], "1": [1, 0]}, "restartAttempt": 0,
+                 "nodes": {"0": "n0", "1": "n1"}}
+    assert JobStatus.from_dict({"placement": published}).placement.layout.holders == {
+        0: (0, 1), 1: (1, 0)}
+    assert JobStatus.from_dict({}).placement is None
 
 
 def test_coverage_round_trips_through_the_status_document() -> None:
@@ -165,7 +170,8 @@ def closed_port() -> int:
 def test_delivery_tries_every_sidecar_and_says_how_many_did_not_answer(closed_port: int
                                                                       ) -> None:
     addresses = {r: SidecarAddress(r, "127.0.0.1", closed_port, 7000 + r) for r in range(4)}
-    placement = {"holders": {str(r): HOLDERS[r] for r in range(4)}}
+    placement = Placement(2, ((0, 1, 2, 3),), {r: tuple(HOLDERS[r]) for r in range(4)}, "mixed",
+                          "a ring of 4")
     with pytest.raises(DeliveryError) as err:
         deliver_placement(placement, addresses, "token", timeout=1.0)
     assert (err.value.failed, err.value.total) == (4, 4)
