@@ -259,7 +259,7 @@ class CheckpointPoller:
                            previous)
 
     def _lost_nodes(self, key: JobKey, pods: Mapping[int, PodView],
-                    answering: Mapping[int, Any]) -> frozenset[str]:
+                    answering: Mapping[int, Inventory]) -> frozenset[str]:
         """Nodes whose pods fell silent as only a lost node's do (silence.py), presumed lost
         in the cache so that every reconcile sees them not ready."""
         tracker = self._silence.setdefault(key, SilenceTracker())

@@ -19,12 +19,13 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from gemini.control.auth import Bearer
 from gemini.control.client import ControlClient, ControlError
 from gemini.control.inventory import (
     MAX_RELAYED,
+    InventoriesAnswer,
     InventoriesRequest,
     Inventory,
     relayed_answer_bytes,
@@ -46,6 +47,8 @@ from gemini.control.transfers import (
     TransferRunning,
 )
 from gemini.domain.placement import Placement
+from gemini_operator.core.observed import PodView
+from gemini_operator.core.render import RenderConfig
 
 TIMEOUT_SECONDS = 5.0
 # POST /peers is answered at once by a live sidecar; a silent one (a cut-off node) must not
@@ -199,9 +202,8 @@ def _per_rank(request: R | Mapping[int, R]) -> Callable[[int], R]:
     return lambda rank: request
 
 
-def worker_ports(pods: Mapping[int, Any], ports: Any) -> dict[int, list[Target]]:
-    """Each pod's sidecar API and launcher address (`pods`: PodViews, `ports`: a
-    RenderConfig)."""
+def worker_ports(pods: Mapping[int, PodView], ports: RenderConfig) -> dict[int, list[Target]]:
+    """Each pod's sidecar API and launcher address."""
     return {r: [(p.ip, ports.sidecar_api_port), (p.ip, ports.launcher_port)]
             for r, p in pods.items()}
 
@@ -275,10 +277,10 @@ def relay_batches(ranks: Sequence[int], min_batch: int = MIN_BATCH) -> list[list
 
 
 def _relay_ask(batches: Sequence[Sequence[int]], targets: Mapping[int, Target],
-               timeout: float) -> Callable[[int, ControlClient], Any]:
+               timeout: float) -> Callable[[int, ControlClient], InventoriesAnswer]:
     by_relay = {b[0]: b for b in batches}
 
-    def ask(rank: int, client: ControlClient) -> Any:
+    def ask(rank: int, client: ControlClient) -> InventoriesAnswer:
         others = {r: f"{targets[r][0]}:{targets[r][1]}" for r in by_relay[rank][1:]}
         client.max_answer_bytes = relayed_answer_bytes(len(others))
         return client.inventories(InventoriesRequest(others, round(timeout * RELAY_SHARE, 3)))

@@ -24,6 +24,7 @@ from gemini_operator.core.observed import PodView, pod_view
 from gemini_operator.core.outcome import RecoveryWait, S3Unreadable
 from gemini_operator.core.records import LaunchRecord
 from gemini_operator.core.spec import Persistence
+from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import JobView
 
 log = logging.getLogger(__name__)
@@ -182,5 +183,5 @@ class WorkerCalls:
 
 def _recorded_persisted_step(job: JobView) -> int | None:
     """status.checkpoint.persistedStep: the newest step the operator saw this job commit."""
-    step = ((job.status or {}).get("checkpoint") or {}).get("persistedStep")
+    step = JobStatus.from_dict(job.status).checkpoint.persisted_step
     return step if isinstance(step, int) and not isinstance(step, bool) else None
