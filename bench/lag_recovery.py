@@ -271,6 +271,7 @@ class World:
     def lose(self, node: int) -> tuple[Verdict, list[dict[str, Any]]]:
         """Freeze every copy (trainers stopped, relays shut), plan the loss of `node` as the
         operator would, and of every other node as a second sample; then go on."""
+        from gemini.control.inventory import Inventory
         from gemini.domain.recovery import plan_recovery
         from gemini_operator.calls.worker_calls import inventory_copies
 
@@ -285,7 +286,7 @@ class World:
             self.relay.resume()
         plans = {}
         for lost in range(WORLD):
-            survivors = {r: d for r, d in docs.items() if r != lost}
+            survivors = {r: Inventory.from_json(d) for r, d in docs.items() if r != lost}
             plans[lost] = plan_recovery(REPLICAS, self.placement, [lost], [lost],
                                         inventory_copies(survivors), [])
         plan = plans[node]

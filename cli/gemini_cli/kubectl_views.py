@@ -12,13 +12,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gemini.domain.placement import Machine, Placement, PlacementError, domain_spread
+from gemini.domain.placement import Machine, Placement, domain_spread
 from gemini.domain.probability import recovery_probability
 from gemini.domain.recovery import RecoveryPlan, ShardCopy, plan_recovery
 from gemini_cli import CliError
 from gemini_cli.output import format_table
 from gemini_operator.core import naming
 from gemini_operator.core.observed import RACK_LABEL, ZONE_LABEL
+from gemini_operator.core.records import PlacementRecord
 
 PERSIST_ANNOTATION = "gemini.io/persist-requested"
 FINISHED_STATES = ("Succeeded", "Failed")
@@ -387,7 +388,7 @@ def _render_recoveries(recoveries: Mapping[str, Any]) -> list[str]:
 # --- plan -----------------------------------------------------------------------------------
 
 
-def job_placement(job: JobInfo) -> Placement:
+def job_placement(job: JobInfo) -> PlacementRecord:
     """The placement the job runs under (status.placement), or an error saying why not."""
     raw = job.status.get("placement")
     if job.suspended:
@@ -400,17 +401,14 @@ def job_placement(job: JobInfo) -> Placement:
             f"geminijob {job.name} has no placement yet: the operator publishes status.placement "
             "once every worker pod is scheduled (check `kubectl gemini status`)")
     try:
-        return Placement.from_dict(raw)
-    except PlacementError as err:
+        return PlacementRecord.from_json(raw)
+    except ValueError as err:  # PlacementError among them
         raise CliError(f"geminijob {job.name} has an unreadable status.placement: {err}") from err
 
 
-def rank_nodes(
-    placement: Placement, raw_placement: Mapping[str, Any], workers: Mapping[int, WorkerInfo]
-) -> dict[int, str]:
+def rank_nodes(placement: PlacementRecord, workers: Mapping[int, WorkerInfo]) -> dict[int, str]:
     """Where each rank runs now: its current pod's node, else where the placement put it."""
-    placed_on = {int(r): str(n) for r, n in (raw_placement.get("nodes") or {}).items()}
-    return {r: _node_of(r, workers, placed_on) for r in placement.ranks}
+    return {r: _node_of(r, workers, placement.nodes) for r in placement.layout.ranks}
 
 
 def plan_report(
@@ -422,8 +420,8 @@ def plan_report(
 ) -> dict[str, Any]:
     """What would happen if the requested domains failed now, and how likely random node
     failures are to be recoverable from memory under the job's actual placement."""
-    placement = job_placement(job)
-    on = rank_nodes(placement, job.status["placement"], workers)
+    record = job_placement(job)
+    placement, on = record.layout, rank_nodes(record, workers)
     machines = [Machine(r, on[r], _label(nodes, on[r], "zone"), _label(nodes, on[r], "rack"))
                 for r in placement.ranks]
     report: dict[str, Any] = {

@@ -188,6 +188,10 @@ class Inventory:
         """Every shard copy this sidecar holds: its own slots, then the replicas."""
         return (*self.local, *self.replicas)
 
+    def complete_copies(self) -> set[tuple[int, int]]:
+        """(shard rank, version) of every copy held complete, own or replica."""
+        return {(c.rank, c.version) for c in self.copies() if c.complete}
+
 
 @dataclass(frozen=True)
 class InventoriesRequest:

@@ -28,7 +28,7 @@ from gemini_local.controlplane import binaries_dir
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.cluster.status_store import StatusStore
 from gemini_operator.core import naming
-from gemini_operator.core.decide import placement_document
+from gemini_operator.core.decide import placement_record
 from gemini_operator.core.observed import node_view, pod_view
 from gemini_operator.core.spec import parse_spec
 from tests.fixtures.nodes import LocalCluster, wait_until
@@ -228,7 +228,8 @@ def _placement(api: client.ApiClient, job: dict[str, Any], namespace: str) -> di
                                  for x in core.list_node().items)}
     current: Any = client.CustomObjectsApi(api).get_namespaced_custom_object(
         naming.GROUP, naming.VERSION, namespace, naming.PLURAL, job["metadata"]["name"])
-    return placement_document(parse_spec(current["spec"], "gemini:test"), views, nodes, 0)
+    return placement_record(parse_spec(current["spec"], "gemini:test"), views, nodes,
+                            0).to_json()
 
 
 def _status(placement: dict[str, Any]) -> dict[str, Any]:

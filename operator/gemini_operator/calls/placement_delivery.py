@@ -9,10 +9,11 @@ without their part).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any
 
 from gemini.control.auth import Bearer
+from gemini.control.inventory import Inventory
 from gemini.control.messages import Peers
+from gemini.domain.placement import Placement
 from gemini_operator.calls.sidecars import (
     DELIVERY_TIMEOUT_SECONDS,
     DeliveryError,
@@ -22,8 +23,6 @@ from gemini_operator.calls.sidecars import (
 )
 from gemini_operator.core.observed import PodView
 from gemini_operator.core.render import RenderConfig
-
-Placement = Mapping[str, Any]  # a status.placement document
 
 
 def sidecar_addresses(pods: Mapping[int, PodView], ports: RenderConfig
@@ -50,27 +49,16 @@ def deliver(
 
 
 def stale_ranks(placement: Placement, pods: Mapping[int, PodView], ports: RenderConfig,
-                inventories: Mapping[int, Mapping[str, Any]]) -> list[int]:
+                inventories: Mapping[int, Inventory]) -> list[int]:
     """The ranks whose sidecar reports a placement other than its part of `placement`."""
     bodies = peers_bodies(placement, sidecar_addresses(pods, ports))
     return sorted(stale_placements(inventories, bodies))
 
 
-def stale_placements(inventories: Mapping[int, Mapping[str, Any]],
+def stale_placements(inventories: Mapping[int, Inventory],
                      bodies: Mapping[int, Peers]) -> dict[int, Peers]:
     """The /peers bodies of the sidecars whose placement is not the delivered one. A sidecar
     that restarted (its container crashed) starts without one: it would neither send its own
     shard to its holders nor accept its peers' replicas, so their coverage would stay lost."""
-    stale: dict[int, Peers] = {}
-    for rank, doc in inventories.items():
-        want = bodies.get(rank)
-        if want is None:
-            continue
-        try:
-            have = Peers.from_json(doc.get("placement") or {}, "/inventory answer placement")
-        except ValueError:  # a placement we cannot read is not the delivered one
-            stale[rank] = want
-            continue
-        if not have.same_ranks(want):
-            stale[rank] = want
-    return stale
+    return {rank: bodies[rank] for rank, inventory in inventories.items()
+            if rank in bodies and not inventory.placement.same_ranks(bodies[rank])}

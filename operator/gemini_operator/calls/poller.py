@@ -28,6 +28,7 @@ from typing import Any
 
 from gemini.control.auth import Bearer
 from gemini.control.inventory import Inventory
+from gemini.control.launcher import Progress as Heartbeat
 from gemini_operator.calls import placement_delivery, sidecars
 from gemini_operator.calls.sidecars import (
     DeliveryError,
@@ -98,29 +99,27 @@ def workers_to_poll(job_uid: str, status: JobStatus, pods: Mapping[int, PodView]
             and not p.terminal and not p.training_done}
 
 
-def complete_in_memory(inventories: Mapping[int, Mapping[str, Any]], ranks: Sequence[int]
+def complete_in_memory(inventories: Mapping[int, Inventory], ranks: Sequence[int]
                        ) -> int | None:
     """The newest version every rank holds complete in its own memory (None: no such one)."""
     common: set[int] | None = None
     for rank in ranks:
-        doc = inventories.get(rank) or {}
-        versions = {int(e["version"]) for e in doc.get("local") or () if e.get("complete")}
+        inventory = inventories.get(rank)
+        versions = inventory.complete_versions() if inventory is not None else set()
         common = versions if common is None else common & versions
     return max(common) if common else None
 
 
-def replica_coverage(inventories: Mapping[int, Mapping[str, Any]],
+def replica_coverage(inventories: Mapping[int, Inventory],
                      holders: Mapping[int, Sequence[int]]) -> ReplicaCoverage:
     """How many of the shards have every copy the placement asks for (`holders`: rank -> the
     ranks holding its shard, itself first) complete in memory, at the step where the most do
     (the newest on a tie). A holder missing from `inventories` (it did not answer) counts as
     missing its copies."""
     held: dict[tuple[int, int], set[int]] = {}  # (shard rank, step) -> holders complete
-    for holder, doc in inventories.items():
-        for entry in [*(doc.get("local") or ()), *(doc.get("replicas") or ())]:
-            if entry.get("complete"):
-                key = (int(entry["rank"]), int(entry["version"]))
-                held.setdefault(key, set()).add(holder)
+    for holder, inventory in inventories.items():
+        for key in inventory.complete_copies():
+            held.setdefault(key, set()).add(holder)
     best = ReplicaCoverage(0, len(holders))
     for step in sorted({v for _, v in held}):
         complete = sum(1 for rank, hs in holders.items()
@@ -130,24 +129,17 @@ def replica_coverage(inventories: Mapping[int, Mapping[str, Any]],
     return best
 
 
-def placement_holders(placement: Mapping[str, Any] | None) -> dict[int, list[int]] | None:
-    """rank -> holders, from a status.placement document (None without one)."""
-    if not placement or not isinstance(placement.get("holders"), Mapping):
-        return None
-    return {int(r): [int(h) for h in hs] for r, hs in placement["holders"].items()}
-
-
-def progress_of(statuses: Mapping[int, Mapping[str, Any]], now: datetime,
+def progress_of(beats: Mapping[int, Heartbeat | None], now: datetime,
                 previous: Progress | None) -> Progress | None:
-    """The job's newest step and since when it has been the newest (from launcher heartbeats)."""
-    beats: list[Mapping[str, Any]] = [s["progress"] for s in statuses.values()
-                                      if isinstance(s.get("progress"), dict)]
-    if not beats:
+    """The job's newest step and since when it has been the newest (from the trainers'
+    heartbeats, by rank; None: that rank's trainer sent none yet)."""
+    known = [b for b in beats.values() if b is not None]
+    if not known:
         return previous
-    step = max(int(b["step"]) for b in beats)
+    step = max(b.step for b in known)
     if previous is not None and previous.step == step:
         return previous
-    age = min(float(b.get("age_s", 0.0)) for b in beats if int(b["step"]) == step)
+    age = min(b.age_s for b in known if b.step == step)
     return Progress(step, now - timedelta(seconds=age))
 
 
@@ -220,18 +212,17 @@ class CheckpointPoller:
         typed, silent = sidecars.inventories_each(
             {r: (p.ip, ports.sidecar_api_port) for r, p in pods.items()}, token,
             POLL_TIMEOUT_SECONDS)
-        inventories = {r: inventory.to_json() for r, inventory in typed.items()}
         lost = self._lost_nodes(key, pods, typed)
         if silent:
             log.debug("inventory of %s/%s: %s", job.namespace, job.name, silent[:3])
             step = old.in_memory_step
         else:
-            step = complete_in_memory(inventories, sorted(pods))
-        self._redeliver(job, status, pods, inventories, token)
+            step = complete_in_memory(typed, sorted(pods))
+        self._redeliver(job, status, pods, typed, token)
         epoch = _launch_epoch(status)
         previous = before.progress if before is not None and before.epoch == epoch else None
-        holders = placement_holders(status.placement)
-        coverage = (replica_coverage(inventories, holders) if holders is not None
+        placement = status.placement
+        coverage = (replica_coverage(typed, placement.layout.holders) if placement is not None
                     else old.replica_coverage)
         progress = self._progress(pods, typed, token, previous)
         checkpoint = replace(old, in_memory_step=step if step is not None else
@@ -255,9 +246,8 @@ class CheckpointPoller:
         trainers' heartbeats (one call per pod a poll), else (a sidecar that does not read
         the heartbeat, or did not answer) from every launcher."""
         if len(inventories) == len(pods) and all(i.heartbeat for i in inventories.values()):
-            beats = {r: {"progress": None if i.progress is None else i.progress.to_json()}
-                     for r, i in inventories.items()}
-            return progress_of(beats, self._clock(), previous)
+            return progress_of({r: i.progress for r, i in inventories.items()}, self._clock(),
+                               previous)
         ports = self.config.render
         try:
             statuses = sidecars.launcher_statuses(
@@ -265,11 +255,11 @@ class CheckpointPoller:
                 POLL_TIMEOUT_SECONDS)
         except SidecarError:
             return previous
-        return progress_of({r: s.to_json() for r, s in statuses.items()}, self._clock(),
+        return progress_of({r: s.progress for r, s in statuses.items()}, self._clock(),
                            previous)
 
     def _lost_nodes(self, key: JobKey, pods: Mapping[int, PodView],
-                    answering: Mapping[int, Any]) -> frozenset[str]:
+                    answering: Mapping[int, Inventory]) -> frozenset[str]:
         """Nodes whose pods fell silent as only a lost node's do (silence.py), presumed lost
         in the cache so that every reconcile sees them not ready."""
         tracker = self._silence.setdefault(key, SilenceTracker())
@@ -290,20 +280,19 @@ class CheckpointPoller:
         return frozenset(lost)
 
     def _redeliver(self, job: JobView, status: JobStatus, pods: Mapping[int, PodView],
-                   inventories: Mapping[int, Mapping[str, Any]], token: Bearer) -> None:
+                   inventories: Mapping[int, Inventory], token: Bearer) -> None:
         """Give restarted sidecars their part of the current placement again."""
         placement = status.placement
-        if not placement or placement.get("nodes") != {
-                str(r): p.node_name for r, p in sorted(pods.items())}:
+        if placement is None or not placement.on({r: p.node_name for r, p in pods.items()}):
             return  # ranks moved: the reconcile delivers the new placement to everyone
         ports = self.config.render
-        stale = placement_delivery.stale_ranks(placement, pods, ports, inventories)
+        stale = placement_delivery.stale_ranks(placement.layout, pods, ports, inventories)
         if not stale:
             return
         log.info("re-delivering the placement of %s/%s to the restarted sidecars of ranks %s",
                  job.namespace, job.name, stale)
         try:
-            placement_delivery.deliver(placement, pods, ports, token, ranks=stale)
+            placement_delivery.deliver(placement.layout, pods, ports, token, ranks=stale)
         except DeliveryError as err:
             log.warning("re-delivering the placement of %s/%s: %s", job.namespace, job.name,
                         err)

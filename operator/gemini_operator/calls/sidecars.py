@@ -5,8 +5,7 @@ Typed calls, one per API call, each to every rank given in parallel: `inventorie
 `committed_steps` (the first of a job's sidecars to answer),
 and the placement (`peers_bodies`, `deliver_peers`, `deliver_placement`). The order they must
 come in (placement before fetches, memory before restarts, persist before commit) is stated
-in gemini.control. The untyped `call` and `call_all` (JSON dicts) remain for call sites
-not moved yet. Addresses are pod IPs, which work with or without cluster DNS.
+in gemini.control. Addresses are pod IPs, which work with or without cluster DNS.
 
 Every timeout here is a call's whole deadline (gemini.control.client.ControlClient): a worker that
 answers a byte at a time is cut off at it, and answers are size-capped and strictly parsed,
@@ -20,12 +19,13 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from gemini.control.auth import Bearer
 from gemini.control.client import ControlClient, ControlError
 from gemini.control.inventory import (
     MAX_RELAYED,
+    InventoriesAnswer,
     InventoriesRequest,
     Inventory,
     relayed_answer_bytes,
@@ -46,6 +46,9 @@ from gemini.control.transfers import (
     RestoreRequest,
     TransferRunning,
 )
+from gemini.domain.placement import Placement
+from gemini_operator.core.observed import PodView
+from gemini_operator.core.render import RenderConfig
 
 TIMEOUT_SECONDS = 5.0
 # POST /peers is answered at once by a live sidecar; a silent one (a cut-off node) must not
@@ -199,9 +202,8 @@ def _per_rank(request: R | Mapping[int, R]) -> Callable[[int], R]:
     return lambda rank: request
 
 
-def worker_ports(pods: Mapping[int, Any], ports: Any) -> dict[int, list[Target]]:
-    """Each pod's sidecar API and launcher address (`pods`: PodViews, `ports`: a
-    RenderConfig)."""
+def worker_ports(pods: Mapping[int, PodView], ports: RenderConfig) -> dict[int, list[Target]]:
+    """Each pod's sidecar API and launcher address."""
     return {r: [(p.ip, ports.sidecar_api_port), (p.ip, ports.launcher_port)]
             for r, p in pods.items()}
 
@@ -275,10 +277,10 @@ def relay_batches(ranks: Sequence[int], min_batch: int = MIN_BATCH) -> list[list
 
 
 def _relay_ask(batches: Sequence[Sequence[int]], targets: Mapping[int, Target],
-               timeout: float) -> Callable[[int, ControlClient], Any]:
+               timeout: float) -> Callable[[int, ControlClient], InventoriesAnswer]:
     by_relay = {b[0]: b for b in batches}
 
-    def ask(rank: int, client: ControlClient) -> Any:
+    def ask(rank: int, client: ControlClient) -> InventoriesAnswer:
         others = {r: f"{targets[r][0]}:{targets[r][1]}" for r in by_relay[rank][1:]}
         client.max_answer_bytes = relayed_answer_bytes(len(others))
         return client.inventories(InventoriesRequest(others, round(timeout * RELAY_SHARE, 3)))
@@ -392,20 +394,16 @@ def persist_and_commit(targets: Mapping[int, Target], token: Bearer, version: in
 
 # -- placement -------------------------------------------------------------------------------
 
-def peers_bodies(placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress],
+def peers_bodies(placement: Placement, addresses: Mapping[int, SidecarAddress],
                  ) -> dict[int, Peers]:
-    """Each rank's POST /peers body from a status.placement document."""
-    holders = {int(r): [int(h) for h in hs] for r, hs in placement["holders"].items()}
-    held_by: dict[int, list[int]] = {r: [] for r in holders}
-    for rank, rank_holders in holders.items():
-        for peer in rank_holders[1:]:
-            held_by[peer].append(rank)
+    """Each rank's POST /peers body: whose shards it holds, whom it sends its own to, and
+    where those peers listen."""
     bodies = {}
-    for rank in holders:
-        send_to, hold = holders[rank][1:], sorted(held_by[rank])
+    for rank in placement.ranks:
+        send_to, hold = placement.sends_to(rank), tuple(sorted(placement.receives_from(rank)))
         peers = {r: f"{addresses[r].ip}:{addresses[r].peer_port}"
                  for r in sorted(set(send_to) | set(hold))}
-        bodies[rank] = Peers(peers, tuple(hold), tuple(send_to))
+        bodies[rank] = Peers(peers, hold, send_to)
     return bodies
 
 
@@ -420,7 +418,7 @@ def deliver_peers(addresses: Mapping[int, SidecarAddress], bodies: Mapping[int, 
 
 
 def deliver_placement(
-    placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress], token: Bearer,
+    placement: Placement, addresses: Mapping[int, SidecarAddress], token: Bearer,
     timeout: float = TIMEOUT_SECONDS,
 ) -> None:
     """POST every rank's part of `placement` to its sidecar, in parallel; raise DeliveryError
@@ -429,33 +427,3 @@ def deliver_placement(
     errors = deliver_peers(addresses, bodies, token, timeout)
     if errors:
         raise DeliveryError(errors, len(bodies))
-
-
-def placement_bodies(
-    placement: Mapping[str, Any], addresses: Mapping[int, SidecarAddress],
-) -> dict[int, dict[str, Any]]:
-    """`peers_bodies` as JSON documents (for call sites not moved to the typed bodies)."""
-    return {r: body.to_json() for r, body in peers_bodies(placement, addresses).items()}
-
-
-# -- untyped calls (JSON dicts), kept while call sites move to the typed ones -----------------
-
-def call(
-    ip: str, port: int, path: str, token: Bearer, body: Mapping[str, Any] | None = None,
-    timeout: float = TIMEOUT_SECONDS,
-) -> dict[str, Any]:
-    """One JSON request to a sidecar or launcher (GET without a body, POST with one); the
-    answer's JSON object. Raises SidecarError naming the address and what it answered."""
-    try:
-        return ControlClient(ip, port, token, timeout).call_json(path, body)
-    except ControlError as err:
-        raise SidecarError(str(err)) from err
-
-
-def call_all(
-    targets: Mapping[int, tuple[str, int]], path: str, token: Bearer,
-    bodies: Mapping[int, Mapping[str, Any] | None], timeout: float = TIMEOUT_SECONDS,
-) -> dict[int, dict[str, Any]]:
-    """`call` for every rank in parallel; raise one SidecarError naming every failure."""
-    return every(targets, token, lambda r, c: c.call_json(path, bodies.get(r)), timeout)
-

@@ -8,14 +8,14 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from gemini.control.auth import Bearer
 from gemini.control.client import ControlError
+from gemini.control.inventory import Inventory
 from gemini.control.launcher import RestartRequest
 from gemini.domain.recovery import ShardCopy
 from gemini_operator.calls import sidecars
-from gemini_operator.calls.sidecars import INVENTORY_TIMEOUT_SECONDS, call_all
+from gemini_operator.calls.sidecars import INVENTORY_TIMEOUT_SECONDS
 from gemini_operator.calls.tokens import JobTokens
 from gemini_operator.cluster.cache import Snapshot
 from gemini_operator.cluster.kube import KubeClient
@@ -24,6 +24,7 @@ from gemini_operator.core.observed import PodView, pod_view
 from gemini_operator.core.outcome import RecoveryWait, S3Unreadable
 from gemini_operator.core.records import LaunchRecord
 from gemini_operator.core.spec import Persistence
+from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import JobView
 
 log = logging.getLogger(__name__)
@@ -64,16 +65,11 @@ def launch_record(
     )
 
 
-def inventory_copies(inventories: Mapping[int, Mapping[str, Any]]) -> list[ShardCopy]:
+def inventory_copies(inventories: Mapping[int, Inventory]) -> list[ShardCopy]:
     """Every shard copy the sidecars report (own shard in shm and replicas held for peers)."""
-    copies = []
-    for holder, doc in sorted(inventories.items()):
-        for entry in [*(doc.get("local") or ()), *(doc.get("replicas") or ())]:
-            copies.append(ShardCopy(
-                rank=int(entry["rank"]), version=int(entry["version"]), holder=holder,
-                complete=bool(entry.get("complete")), checksum=str(entry.get("checksum", "")),
-            ))
-    return copies
+    return [ShardCopy(rank=c.rank, version=c.version, holder=holder, complete=c.complete,
+                      checksum=str(c.checksum))
+            for holder, inventory in sorted(inventories.items()) for c in inventory.copies()]
 
 
 class WorkerCalls:
@@ -136,17 +132,15 @@ class WorkerCalls:
         return {r: s.epoch for r, s in states.items()}
 
     def inventories(self, pods: Mapping[int, PodView], token: Bearer
-                    ) -> tuple[dict[int, dict[str, Any]], list[str]]:
+                    ) -> tuple[dict[int, Inventory], list[str]]:
         """The inventories that answer within INVENTORY_TIMEOUT_SECONDS (checked; batched for
         a large job, as the poller asks), and who did not."""
-        typed, silent = sidecars.inventories_each(self.sidecars(pods), token,
-                                                  INVENTORY_TIMEOUT_SECONDS)
-        return {r: inventory.to_json() for r, inventory in typed.items()}, silent
+        return sidecars.inventories_each(self.sidecars(pods), token, INVENTORY_TIMEOUT_SECONDS)
 
     def all_inventories(self, pods: Mapping[int, PodView], token: Bearer
-                        ) -> dict[int, dict[str, Any]]:
+                        ) -> dict[int, Inventory]:
         """Every sidecar's inventory (raises SidecarError when one does not answer)."""
-        return call_all(self.sidecars(pods), "/inventory", token, {}, INVENTORY_TIMEOUT_SECONDS)
+        return sidecars.inventories(self.sidecars(pods), token, INVENTORY_TIMEOUT_SECONDS)
 
     # --- S3 ---------------------------------------------------------------------------------
 
@@ -189,5 +183,5 @@ class WorkerCalls:
 
 def _recorded_persisted_step(job: JobView) -> int | None:
     """status.checkpoint.persistedStep: the newest step the operator saw this job commit."""
-    step = ((job.status or {}).get("checkpoint") or {}).get("persistedStep")
+    step = JobStatus.from_dict(job.status).checkpoint.persisted_step
     return step if isinstance(step, int) and not isinstance(step, bool) else None

@@ -5,13 +5,13 @@ itself: the actions, the new status and the events to send after the write.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gemini.domain.recovery import FailureKind
 from gemini_operator.core.events import Event
 from gemini_operator.core.failures import RankFailure
+from gemini_operator.core.records import PlacementRecord
 from gemini_operator.core.spares import HoldSpares
 from gemini_operator.core.spec import JobSpec
 from gemini_operator.core.status import JobStatus
@@ -50,7 +50,12 @@ class DeletePods:
 class DeliverPlacement:
     """Tell every sidecar whose shards it holds and where its peers are."""
 
-    placement: Mapping[str, Any]
+    record: PlacementRecord
+
+    @property
+    def placement(self) -> dict[str, Any]:
+        """The placement as published in status (a delivery is known by it)."""
+        return self.record.to_json()
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
 
 from gemini.domain.placement import Machine, Placement, domain_aware_placement, mixed_placement
 from gemini_operator.core import children, queueing, render, spares
@@ -44,6 +43,7 @@ from gemini_operator.core.draft import Draft, Step, current_pods, delete_active,
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.observed import NodeView, PodView
 from gemini_operator.core.queueing import WorkloadView
+from gemini_operator.core.records import PlacementRecord
 from gemini_operator.core.spares import HoldSpares
 from gemini_operator.core.spec import (
     JobSpec,
@@ -239,12 +239,11 @@ def _placement(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft
     current = current_pods(observed, draft.status.restart_attempt)
     if len(current) < spec.num_nodes or any(not p.node_name for p in current.values()):
         return False
-    nodes = {str(r): p.node_name for r, p in sorted(current.items())}
     old = draft.status.placement
-    if old is None or old.get("nodes") != nodes:
-        doc = placement_document(spec, current, observed.nodes, draft.status.restart_attempt)
-        draft.status = draft.status.with_changes(placement=doc)
-        draft.events.append(Event.of(EventReason.PLACEMENT_COMPUTED, str(doc["reason"])))
+    if old is None or not old.on({r: p.node_name for r, p in current.items()}):
+        new = placement_record(spec, current, observed.nodes, draft.status.restart_attempt)
+        draft.status = draft.status.with_changes(placement=new)
+        draft.events.append(Event.of(EventReason.PLACEMENT_COMPUTED, new.layout.reason))
         draft.set(cond.PLACEMENT_PENDING, ranks=spec.num_nodes)
     placement = draft.status.placement
     if (placement is not None and not draft.is_true(ConditionType.PLACEMENT_DELIVERED)
@@ -278,10 +277,10 @@ def _running(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: 
     return True
 
 
-def placement_document(
+def placement_record(
     spec: JobSpec, pods: Mapping[int, PodView], nodes: Mapping[str, NodeView], attempt: int,
-) -> dict[str, Any]:
-    """The placement for the scheduled workers, as status.placement stores it."""
+) -> PlacementRecord:
+    """The placement for the scheduled workers (status.placement)."""
     replicas = spec.checkpoint.replicas
     if spec.checkpoint.placement is PlacementStrategy.MIXED:
         placement = mixed_placement(spec.num_nodes, replicas)
@@ -289,10 +288,7 @@ def placement_document(
         machines = [_machine(rank, pod.node_name, nodes.get(pod.node_name))
                     for rank, pod in sorted(pods.items())]
         placement = domain_aware_placement(machines, replicas)
-    doc = placement.to_dict()
-    doc["restartAttempt"] = attempt
-    doc["nodes"] = {str(r): p.node_name for r, p in sorted(pods.items())}
-    return doc
+    return PlacementRecord(placement, attempt, {r: p.node_name for r, p in pods.items()})
 
 
 def peer_assignment(

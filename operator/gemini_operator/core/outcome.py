@@ -9,6 +9,7 @@ from typing import Any
 
 from gemini_operator.core.conditions import Condition
 from gemini_operator.core.events import Event
+from gemini_operator.core.records import LastRecovery
 
 
 class RecoveryWait(Exception):
@@ -31,7 +32,7 @@ class Outcome:
     status: dict[str, Any] = field(default_factory=dict)
     requeue_after: float | None = None
     events: list[Event] = field(default_factory=list)
-    finished: Mapping[str, Any] | None = None  # the lastRecovery document when one finished
+    finished: LastRecovery | None = None  # status.lastRecovery when a recovery finished
     unrecoverable: tuple[str, str] | None = None  # (cause, why): the job fails
     conditions: list[Condition] = field(default_factory=list)  # set on top of the decided
 

@@ -1,4 +1,5 @@
-"""Typed status records of training and recovery: status.launch, status.recovery and its plan.
+"""Typed status records of training and recovery: status.launch, status.recovery and its plan,
+status.placement, status.lastRecovery and status.spares.
 
 Each record reads and writes exactly the JSON the CRD's status schema describes (the kubectl
 plugin and a restarted operator read it). The plan is built from the domain's RecoveryPlan.
@@ -11,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from gemini.control.strict import Fields, is_int
+from gemini.domain.placement import Placement
 from gemini.domain.recovery import MODE_S3, RankSource, RecoveryPlan
 
 MODE_FRESH = "fresh"  # nothing to restore (training never started or never checkpointed)
@@ -194,3 +197,125 @@ class RecoveryRecord:
             lost_ranks=tuple(int(r) for r in plan.get("lostRanks") or ()),
             plan=PlanRecord.from_dict(plan) if "mode" in plan else None,
         )
+
+
+@dataclass(frozen=True)
+class PlacementRecord:
+    """status.placement: who holds each rank's shard (`layout`), published for one attempt,
+    and the node each rank was on when it was computed (a rank that moves gets a new one)."""
+
+    layout: Placement
+    restart_attempt: int
+    nodes: Mapping[int, str]
+
+    def on(self, nodes: Mapping[int, str]) -> bool:
+        """Whether the ranks are still on the nodes this placement was computed for."""
+        return dict(self.nodes) == dict(nodes)
+
+    def moved_to(self, nodes: Mapping[int, str]) -> PlacementRecord:
+        """The same holders, the ranks now on `nodes` (replacements took over their shards)."""
+        return replace(self, nodes=dict(nodes))
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.layout.to_dict(), "restartAttempt": self.restart_attempt,
+                "nodes": {str(r): node for r, node in sorted(self.nodes.items())}}
+
+    @classmethod
+    def from_json(cls, doc: object) -> PlacementRecord:
+        f = Fields(doc, "status.placement")
+        layout = Placement(
+            replicas=f.integer("replicas", 1),
+            groups=tuple(_rank_list(f, "groups", g) for g in _list(f, "groups")),
+            holders={r: _rank_list(f, f"holders.{r}", h) for r, h in f.by_rank("holders").items()},
+            strategy=f.string("strategy"), reason=f.opt_string("reason") or "")
+        nodes = f.by_rank("nodes")
+        for rank, node in nodes.items():
+            if not isinstance(node, str):
+                raise f.fail(f"nodes.{rank}", "a node name", node)
+        return cls(layout, f.integer("restartAttempt", 0), nodes)
+
+
+def _list(f: Fields, key: str) -> list[Any]:
+    value = f.raw(key)
+    if not isinstance(value, list):
+        raise f.fail(key, "a list", value)
+    return value
+
+
+def _rank_list(f: Fields, name: str, value: object) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(is_int(r) and r >= 0 for r in value):
+        raise f.fail(name, "a list of ranks (integers >= 0)", value)
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class LastRecovery:
+    """status.lastRecovery: how the last recovery (or resume) went, kept until the next."""
+
+    cause: str  # a FailureKind value, or RESUME
+    message: str
+    source: str  # PlanRecord.source_word
+    failed_ranks: tuple[int, ...]
+    steps_lost: int
+    start_time: str | None
+    detected_at: str | None
+    completion_time: str
+    duration_seconds: float  # rounded to milliseconds
+    duration_milliseconds: int  # truncated
+    epoch: int
+    breakdown: Mapping[str, float]  # seconds spent in each phase
+    restored_step: int | None = None  # None: a fresh start
+
+    @property
+    def restored(self) -> int | str:
+        """The step restored, as the RecoveryFinished condition words it."""
+        return "none (fresh start)" if self.restored_step is None else self.restored_step
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {
+            "cause": self.cause, "message": self.message, "source": self.source,
+            "failedRanks": list(self.failed_ranks), "stepsLost": self.steps_lost,
+            "startTime": self.start_time, "detectedAt": self.detected_at,
+            "completionTime": self.completion_time,
+            "durationSeconds": self.duration_seconds,
+            "durationMilliseconds": self.duration_milliseconds,
+            "epoch": self.epoch, "breakdown": dict(self.breakdown),
+        }
+        if self.restored_step is not None:
+            doc["restoredStep"] = self.restored_step
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: object) -> LastRecovery:
+        f = Fields(doc, "status.lastRecovery")
+        breakdown = f.obj("breakdown")
+        return cls(
+            cause=f.string("cause"), message=f.string("message"), source=f.string("source"),
+            failed_ranks=f.ranks("failedRanks"), steps_lost=f.integer("stepsLost", 0),
+            start_time=f.opt_string("startTime"), detected_at=f.opt_string("detectedAt"),
+            completion_time=f.string("completionTime"),
+            duration_seconds=f.number("durationSeconds"),
+            duration_milliseconds=f.integer("durationMilliseconds", 0), epoch=f.integer("epoch", 0),
+            breakdown={phase: breakdown.number(phase) for phase in f.raw("breakdown")},
+            restored_step=f.opt_integer("restoredStep"))
+
+
+@dataclass(frozen=True)
+class SparesRecord:
+    """status.spares: how many spare nodes are wanted and held, which, and why not all."""
+
+    desired: int
+    ready: int  # placeholders running on Ready nodes
+    nodes: tuple[str, ...]  # the nodes those hold
+    reason: str  # Held, Creating or NoFreeNode
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"desired": self.desired, "ready": self.ready, "nodes": list(self.nodes),
+                "reason": self.reason, "message": self.message}
+
+    @classmethod
+    def from_json(cls, doc: object) -> SparesRecord:
+        f = Fields(doc, "status.spares")
+        return cls(f.integer("desired", 0), f.integer("ready", 0), f.strings("nodes"),
+                   f.string("reason"), f.string("message"))

@@ -23,6 +23,7 @@ from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.node_affinity import avoiding_nodes
 from gemini_operator.core.observed import NodeView, condition_true, controller_uid
 from gemini_operator.core.pod_template import merged
+from gemini_operator.core.records import SparesRecord
 from gemini_operator.core.render import (
     JobRef,
     RenderConfig,
@@ -82,7 +83,7 @@ class HoldSpares:
 @dataclass(frozen=True)
 class SpareDecision:
     action: HoldSpares | None
-    status: dict[str, Any] | None  # status.spares; None when the job holds no spares
+    status: SparesRecord | None  # None when the job holds no spares
     events: tuple[Event, ...] = ()
 
 
@@ -175,7 +176,7 @@ def spare_pod(job: JobRef, spec: JobSpec, index: int, config: RenderConfig) -> M
 def decide_spares(
     job: JobRef, spec: JobSpec, config: RenderConfig, spares: Mapping[int, SpareView],
     nodes: Mapping[str, NodeView], *, active: bool, workers_placed: bool,
-    old: Mapping[str, Any] | None,
+    old: SparesRecord | None,
 ) -> SpareDecision:
     """What to do about the placeholders of a job. `active`: the job runs (not finished,
     suspended or invalid); `workers_placed`: every worker has a node, so placeholders are made
@@ -204,7 +205,7 @@ def decide_spares(
 
 
 def spare_status(desired: int, spares: Mapping[int, SpareView],
-                 nodes: Mapping[str, NodeView]) -> dict[str, Any]:
+                 nodes: Mapping[str, NodeView]) -> SparesRecord:
     """status.spares: how many spare nodes are wanted and held, which, and why not all."""
     held = sorted(s.node_name for s in spares.values() if _holds(s, nodes) and s.index < desired)
     waiting = sorted((s for s in spares.values() if s.index < desired and s.unschedulable
@@ -217,8 +218,7 @@ def spare_status(desired: int, spares: Mapping[int, SpareView],
                    f"free node: {waiting[0].unschedulable}")
     else:
         reason, message = "Creating", f"{len(held)} of {desired} spare nodes held; starting"
-    return {"desired": desired, "ready": len(held), "nodes": held, "reason": reason,
-            "message": message[:MESSAGE_LIMIT]}
+    return SparesRecord(desired, len(held), tuple(held), reason, message[:MESSAGE_LIMIT])
 
 
 def spare_nodes(spares: Mapping[int, SpareView], nodes: Mapping[str, NodeView]) -> list[str]:
@@ -265,12 +265,12 @@ def _holds(spare: SpareView, nodes: Mapping[str, NodeView]) -> bool:
             and node is not None and node.ready)
 
 
-def _events(old: Mapping[str, Any] | None, new: Mapping[str, Any] | None) -> list[Event]:
+def _events(old: SparesRecord | None, new: SparesRecord | None) -> list[Event]:
     """An event when the spares become held, or a placeholder finds no free node."""
-    if new is None or (old or {}).get("reason") == new["reason"]:
+    if new is None or (old is not None and old.reason == new.reason):
         return []
-    if new["reason"] == "Held" and new["desired"]:
-        return [Event.of(EventReason.SPARES_HELD, str(new["message"]))]
-    if new["reason"] == "NoFreeNode":
-        return [Event.of(EventReason.SPARES_UNSCHEDULABLE, str(new["message"]))]
+    if new.reason == "Held" and new.desired:
+        return [Event.of(EventReason.SPARES_HELD, new.message)]
+    if new.reason == "NoFreeNode":
+        return [Event.of(EventReason.SPARES_UNSCHEDULABLE, new.message)]
     return []

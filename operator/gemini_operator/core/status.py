@@ -6,12 +6,20 @@ them decides whether a reconcile writes at all (only what changed is written).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from gemini_operator.core.conditions import Condition, state_of
-from gemini_operator.core.records import LaunchRecord, RecoveryRecord
+from gemini_operator.core.records import (
+    LastRecovery,
+    LaunchRecord,
+    PlacementRecord,
+    RecoveryRecord,
+    SparesRecord,
+)
+
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -125,13 +133,12 @@ class JobStatus:
     restart_attempt: int = 0
     workers: WorkerCounts = field(default_factory=WorkerCounts)
     checkpoint: CheckpointStatus = field(default_factory=CheckpointStatus)
-    # Owned by placement and recovery; kept as the documents the CRD describes.
-    placement: Mapping[str, Any] | None = None
-    last_recovery: Mapping[str, Any] | None = None
-    # The training epoch the launchers run and the recovery under way (records.py).
-    launch: LaunchRecord | None = None
-    recovery: RecoveryRecord | None = None
-    spares: Mapping[str, Any] | None = None  # placeholder pods holding spare nodes (spares.py)
+    # Owned by placement, training and recovery (records.py).
+    placement: PlacementRecord | None = None
+    last_recovery: LastRecovery | None = None
+    launch: LaunchRecord | None = None  # the training epoch the launchers run
+    recovery: RecoveryRecord | None = None  # the recovery under way
+    spares: SparesRecord | None = None  # placeholder pods holding spare nodes (spares.py)
 
     def with_changes(self, **changes: Any) -> JobStatus:
         return replace(self, **changes)
@@ -149,14 +156,14 @@ class JobStatus:
         for key, value in (
             ("startTime", self.start_time),
             ("completionTime", self.completion_time),
-            ("placement", self.placement),
-            ("lastRecovery", self.last_recovery),
+            ("placement", self.placement.to_json() if self.placement else None),
+            ("lastRecovery", self.last_recovery.to_json() if self.last_recovery else None),
             ("launch", self.launch.to_dict() if self.launch else None),
             ("recovery", self.recovery.to_dict() if self.recovery else None),
-            ("spares", self.spares),
+            ("spares", self.spares.to_json() if self.spares else None),
         ):
             if value is not None:
-                out[key] = dict(value) if isinstance(value, Mapping) else value
+                out[key] = value
         return out
 
     @staticmethod
@@ -186,12 +193,17 @@ class JobStatus:
                 interval_reason=checkpoint.get("intervalReason"),
                 replication_lag_steps=checkpoint.get("replicationLagSteps"),
             ),
-            placement=raw.get("placement"),
-            last_recovery=raw.get("lastRecovery"),
+            placement=_read(PlacementRecord.from_json, raw.get("placement")),
+            last_recovery=_read(LastRecovery.from_json, raw.get("lastRecovery")),
             launch=LaunchRecord.from_dict(raw["launch"]) if raw.get("launch") else None,
             recovery=RecoveryRecord.from_dict(raw["recovery"]) if raw.get("recovery") else None,
-            spares=raw.get("spares"),
+            spares=_read(SparesRecord.from_json, raw.get("spares")),
         )
+
+
+def _read(record: Callable[[object], R], doc: object) -> R | None:
+    """The record of a status field (None where the status has none)."""
+    return None if doc is None else record(doc)
 
 
 def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any] | None:

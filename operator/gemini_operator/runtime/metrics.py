@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gemini_operator.core.conditions import State
+from gemini_operator.core.records import LastRecovery
 from gemini_operator.core.status import CheckpointStatus, ReplicaCoverage
 
 JobKey = tuple[str, str]
@@ -117,15 +116,14 @@ class OperatorMetrics:
         # dict while another job's first (or last) reconcile may add (or remove) its entry.
         self._states_lock = threading.Lock()
 
-    def observe_recovery(self, last: Mapping[str, Any]) -> None:
-        """Count a finished recovery (a status.lastRecovery document)."""
-        self.recoveries_done.labels(cause=str(last.get("cause", "")),
-                                    source=str(last.get("source", ""))).inc()
-        self.recovery_seconds.observe(float(last.get("durationSeconds", 0.0)))
-        self.steps_lost.inc(int(last.get("stepsLost", 0)))
-        self.downtime.inc(float(last.get("durationSeconds", 0.0)))
-        for phase, seconds in (last.get("breakdown") or {}).items():
-            self.recovery_phase_seconds.labels(phase=str(phase)).observe(float(seconds))
+    def observe_recovery(self, last: LastRecovery) -> None:
+        """Count a finished recovery (status.lastRecovery)."""
+        self.recoveries_done.labels(cause=last.cause, source=last.source).inc()
+        self.recovery_seconds.observe(last.duration_seconds)
+        self.steps_lost.inc(last.steps_lost)
+        self.downtime.inc(last.duration_seconds)
+        for phase, seconds in last.breakdown.items():
+            self.recovery_phase_seconds.labels(phase=phase).observe(seconds)
 
     def replica_coverage(self, key: JobKey, coverage: ReplicaCoverage | None) -> None:
         """Export a job's replica coverage; None (the job is gone, or nothing is known yet)

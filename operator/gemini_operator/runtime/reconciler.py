@@ -223,8 +223,8 @@ class Reconciler:
             if outcome.finished is not None:
                 conditions = upsert(conditions, RECOVERY_FINISHED.condition(
                     api_time(self._clock()), job.generation,
-                    cause=outcome.finished.get("message") or outcome.finished.get("cause"),
-                    step=outcome.finished.get("restoredStep", "none (fresh start)")))
+                    cause=outcome.finished.message or outcome.finished.cause,
+                    step=outcome.finished.restored))
                 self.metrics.observe_recovery(outcome.finished)
             if outcome.unrecoverable is not None:
                 cause, why = outcome.unrecoverable
@@ -412,7 +412,8 @@ class Reconciler:
             raise RuntimeError(f"the peer-auth Secret of {job.namespace}/{job.name} is missing")
 
         def deliver() -> int:
-            return placement_delivery.deliver(action.placement, pods, self.config.render, token)
+            return placement_delivery.deliver(action.record.layout, pods, self.config.render,
+                                              token)
 
         self.sidecar_calls.start(key, what, deliver)
 

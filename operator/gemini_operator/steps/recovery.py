@@ -28,7 +28,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from gemini.domain.placement import Placement
 from gemini.domain.recovery import FailureKind, RecoveryPlan, plan_recovery
 from gemini_operator.calls.sidecars import SidecarError, refusing, worker_ports
 from gemini_operator.calls.worker_calls import inventory_copies
@@ -139,7 +138,7 @@ class RecoveryExecutor(PhaseExecutor):
         lost = set(record.lost_ranks)
         if status.placement is None or status.launch is None:
             return _fresh(lost, "training had not started")
-        placement = Placement.from_dict(status.placement)
+        placement = status.placement.layout
         pods = self.calls.listed(job, status.restart_attempt)
         live = {r: p for r, p in pods.items() if r not in lost and p.ip and not p.deleting}
         # A sidecar that does not answer holds nothing we can count on (its node may be cut

@@ -21,7 +21,13 @@ from gemini_operator.core.conditions import RECOVERY_FINISHED
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.observed import PodView
 from gemini_operator.core.outcome import Keep, Outcome, RecoveryWait, kept
-from gemini_operator.core.records import RESUME, SUPERSEDED, PlanRecord, RecoveryRecord
+from gemini_operator.core.records import (
+    RESUME,
+    SUPERSEDED,
+    LastRecovery,
+    PlanRecord,
+    RecoveryRecord,
+)
 from gemini_operator.core.spec import JobSpec
 from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import JobView, ReconcileConfig
@@ -87,7 +93,7 @@ class Restorer:
         if plan.mode != MODE_MEMORY:
             return
         if plan.replace_ranks and status.placement is not None:
-            placement_delivery.deliver(status.placement, pods, self.calls.ports, token,
+            placement_delivery.deliver(status.placement.layout, pods, self.calls.ports, token,
                                        timeout=TIMEOUT_SECONDS)
         peers = plan.peer_sources()
         if peers:
@@ -124,29 +130,20 @@ class Restorer:
         duration = self._clock().timestamp() - record.started_unix
         marks = {**record.marks, "restarting": round(duration, 3)}
         source = plan.source_word
-        last: dict[str, Any] = {
-            "cause": record.kind,
-            "message": record.cause[:4096],
-            "source": source,
-            "failedRanks": list(record.failed_ranks),
-            "stepsLost": plan.steps_lost,
-            "startTime": record.started_at,
-            "detectedAt": record.detected_at,
-            "completionTime": api_time(self._clock()),
-            "durationSeconds": round(duration, 3),
-            "durationMilliseconds": int(duration * 1000),
-            "epoch": record.epoch,
-            "breakdown": breakdown(marks),
-        }
-        if plan.version is not None:
-            last["restoredStep"] = plan.version
-        new_status: dict[str, Any] = {"lastRecovery": last, "recovery": None}
+        last = LastRecovery(
+            cause=record.kind, message=record.cause[:4096], source=source,
+            failed_ranks=record.failed_ranks, steps_lost=plan.steps_lost,
+            start_time=record.started_at, detected_at=record.detected_at,
+            completion_time=api_time(self._clock()), duration_seconds=round(duration, 3),
+            duration_milliseconds=int(duration * 1000), epoch=record.epoch,
+            breakdown=breakdown(marks), restored_step=plan.version)
+        new_status: dict[str, Any] = {"lastRecovery": last.to_json(), "recovery": None}
         if status.launch is not None:
             new_status["launch"] = launch_record(record.epoch, status.restart_attempt, pods,
                                                  self.calls.ports, job.uid).to_dict()
         if status.placement is not None and plan.replace_ranks:
-            new_status["placement"] = {**status.placement, "nodes": {
-                str(r): p.node_name for r, p in sorted(pods.items())}}
+            new_status["placement"] = status.placement.moved_to(
+                {r: p.node_name for r, p in pods.items()}).to_json()
         if record.kind == RESUME:
             event = Event.of(EventReason.RESUMED_FROM_CHECKPOINT, (
                 f"resumed after the suspend from step {plan.version} committed to S3 "

@@ -5,6 +5,7 @@ pods are deleted afterwards whatever happened); events say what was kept and wha
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from gemini_operator.calls.poller import complete_in_memory
@@ -58,9 +59,8 @@ class SuspendSaver:
             return Outcome(events=[Event.of(EventReason.SUSPEND_CHECKPOINT_FAILED, (
                 f"could not persist the checkpoint in memory (step {in_memory}) before "
                 f"deleting the pods: {err}; {kept}")[:1024])])
-        checkpoint = {**status.checkpoint.to_dict(), "persistedStep": version,
-                      "persistedTime": api_time(self._clock())}
-        checkpoint.pop("persistError", None)
-        return Outcome(status={"checkpoint": checkpoint}, events=[Event.of(
+        checkpoint = replace(status.checkpoint, persisted_step=version,
+                             persisted_time=api_time(self._clock()), persist_error=None)
+        return Outcome(status={"checkpoint": checkpoint.to_dict()}, events=[Event.of(
             EventReason.SUSPEND_CHECKPOINT_SAVED, f"persisted and committed step {version} "
             "before deleting the pods: resume restores it")])

@@ -22,6 +22,7 @@ from gemini.control.transfers import (
     RestoreRequest,
     TransferRunning,
 )
+from gemini.domain.placement import mixed_placement
 from gemini_operator.calls import sidecars
 from gemini_operator.calls.sidecars import DeliveryError, SidecarAddress, SidecarError
 from tests.unit.control.server import Scripted, serve
@@ -159,14 +160,12 @@ def test_persist_goes_to_every_rank_before_the_lowest_commits(
 def test_the_placement_is_delivered_as_typed_bodies_and_refusals_are_counted(
     two: list[tuple[Scripted, int]],
 ) -> None:
-    placement = {"holders": {"0": [0, 1], "1": [1, 0]}}
+    placement = mixed_placement(2, 2)
     addresses = {r: SidecarAddress(r, "127.0.0.1", port, 7000 + r)
                  for r, (_, port) in enumerate(two)}
     bodies = sidecars.peers_bodies(placement, addresses)
     assert bodies[0].to_json() == {"peers": {"1": "127.0.0.1:7001"}, "hold_ranks": [1],
                                    "send_to": [1]}
-    assert sidecars.placement_bodies(placement, addresses) == {
-        r: b.to_json() for r, b in bodies.items()}
     for rank, (script, _) in enumerate(two):
         script.answer("/peers", bodies[rank].to_json())
     sidecars.deliver_placement(placement, addresses, TOKEN)
@@ -179,18 +178,3 @@ def test_the_placement_is_delivered_as_typed_bodies_and_refusals_are_counted(
         sidecars.deliver_placement(placement, addresses, TOKEN)
     assert (err.value.failed, err.value.total) == (1, 2)
     assert str(err.value).startswith("rank 1: /peers answered 400")
-
-
-def test_the_untyped_calls_still_answer_json_documents(two: list[tuple[Scripted, int]]) -> None:
-    for script, _ in two:
-        script.answer("/inventory", INVENTORY.to_json())
-    targets = _targets(two)
-    ip, port = targets[0]
-    assert sidecars.call(ip, port, "/inventory", TOKEN) == INVENTORY.to_json()
-    assert sidecars.call_all(targets, "/inventory", TOKEN, {}) == {
-        0: INVENTORY.to_json(), 1: INVENTORY.to_json()}
-    silent = _closed_port()
-    with pytest.raises(SidecarError, match=f"rank 5: 127.0.0.1:{silent}/inventory"):
-        sidecars.call_all({**targets, 5: ("127.0.0.1", silent)}, "/inventory", TOKEN, {})
-    with pytest.raises(SidecarError, match=f"127.0.0.1:{silent}/status unreachable"):
-        sidecars.call("127.0.0.1", silent, "/status", TOKEN)

@@ -311,6 +311,10 @@ def test_fetch_replicas_answer_tells_whether_every_rank_came() -> None:
     assert [(c.rank, c.version) for c in INVENTORY.copies()] == [(0, 7), (0, 8), (2, 7)]
 
 
+def test_an_inventory_names_the_shard_copies_it_holds_complete() -> None:
+    assert INVENTORY.complete_copies() == {(0, 7), (2, 7)}  # its step 8 is still being written
+
+
 def test_a_placement_is_the_same_when_it_holds_and_sends_to_the_same_ranks() -> None:
     assert PEERS.same_ranks(Peers({}, (2,), (1,)))
     assert not PEERS.same_ranks(Peers(PEERS.peers, (2,), (3,)))

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 from typing import Any
 
+from gemini.control.inventory import Inventory, LocalCopy, MemoryUse, ReplicaCopy, Sending
+from gemini.control.messages import Peers
 from gemini_operator.core import naming
 
 
@@ -56,3 +59,16 @@ class JobBuilder:
 
 def make_job(name: str = "train", namespace: str = "default") -> JobBuilder:
     return JobBuilder(name, namespace)
+
+
+def inventory(rank: int, local: Iterable[tuple[int, bool]] = (),
+              replicas: Iterable[tuple[int, int, bool]] = (), checksum: int = 0,
+              placement: Peers | None = None) -> Inventory:
+    """A sidecar's GET /inventory: its own (version, complete) slots and the (shard rank,
+    version, complete) replicas it holds; the rest as an idle sidecar sends it."""
+    return Inventory(
+        job="train", rank=rank, world_size=4,
+        local=tuple(LocalCopy(rank, v, c, 0, checksum) for v, c in local),
+        replicas=tuple(ReplicaCopy(r, v, c, 0, 0, checksum) for r, v, c in replicas),
+        sending=Sending("interleaved", -1, 0, True, None, ""), memory=MemoryUse(0, 0),
+        placement=placement or Peers({}, (), ()))

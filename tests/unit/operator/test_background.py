@@ -12,11 +12,13 @@ from typing import Any
 
 import pytest
 
+from gemini.domain.placement import mixed_placement
 from gemini_operator.calls.background import BackgroundCalls, Finished, Running
 from gemini_operator.calls.sidecars import DELIVERY_TIMEOUT_SECONDS
 from gemini_operator.cluster.cache import ClusterCache, Snapshot
 from gemini_operator.core.actions import DeliverPlacement
 from gemini_operator.core.observed import PodView
+from gemini_operator.core.records import PlacementRecord
 from gemini_operator.core.render import RenderConfig
 from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import JobView, ReconcileConfig
@@ -86,7 +88,7 @@ def test_a_silent_sidecar_does_not_hold_the_reconcile(silent_sidecar: int) -> No
     pod = PodView(name="job-worker-0", rank=0, attempt=0, uid="p", phase="Running",
                   ip="127.0.0.1")
     snap = Snapshot(job={}, pods={0: pod}, nodes={})
-    action = DeliverPlacement({"holders": {"0": [0]}})
+    action = DeliverPlacement(PlacementRecord(mixed_placement(1, 1), 0, {0: ""}))
 
     call = _Call(decided=JobStatus())
     started = time.monotonic()

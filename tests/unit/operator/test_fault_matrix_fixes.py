@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from gemini.control.inventory import Inventory
+from gemini.control.messages import Peers
+from gemini.domain.placement import mixed_placement
 from gemini_operator.calls.placement_delivery import stale_placements
 from gemini_operator.calls.sidecars import SidecarAddress, peers_bodies
+from tests.unit.operator.builders import inventory
 
 ADDRESSES = {r: SidecarAddress(r, f"10.0.0.{r}", 7071, 7070) for r in range(4)}
-PLACEMENT = {"holders": {"0": [0, 1], "1": [1, 0], "2": [2, 3], "3": [3, 2]}}
+PLACEMENT = mixed_placement(4, 2)  # groups {0, 1} and {2, 3}
 
 
-def _inventory(hold: list[int], send: list[int]) -> dict[str, Any]:
-    return {"placement": {"peers": {}, "hold_ranks": hold, "send_to": send}}
+def _inventory(hold: list[int], send: list[int]) -> Inventory:
+    return inventory(0, placement=Peers({}, tuple(hold), tuple(send)))
 
 
 def test_a_restarted_sidecar_without_its_placement_gets_it_again() -> None:

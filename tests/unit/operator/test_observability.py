@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from gemini_operator.calls.poller import placement_holders, replica_coverage
+from gemini.control.inventory import Inventory
+from gemini.domain.placement import Placement
+from gemini_operator.calls.poller import replica_coverage
 from gemini_operator.calls.sidecars import DeliveryError, SidecarAddress, deliver_placement
 from gemini_operator.core.observed import (
     detection_lags,
@@ -19,6 +21,7 @@ from gemini_operator.core.observed import (
 )
 from gemini_operator.core.status import JobStatus, ReplicaCoverage
 from gemini_operator.runtime.metrics import OperatorMetrics
+from tests.unit.operator.builders import inventory
 
 ACTED = datetime(2026, 11, 29, 18, 0, 10, tzinfo=UTC)
 # Ring placement of 4 ranks, m = 2: rank r's shard is held by r and r + 1.
@@ -26,16 +29,12 @@ HOLDERS = {r: [r, (r + 1) % 4] for r in range(4)}
 
 
 def _inventory(rank: int, local: dict[int, bool], replicas: dict[tuple[int, int], bool]
-               ) -> dict[str, Any]:
+               ) -> Inventory:
     """A sidecar's GET /inventory: its own versions, and (rank, version) held for peers."""
-    return {
-        "local": [{"rank": rank, "version": v, "complete": c} for v, c in local.items()],
-        "replicas": [{"rank": r, "version": v, "complete": c}
-                     for (r, v), c in replicas.items()],
-    }
+    return inventory(rank, local.items(), [(r, v, c) for (r, v), c in replicas.items()])
 
 
-def _ring(version: int, skip: frozenset[int] = frozenset()) -> dict[int, dict[str, Any]]:
+def _ring(version: int, skip: frozenset[int] = frozenset()) -> dict[int, Inventory]:
     """Every rank holds `version` of its own shard and of its left neighbour's, except the
     replicas held for the ranks in `skip`."""
     return {r: _inventory(r, {version: True},
@@ -63,13 +62,18 @@ def test_coverage_is_taken_at_the_step_most_shards_have_fully_replicated() -> No
 
 
 def test_nothing_held_is_zero_coverage_of_every_shard() -> None:
-    assert replica_coverage({r: {} for r in range(4)}, HOLDERS) == ReplicaCoverage(0, 4, None)
+    assert replica_coverage({r: inventory(r) for r in range(4)}, HOLDERS) == ReplicaCoverage(
+        0, 4, None)
     assert replica_coverage({}, {}) == ReplicaCoverage(0, 0, None)
 
 
 def test_holders_come_from_the_published_placement() -> None:
-    assert placement_holders({"holders": {"0": [0, 1], "1": [1, 0]}}) == {0: [0, 1], 1: [1, 0]}
-    assert placement_holders(None) is None and placement_holders({"groups": []}) is None
+    published = {"replicas": 2, "strategy": "group", "reason": "", "groups": [[0, 1]],
+                 "holders": {"0": [0, 1], "1": [1, 0]}, "restartAttempt": 0,
+                 "nodes": {"0": "n0", "1": "n1"}}
+    assert JobStatus.from_dict({"placement": published}).placement.layout.holders == {
+        0: (0, 1), 1: (1, 0)}
+    assert JobStatus.from_dict({}).placement is None
 
 
 def test_coverage_round_trips_through_the_status_document() -> None:
@@ -166,7 +170,8 @@ def closed_port() -> int:
 def test_delivery_tries_every_sidecar_and_says_how_many_did_not_answer(closed_port: int
                                                                       ) -> None:
     addresses = {r: SidecarAddress(r, "127.0.0.1", closed_port, 7000 + r) for r in range(4)}
-    placement = {"holders": {str(r): HOLDERS[r] for r in range(4)}}
+    placement = Placement(2, ((0, 1, 2, 3),), {r: tuple(HOLDERS[r]) for r in range(4)}, "mixed",
+                          "a ring of 4")
     with pytest.raises(DeliveryError) as err:
         deliver_placement(placement, addresses, "token", timeout=1.0)
     assert (err.value.failed, err.value.total) == (4, 4)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
+from gemini.control.inventory import Inventory, LocalCopy, ReplicaCopy
+from gemini.control.launcher import Progress as Heartbeat
 from gemini.domain.placement import mixed_placement
 from gemini.domain.recovery import FailureKind, plan_recovery
 from gemini_operator.calls.poller import complete_in_memory, progress_of
@@ -18,7 +20,7 @@ from gemini_operator.core.render import RenderConfig
 from gemini_operator.core.spec import parse_spec
 from gemini_operator.core.status import JobStatus
 from gemini_operator.steps.restore import breakdown
-from tests.unit.operator.builders import make_job
+from tests.unit.operator.builders import inventory, make_job
 from tests.unit.operator.test_decide import CONFIG, Harness, _of
 
 SPEC = parse_spec(make_job().obj()["spec"], "gemini:side")
@@ -87,10 +89,10 @@ def test_each_epoch_meets_at_rank_zeros_ip_on_its_own_port() -> None:
 def test_inventories_become_a_plan_document() -> None:
     placement = mixed_placement(4, 2)
     inventories = {
-        r: {"local": [{"rank": r, "version": v, "complete": True, "checksum": 7 + r}
-                      for v in (10, 12)],
-            "replicas": [{"rank": p, "version": 12, "complete": True, "checksum": 7 + p}
-                         for p in placement.receives_from(r)]}
+        r: replace(inventory(r),
+                   local=tuple(LocalCopy(r, v, True, 0, 7 + r) for v in (10, 12)),
+                   replicas=tuple(ReplicaCopy(p, 12, True, 0, 0, 7 + p)
+                                  for p in placement.receives_from(r)))
         for r in (0, 2, 3)
     }
     copies = inventory_copies(inventories)
@@ -136,8 +138,8 @@ def test_a_recovery_planned_again_reports_the_superseded_time_apart_from_its_pha
 
 
 def test_in_memory_step_is_the_newest_version_complete_on_every_rank() -> None:
-    def inv(*versions: tuple[int, bool]) -> dict[str, object]:
-        return {"local": [{"rank": 0, "version": v, "complete": c} for v, c in versions]}
+    def inv(*versions: tuple[int, bool]) -> Inventory:
+        return inventory(0, versions)
 
     inventories = {0: inv((4, True), (5, True)), 1: inv((4, True), (5, False))}
     assert complete_in_memory(inventories, [0, 1]) == 4
@@ -147,14 +149,13 @@ def test_in_memory_step_is_the_newest_version_complete_on_every_rank() -> None:
 
 def test_progress_keeps_its_start_while_the_step_does_not_move() -> None:
     now = datetime(2026, 11, 29, 18, 0, tzinfo=UTC)
-    statuses = {0: {"progress": {"step": 7, "age_s": 2.0}}, 1: {"progress": {"step": 6,
-                                                                            "age_s": 1.0}}}
+    statuses = {0: Heartbeat(7, 0.0, 2.0), 1: Heartbeat(6, 0.0, 1.0)}
     first = progress_of(statuses, now, None)
     assert first == Progress(7, now - timedelta(seconds=2))
     assert progress_of(statuses, now + timedelta(seconds=60), first) == first
-    moved = progress_of({0: {"progress": {"step": 8, "age_s": 0.5}}}, now, first)
+    moved = progress_of({0: Heartbeat(8, 0.0, 0.5)}, now, first)
     assert moved is not None and moved.step == 8
-    assert progress_of({0: {"progress": None}}, now, first) == first
+    assert progress_of({0: None}, now, first) == first
 
 
 def test_no_progress_for_the_hang_timeout_restarts_every_rank_in_place() -> None:

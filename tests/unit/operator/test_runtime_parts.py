@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gemini_operator.calls.sidecars import SidecarAddress, placement_bodies
+from gemini.domain.placement import mixed_placement
+from gemini_operator.calls.sidecars import SidecarAddress, peers_bodies
 from gemini_operator.cluster.cache import ClusterCache
 from gemini_operator.core import conditions as cond
 from gemini_operator.core.status import JobStatus, status_patch
@@ -154,9 +155,9 @@ def test_every_reason_is_camel_case_with_a_lower_case_message():
 
 
 def test_each_sidecar_gets_its_holds_targets_and_their_addresses():
-    placement = {"holders": {"0": [0, 1], "1": [1, 2], "2": [2, 0]}}
+    placement = mixed_placement(3, 2)  # a ring: 0 -> 1 -> 2 -> 0
     addresses = {r: SidecarAddress(r, f"10.0.0.{r}", 7071, 7070) for r in range(3)}
-    bodies = placement_bodies(placement, addresses)
+    bodies = {r: b.to_json() for r, b in peers_bodies(placement, addresses).items()}
     assert bodies[0] == {"peers": {"1": "10.0.0.1:7070", "2": "10.0.0.2:7070"},
                          "hold_ranks": [2], "send_to": [1]}
     assert bodies[2]["send_to"] == [0] and bodies[2]["hold_ranks"] == [1]
