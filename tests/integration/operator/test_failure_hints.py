@@ -21,7 +21,8 @@ from gemini_operator.cache import JobKey
 from gemini_operator.hints import HintGate, HintServer
 from gemini_operator.render import JobRef
 from gemini_trainer.failure_hint import FailureHints
-from gemini_trainer.launcher import Launcher, LauncherConfig
+from gemini_trainer.launch_config import LauncherConfig
+from gemini_trainer.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,8 @@ import time
 import pytest
 
 from gemini.control import ControlClient, ControlError, RestartRequest, RestoreOrder
-from gemini_trainer.launcher import Launcher, LauncherConfig
+from gemini_trainer.launch_config import LauncherConfig
+from gemini_trainer.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 TOKEN = "job-secret-0123456789"
