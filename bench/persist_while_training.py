@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from support.cleanup import Cleanup, cleaning_up
 from support.sidecar_procs import SidecarProc, commit_version, free_port, local_s3_env, pattern
 
-from gemini_trainer.shm import ShardSlots
+from gemini.slots.shard import ShardSlots
 
 SIZE = int(os.environ.get("BENCH_BYTES", str(1 << 30)))
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))

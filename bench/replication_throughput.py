@@ -88,7 +88,7 @@ print(time.process_time() - cpu, flush=True)
 RAW_SENDER = """
 import socket, sys, time
 sys.path[:0] = sys.argv[3:5]
-from gemini_trainer.shm import ShardSlots
+from gemini.slots.shard import ShardSlots
 path, port = sys.argv[1], int(sys.argv[2])
 slots = ShardSlots(path)
 info = slots.latest_complete()

@@ -39,7 +39,7 @@ from support.sidecar_procs import (
     wait_until,
 )
 
-from gemini_trainer.shm import ShardSlots
+from gemini.slots.shard import ShardSlots
 
 SIZE = int(os.environ.get("BENCH_BYTES", str(1 << 30)))
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))

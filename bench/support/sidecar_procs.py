@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 for extra in (ROOT, ROOT / "trainer_sidecar"):
     sys.path.insert(0, str(extra))
 
-from gemini_trainer.shm import ShardSlots, shard_path  # noqa: E402
+from gemini.slots.layout import shard_path  # noqa: E402
+from gemini.slots.shard import ShardSlots  # noqa: E402
 
 JOB = "bench"
 TOKEN = "bench-job-token-0123456789abcdef"

@@ -7,7 +7,8 @@ import logging
 from pathlib import Path
 
 from gemini_cli import COMMANDS, CliError
-from gemini_trainer.launcher import Launcher, LauncherConfig, LauncherConfigError
+from gemini_trainer.launch_config import LauncherConfig, LauncherConfigError
+from gemini_trainer.launcher import Launcher
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -114,7 +114,7 @@ def _left(deadline: float) -> float:
     return left
 
 
-class _DeadlineSocket:
+class DeadlineSocket:
     """A connected socket whose every send and receive ends by the call's deadline. A socket
     timeout alone bounds each read, and a peer sending a byte a second never trips it."""
 
@@ -141,7 +141,7 @@ class _DeadlineSocket:
 
 
 class _DeadlineReader(io.RawIOBase):
-    def __init__(self, sock: _DeadlineSocket) -> None:
+    def __init__(self, sock: DeadlineSocket) -> None:
         self._sock = sock
 
     def readable(self) -> bool:
@@ -331,7 +331,7 @@ class ControlClient:
         try:
             conn.connect()
             connected = conn.sock
-            conn.sock = _DeadlineSocket(connected, deadline)  # type: ignore[assignment]
+            conn.sock = DeadlineSocket(connected, deadline)  # type: ignore[assignment]
             self._send(conn, path, body)
             with conn.getresponse() as answer:
                 ok = 200 <= answer.status < 300

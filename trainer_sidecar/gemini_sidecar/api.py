@@ -16,7 +16,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from boto3.exceptions import Boto3Error
@@ -53,7 +53,7 @@ from gemini.control.transfers import (
     TransferRunning,
 )
 from gemini.domain.traffic import IterationTimeline
-from gemini_sidecar.app import Sidecar
+from gemini.slots.layout import SlotBusy
 from gemini_sidecar.config import (
     ConfigError,
     Placement,
@@ -61,23 +61,52 @@ from gemini_sidecar.config import (
     make_placement,
     parse_address,
 )
-from gemini_sidecar.local import LocalShardError
+from gemini_sidecar.local import LocalShard, LocalShardError
+from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.pacing import Profile
 from gemini_sidecar.peer_client import FetchFailed
-from gemini_sidecar.peer_server import address_of
+from gemini_sidecar.peer_server import ListenerHealth, address_of
 from gemini_sidecar.protocol import PeerRefused
+from gemini_sidecar.pulls import Pulls
 from gemini_sidecar.relay import relay_inventories
+from gemini_sidecar.replicator import Replicator
 from gemini_sidecar.s3 import S3Error
-from gemini_sidecar.store import StoreError
-from gemini_sidecar.transfers import outcome
-from gemini_trainer.shm import SlotBusy
+from gemini_sidecar.s3_checkpoints import S3Checkpoints
+from gemini_sidecar.store import ReplicaStore, StoreError
+from gemini_sidecar.transfers import Transfers, outcome
 
 log = logging.getLogger(__name__)
 OPEN_PATHS = paths.SIDECAR_OPEN_PATHS
-SIDECAR_KEY = web.AppKey("sidecar", Sidecar)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _CLIENT_ERRORS = (ValueError, KeyError, TypeError, ConfigError, StoreError, LocalShardError)
 MAX_VERSION = (1 << 63) - 1  # slot headers and peer frames hold a version in 63 bits
+
+
+class SidecarParts(Protocol):
+    """What the API drives and reports on: one sidecar's parts and the state the operator
+    sets (gemini_sidecar.app.Sidecar)."""
+
+    cfg: SidecarConfig
+    metrics: SidecarMetrics
+    local: LocalShard
+    store: ReplicaStore
+    replicator: Replicator
+    transfers: Transfers
+    pulls: Pulls
+    checkpoints: S3Checkpoints
+    placement: Placement
+    pushed_profile: Profile | None
+
+    def listener_health(self) -> dict[str, ListenerHealth]: ...
+
+    def refuse_call(self, peer: str, reason: str) -> None: ...
+
+    def notify(self, version: int, stall_seconds: float | None) -> None: ...
+
+    def set_placement(self, placement: Placement) -> None: ...
+
+
+SIDECAR_KEY: web.AppKey[SidecarParts] = web.AppKey("sidecar")
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -166,7 +195,7 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
 
-def inventory_of(sidecar: Sidecar) -> Inventory:
+def inventory_of(sidecar: SidecarParts) -> Inventory:
     local = tuple(
         LocalCopy(sidecar.cfg.rank, info.version, info.complete, info.payload_len, info.checksum)
         for info in sidecar.local.slot_info()
@@ -187,7 +216,7 @@ def inventory_of(sidecar: Sidecar) -> Inventory:
     )
 
 
-def _sending(sidecar: Sidecar) -> Sending:
+def _sending(sidecar: SidecarParts) -> Sending:
     status = sidecar.replicator.status
     return Sending(
         mode=sidecar.cfg.traffic_mode, notified_version=status.notified_version,
@@ -260,11 +289,12 @@ async def fetch(request: web.Request) -> web.Response:
     req = FetchRequest.from_json(await _body(request))
     _check_version(req.version)
     into = req.into or ("shm" if req.rank == sidecar.cfg.rank else "store")
-    holders = sidecar.holders_for(req.rank, list(req.holders))
+    pulls = sidecar.pulls
+    holders = pulls.holders_for(req.rank, list(req.holders))
     transfer = sidecar.transfers.start_or_join(
         ("fetch", req.rank, req.version, into), "fetch", req.rank, req.version,
-        lambda progress: sidecar.fetch(req.rank, req.version, holders, into, progress),
-        sidecar.still_fetched(into))
+        lambda progress: pulls.fetch(req.rank, req.version, holders, into, progress),
+        pulls.still_fetched(into))
     got = await outcome(transfer, req.wait_seconds)
     if isinstance(got, TransferRunning):
         return _answer(got, status=202)
@@ -281,8 +311,8 @@ async def fetch_replicas(request: web.Request) -> web.Response:
     given = {r: list(hs) for r, hs in req.holders.items()}
     transfer = sidecar.transfers.start_or_join(
         ("fetch-replicas", req.version), "fetch-replicas", None, req.version,
-        lambda progress: sidecar.refill(given, req.version, progress),
-        sidecar.still_refilled)
+        lambda progress: sidecar.pulls.refill(given, req.version, progress),
+        sidecar.pulls.still_refilled)
     got = await outcome(transfer, req.wait_seconds)
     if isinstance(got, TransferRunning):
         return _answer(got, status=202)
@@ -297,7 +327,7 @@ async def persist(request: web.Request) -> web.Response:
     _check_version(req.version)
     transfer = sidecar.transfers.start_or_join(
         ("persist", req.version), "persist", sidecar.cfg.rank, req.version,
-        lambda progress: sidecar.persist(req.version, progress))
+        lambda progress: sidecar.checkpoints.persist(req.version, progress))
     return _transfer_answer(await outcome(transfer, req.wait_seconds))
 
 
@@ -305,7 +335,7 @@ async def commit(request: web.Request) -> web.Response:
     """Verify every rank's object, write the commit marker, apply retention."""
     req = CommitRequest.from_json(await _body(request))
     _check_version(req.version)
-    return _answer(await request.app[SIDECAR_KEY].commit(req.version))
+    return _answer(await request.app[SIDECAR_KEY].checkpoints.commit(req.version))
 
 
 async def restore(request: web.Request) -> web.Response:
@@ -315,17 +345,17 @@ async def restore(request: web.Request) -> web.Response:
     _check_version(req.version)
     transfer = sidecar.transfers.start_or_join(
         ("restore", req.version), "restore", sidecar.cfg.rank, req.version,
-        lambda progress: sidecar.restore_from_s3(req.version, progress),
-        lambda got: sidecar.has_local(got.version))
+        lambda progress: sidecar.checkpoints.restore(req.version, progress),
+        lambda got: sidecar.pulls.has_local(got.version))
     return _transfer_answer(await outcome(transfer, req.wait_seconds))
 
 
 async def committed_steps(request: web.Request) -> web.Response:
     """The steps this job committed to S3 (the operator plans recoveries with them)."""
-    return _answer(await request.app[SIDECAR_KEY].committed_steps())
+    return _answer(await request.app[SIDECAR_KEY].checkpoints.committed_steps())
 
 
-def make_app(sidecar: Sidecar) -> web.Application:
+def make_app(sidecar: SidecarParts) -> web.Application:
     app = web.Application(middlewares=[_auth_and_errors], client_max_size=1 << 20)
     app[SIDECAR_KEY] = sidecar
     app.add_routes([

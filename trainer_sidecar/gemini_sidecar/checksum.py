@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 
-from gemini_trainer.shm import payload_checksum
+from gemini.slots.layout import payload_checksum
 
 _CRC_POLY = 0xEDB88320  # CRC-32 (zlib, IEEE 802.3), reflected
 

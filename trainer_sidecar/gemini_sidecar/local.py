@@ -1,4 +1,4 @@
-"""The local shard: the slot file the trainer writes in shared memory (gemini_trainer.shm).
+"""The local shard: the slot file the trainer writes in shared memory (gemini.slots).
 
 The sidecar reads what the trainer committed, to send it to peers and to serve fetches, and
 writes a version fetched from a peer or S3 into it, so the restarted trainer restores from
@@ -11,7 +11,8 @@ import contextlib
 import os
 from pathlib import Path
 
-from gemini_trainer.shm import ShardSlots, SlotError, SlotInfo, default_capacity, shard_path
+from gemini.slots.layout import SlotError, SlotInfo, default_capacity, shard_path
+from gemini.slots.shard import ShardSlots
 
 
 class LocalShardError(Exception):

@@ -34,9 +34,9 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from gemini.slots.layout import payload_checksum
 from gemini_sidecar import uploads
 from gemini_sidecar.config import S3Settings
-from gemini_trainer.shm import payload_checksum
 
 MARKER = "COMMITTED"
 _STEP = re.compile(r"step-(\d+)/$")

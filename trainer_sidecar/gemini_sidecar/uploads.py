@@ -1,6 +1,6 @@
 """Resumable multipart uploads of a shard version (a persist to S3).
 
-The sidecar pins the version it persists in the slot file (gemini_trainer.shm: the trainers
+The sidecar pins the version it persists in the slot file (gemini.slots: the trainers
 skip overwriting it while it is pinned) only while `stage_copy` copies it into the sidecar's
 own memory, then releases it: an upload takes as long as S3 allows (tens of seconds per GiB
 on a busy link), and a pin held that long would stop the trainers' in-memory checkpoints after

@@ -1,7 +1,7 @@
-"""Trainer integration: snapshot/restore library, shared-memory slots and the launcher.
+"""Trainer integration: snapshot/restore library, the slots' payload codec and the launcher.
 
-``Checkpointer`` (and everything that imports torch) is loaded on first use, so the sidecar and
-the launcher can import ``gemini_trainer.shm`` and ``gemini_trainer.launcher`` without torch.
+``Checkpointer`` (and everything that imports torch) is loaded on first use, so the launcher
+can import ``gemini_trainer.launcher`` (and tools ``gemini_trainer.payload``) without torch.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The few lines a training script adds: ``restore()`` at start, ``snapshot(step)`` per iteration.
 
 ``snapshot(step)`` blocks only for the copy of this rank's state into the free shared-memory
-slot (gemini_trainer.shm); the checksum, the commit (header written last), the heartbeat and
+slot (gemini.slots); the checksum, the commit (header written last), the heartbeat and
 the notice to the sidecar run on a background thread. The free slot is reused only once the
 newest version is on every holder (the sidecar acknowledges it in the slot file): all ranks
 decide together with one integer all-reduce (MIN, on a gloo group of their own) and skip the
@@ -50,6 +50,8 @@ import torch
 from gemini.control.client import ControlClient
 from gemini.control.messages import NotifyRequest
 from gemini.control.paths import COMMITTED_PATH
+from gemini.slots.layout import SLOT_HEADROOM_BYTES, SlotBusy, SlotError, SlotInfo, shard_path
+from gemini.slots.shard import ShardSlots
 from gemini_trainer import timeline
 from gemini_trainer.capture import (
     StateAdapter,
@@ -66,18 +68,12 @@ from gemini_trainer.capture import (
 from gemini_trainer.commprof import CommRecorder, phase_path, profile_path
 from gemini_trainer.device_copy import DeviceCopier
 from gemini_trainer.node_shard import RegionWriter, SoleWriter, region_payload
-from gemini_trainer.shm import (
-    SLOT_HEADROOM_BYTES,
-    ShardSlots,
-    SlotBusy,
-    SlotError,
-    SlotInfo,
+from gemini_trainer.payload import (
     TensorEntry,
     encode_index,
     payload_size,
     plan_layout,
     read_payload,
-    shard_path,
     write_index,
 )
 

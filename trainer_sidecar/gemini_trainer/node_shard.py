@@ -8,7 +8,7 @@ one region per local process::
 
     NODE_HEAD    "<4sII"   magic b"GNOD", region count P, reserved
     NODE_REGION  "<QQI4x"  P times: region offset, span (bytes), CRC-32 of the span
-    region l     local rank l's payload (gemini_trainer.shm payload layout) at a page-aligned
+    region l     local rank l's payload (gemini_trainer.payload layout) at a page-aligned
                  offset; its span keeps REGION_SLACK spare so the user's state may grow a little
 
 Writing one version (the P processes snapshot at the same steps: they decide together first):
@@ -32,14 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 from isal import isal_zlib
 
-from gemini_trainer.shm import (
-    MAX_LOCAL_PROCESSES,
-    PAGE,
-    ShardSlots,
-    SlotError,
-    SlotInfo,
-    payload_checksum,
-)
+from gemini.slots.layout import MAX_LOCAL_PROCESSES, PAGE, SlotError, SlotInfo, payload_checksum
+from gemini.slots.shard import ShardSlots
 
 NODE_MAGIC = b"GNOD"
 NODE_HEAD = struct.Struct("<4sII")

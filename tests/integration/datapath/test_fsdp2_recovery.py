@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gemini_trainer.shm import ShardSlots
+from gemini.slots.shard import ShardSlots
 from tests.fixtures.trainers import TrainingRun
 from tests.integration.datapath.harness import Job, losses_match
 

@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from gemini_trainer.shm import ShardSlots, SlotState
+from gemini.slots.layout import SlotState
+from gemini.slots.shard import ShardSlots
 from tests.fixtures.s3 import sidecar_s3_env
 from tests.fixtures.trainers import TrainingRun
 from tests.integration.datapath.harness import (

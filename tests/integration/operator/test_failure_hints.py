@@ -22,7 +22,8 @@ from gemini_operator.calls.hints import HintGate, HintServer
 from gemini_operator.cluster.cache import JobKey
 from gemini_operator.core.render import JobRef
 from gemini_trainer.failure_hint import FailureHints
-from gemini_trainer.launcher import Launcher, LauncherConfig
+from gemini_trainer.launch_config import LauncherConfig
+from gemini_trainer.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 

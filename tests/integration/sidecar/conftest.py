@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
+from gemini.slots.layout import SlotInfo, shard_path
+from gemini.slots.shard import ShardSlots
 from gemini_local.processes import free_port as free_port  # the tests here import it
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import PeerAddress, SidecarConfig, make_placement
-from gemini_trainer.shm import ShardSlots, SlotInfo, shard_path
 
 JOB = "job-a"
 TOKEN = b"job-a-secret-token-0123456789"

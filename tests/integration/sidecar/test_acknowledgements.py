@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from gemini.slots.layout import shard_path
+from gemini.slots.shard import ShardSlots
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import PeerAddress, SidecarConfig, make_placement
-from gemini_trainer.shm import ShardSlots, shard_path
 from tests.integration.sidecar.conftest import (
     free_port,
     make_config,

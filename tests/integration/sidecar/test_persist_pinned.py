@@ -14,12 +14,13 @@ from typing import Any
 import aiohttp
 import pytest
 
+from gemini.slots.layout import shard_path
+from gemini.slots.shard import ShardSlots
 from gemini_sidecar import uploads
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import S3Settings
 from gemini_sidecar.local import LocalShardError
 from gemini_sidecar.s3 import open_store
-from gemini_trainer.shm import ShardSlots, shard_path
 from tests.fixtures.s3 import sidecar_settings
 from tests.integration.sidecar.conftest import (
     TOKEN,

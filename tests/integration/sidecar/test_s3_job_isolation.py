@@ -19,10 +19,10 @@ import aiohttp
 import pytest
 
 from gemini.control import paths
+from gemini.slots.layout import payload_checksum
 from gemini_cli import main as gemini
 from gemini_sidecar.app import Sidecar
 from gemini_sidecar.config import S3Settings
-from gemini_trainer.shm import payload_checksum
 from tests.fixtures.s3 import sidecar_settings
 from tests.integration.sidecar.conftest import (
     TOKEN,
@@ -133,7 +133,7 @@ async def test_a_step_whose_marker_names_another_job_is_refused_and_logged_once(
         for key in ("rank-0.bin", "COMMITTED"):
             client.copy_object(Bucket=s3.bucket, Key=target + key,
                                CopySource={"Bucket": s3.bucket, "Key": source + key})
-        caplog.set_level(logging.WARNING, logger="gemini_sidecar.app")
+        caplog.set_level(logging.WARNING, logger="gemini_sidecar.s3_checkpoints")
         async with job_sidecar(tmp_path, s3, "team-a", "uid-thief") as thief:
             assert await _steps(http, thief) == []
             for _ in range(2):

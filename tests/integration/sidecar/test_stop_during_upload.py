@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from gemini_local.s3 import PauseMode
-from gemini_sidecar.app import UPLOAD_STOP_S
+from gemini_sidecar.s3_checkpoints import UPLOAD_STOP_S
 from tests.fixtures.s3 import sidecar_s3_env
 from tests.integration.sidecar.conftest import (
     TOKEN,

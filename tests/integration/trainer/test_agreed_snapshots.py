@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from gemini_trainer.checkpointer import Checkpointer, CheckpointerConfig
-from gemini_trainer.shm import ShardSlots
+from gemini.slots.shard import ShardSlots
 
 rank, world, store, shm, out, lag_until = sys.argv[1:7]
 rank, world, lag_until = int(rank), int(world), int(lag_until)

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from gemini.control import files
-from gemini_trainer.launcher import Launcher, LauncherConfig
+from gemini_trainer.launch_config import LauncherConfig
+from gemini_trainer.launcher import Launcher
 from tests.integration.trainer.test_launcher import TOKEN, Running, alive
 
 pytestmark = pytest.mark.integration

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from gemini_trainer.launcher import Launcher, LauncherConfig
+from gemini_trainer.launch_config import LauncherConfig
+from gemini_trainer.launcher import Launcher
 from tests.fixtures.trainers import (
     EXAMPLE,
     STEP_LINE,

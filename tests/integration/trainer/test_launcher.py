@@ -19,7 +19,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gemini.control import auth, files
 from gemini_trainer import standby as warm
-from gemini_trainer.launcher import Launcher, LauncherConfig
+from gemini_trainer.launch_config import LauncherConfig
+from gemini_trainer.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 
@@ -363,7 +364,7 @@ def test_stop_ends_a_warm_started_process_and_the_standby(warm_start: Any, tmp_p
 def test_sigterm_ends_an_idle_standby_quietly(warm_start: Any) -> None:
     running = warm_start()
     pid = running.until(lambda s: (s["standby"] or {}).get("ready"))["standby"]["pid"]
-    [standby] = running.launcher._standbys
+    [standby] = running.launcher.supervisor.standbys.armed
     assert standby.proc.pid == pid
     os.kill(pid, 15)
     assert standby.proc.wait(10) == 0, "SIGTERM must let it exit on its own"
@@ -485,14 +486,14 @@ def test_each_local_process_starts_in_its_own_standby_and_one_without_is_spawned
     while the other still starts warm."""
     running = warm_start(procs=2)
     running.until(lambda s: (s["standby"] or {}).get("ready"))
-    first = [standby.proc.pid for standby in running.launcher._standbys]
+    first = [standby.proc.pid for standby in running.launcher.supervisor.standbys.armed]
     restart(running, 1)
     running.until(lambda s: len(records(tmp_path)) == 2)
     got = sorted((r["rank"], r["pid"], r["preimported"]) for r in records(tmp_path))
     assert got == [("0", first[0], True), ("1", first[1], True)]
     assert running.status()["warm"]
     running.until(lambda s: (s["standby"] or {}).get("ready"))  # re-armed beside training
-    second = [standby.proc.pid for standby in running.launcher._standbys]
+    second = [standby.proc.pid for standby in running.launcher.supervisor.standbys.armed]
     os.kill(second[1], 9)
     restart(running, 2)
     running.until(lambda s: len(records(tmp_path)) == 4)
@@ -517,7 +518,7 @@ def test_a_failed_group_reports_its_own_last_lines_not_what_its_standbys_printed
     restart(running, 1)
     running.until(lambda s: len(records(tmp_path)) == 2)
     running.until(lambda s: (s["standby"] or {}).get("ready"))  # the next ones printed too
-    beside = [standby.proc.pid for standby in running.launcher._standbys]
+    beside = [standby.proc.pid for standby in running.launcher.supervisor.standbys.armed]
     os.kill(records(tmp_path)[0]["pid"], 9)
     running.until(lambda s: s["state"] == "exited")
     parked = files.read_parked(running.launcher.parked_file)

@@ -12,7 +12,8 @@ import pytest
 
 from gemini.control.client import ControlClient, ControlError
 from gemini.control.launcher import RestartRequest, RestoreOrder
-from gemini_trainer.launcher import Launcher, LauncherConfig
+from gemini_trainer.launch_config import LauncherConfig
+from gemini_trainer.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 TOKEN = "job-secret-0123456789"

@@ -14,8 +14,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from gemini_trainer import launcher as launcher_module
-from gemini_trainer.launcher import Launcher, LauncherConfig, LauncherConfigError
+from gemini_trainer import launcher_server as launcher_module
+from gemini_trainer.launch_config import LauncherConfig, LauncherConfigError
+from gemini_trainer.launcher import Launcher
 
 pytestmark = pytest.mark.integration
 

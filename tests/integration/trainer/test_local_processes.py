@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from gemini.slots.layout import shard_path
+from gemini.slots.shard import ShardSlots
 from gemini_trainer.node_shard import node_regions
-from gemini_trainer.shm import ShardSlots, shard_path
 from tests.fixtures.trainers import EXAMPLE, REPO, TrainingRun, free_port
 
 # `./dev long`: CI proves two processes per node on kubelet nodes (tests/e2e/test_demo.py).

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from gemini_trainer.shm import ShardSlots, SlotState, shard_path
+from gemini.slots.layout import SlotState, shard_path
+from gemini.slots.shard import ShardSlots
 from tests.fixtures.trainers import SharedReferences, TrainingRun
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gemini_trainer.shm import ShardSlots
+from gemini.slots.shard import ShardSlots
 from tests.fixtures.trainers import SharedReferences, TrainingRun
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from gemini_trainer.launcher import Launcher, LauncherConfig, LauncherError, RestartRequest
+from gemini_trainer.launch_config import LauncherConfig
+from gemini_trainer.launch_state import LauncherError, RestartRequest
+from gemini_trainer.launcher import Launcher
 
 CHILD = (
     "import os, sys, time\n"
@@ -76,7 +78,8 @@ def test_killing_the_launcher_kills_its_training_process(tmp_path: Path) -> None
     pid_file = tmp_path / "child.pid"
     script = textwrap.dedent(f"""
         import os, sys
-        from gemini_trainer.launcher import Launcher, LauncherConfig
+        from gemini_trainer.launch_config import LauncherConfig
+        from gemini_trainer.launcher import Launcher
         child = ("import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
                  "time.sleep(60)")
         cfg = LauncherConfig(command=(sys.executable, "-c", child), port=0, insecure_local=True)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gemini.slots.layout import SLOT_HEADROOM_BYTES, default_capacity
+from gemini.slots.shard import ShardSlots
 from gemini_sidecar.local import LocalShard
-from gemini_trainer.shm import SLOT_HEADROOM_BYTES, ShardSlots, default_capacity
 
 
 def test_a_slot_file_made_for_a_fetched_version_fits_the_restored_trainers_larger_snapshots(

@@ -1,6 +1,6 @@
 """A recoverable version always exists: random interleavings of snapshots (decided together
 by every rank), partial and complete replications, losses and recoveries, with the real slot
-file (gemini_trainer.shm) and replica store (gemini_sidecar.store). Once some version has been
+file (gemini.slots) and replica store (gemini_sidecar.store). Once some version has been
 acknowledged by every rank, any loss of at most m-1 machines per placement group leaves one
 version with a complete copy of every shard in surviving memory, at every moment.
 
@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemini.domain.placement import Placement, mixed_placement
+from gemini.slots.layout import payload_checksum
+from gemini.slots.shard import ShardSlots
 from gemini_sidecar.store import ReplicaStore
-from gemini_trainer.shm import ShardSlots, payload_checksum
 
 SIZE = 64  # bytes of every shard version: contents are what is checked, not sizes
 

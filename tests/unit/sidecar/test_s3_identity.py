@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from gemini_sidecar.app import s3_identity
 from gemini_sidecar.config import S3Settings, from_env
 from gemini_sidecar.s3 import NO_UID, JobIdentity, job_prefix, legacy_prefix, open_store
+from gemini_sidecar.s3_checkpoints import s3_identity
 from tests.unit.sidecar.test_config import BASE
 
 UID = "6f1c2b8e-0d4e-4c55-9a43-0f1e2d3c4b5a"

@@ -12,6 +12,7 @@ import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
+from gemini.slots.layout import payload_checksum
 from gemini_sidecar.config import S3Settings
 from gemini_sidecar.s3 import (
     ForeignCheckpoint,
@@ -30,7 +31,6 @@ from gemini_sidecar.s3 import (
     read_marker,
     shard_key,
 )
-from gemini_trainer.shm import payload_checksum
 
 
 def persist_shard(store: S3Store, job: JobIdentity, version: int, rank: int, data: memoryview,

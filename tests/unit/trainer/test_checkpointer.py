@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from gemini.slots.layout import SlotError, shard_path
+from gemini.slots.shard import ShardSlots
 from gemini_trainer.capture import decode_tree, encode_tree
 from gemini_trainer.checkpointer import (
     Checkpointer,
@@ -16,7 +18,6 @@ from gemini_trainer.checkpointer import (
     RestoreError,
     RestoreInstruction,
 )
-from gemini_trainer.shm import ShardSlots, SlotError, shard_path
 
 
 def make(

@@ -6,7 +6,7 @@ import socket
 import tempfile
 from pathlib import Path
 
-from gemini_trainer.launcher import socket_tmp_root
+from gemini_trainer.supervisor import socket_tmp_root
 
 
 def test_tmpdir_is_used_when_a_socket_path_in_it_fits(monkeypatch, tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gemini_trainer.shm import ShardSlots
+from gemini.slots.shard import ShardSlots
 
 
 @pytest.fixture()

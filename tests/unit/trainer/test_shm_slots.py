@@ -13,18 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gemini_trainer.shm import (
-    PAGE,
-    ShardSlots,
-    SlotBusy,
-    SlotError,
-    SlotState,
-    as_numpy,
-    encoded_size,
-    payload_checksum,
-    read_payload,
-    write_payload,
-)
+from gemini.slots.layout import PAGE, SlotBusy, SlotError, SlotState, payload_checksum
+from gemini.slots.shard import ShardSlots
+from gemini_trainer.payload import as_numpy, encoded_size, read_payload, write_payload
 
 
 @pytest.fixture()
@@ -74,7 +65,7 @@ def test_a_writer_killed_mid_write_leaves_the_previous_version_complete(tmp_path
     with ShardSlots(path, 1 << 20) as s:
         write_version(s, 10, 10, 1 << 20)
     code = (
-        "import os, sys; from gemini_trainer.shm import ShardSlots\n"
+        "import os, sys; from gemini.slots.shard import ShardSlots\n"
         f"s = ShardSlots({str(path)!r})\n"
         "v = s.begin(11, 1 << 20); v[: 1 << 19] = b'x' * (1 << 19)\n"
         "os._exit(9)\n"
