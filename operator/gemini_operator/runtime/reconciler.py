@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from gemini_operator.calls import placement_delivery
@@ -32,7 +32,6 @@ from gemini_operator.calls.sidecars import DELIVERY_TIMEOUT_SECONDS, DeliveryErr
 from gemini_operator.calls.tokens import JobTokens
 from gemini_operator.cluster.cache import ClusterCache, JobKey, Snapshot
 from gemini_operator.cluster.kube import Invalid, KubeClient
-from gemini_operator.cluster.status_store import StatusStore
 from gemini_operator.core import children, naming
 from gemini_operator.core.actions import (
     CreateNetworkPolicy,
@@ -73,9 +72,10 @@ from gemini_operator.core.observed import detection_lags
 from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.queueing import queue_name, was_queued
 from gemini_operator.core.spares import HoldSpares
-from gemini_operator.core.status import JobStatus, status_patch
+from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import JobView, Observed, ReconcileConfig
 from gemini_operator.runtime.metrics import OperatorMetrics
+from gemini_operator.runtime.status_writer import StatusSender
 from gemini_operator.steps.recovery import RecoveryExecutor, newly_lost
 from gemini_operator.steps.start import TrainingStarter
 from gemini_operator.steps.suspend import SuspendSaver
@@ -106,22 +106,28 @@ Handler = Callable[[_Call, JobView, Snapshot, Any], None]
 
 
 class Reconciler:
+    """Built with its collaborators by `wiring.build_reconciler`."""
+
     def __init__(
-        self, kube: KubeClient, cache: ClusterCache, config: ReconcileConfig,
-        metrics: OperatorMetrics | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        self, kube: KubeClient, cache: ClusterCache, config: ReconcileConfig, *,
+        tokens: JobTokens, poller: CheckpointPoller, status: StatusSender,
+        recovery: RecoveryExecutor, starter: TrainingStarter, suspend_saver: SuspendSaver,
+        workloads: Workloads, sidecar_calls: BackgroundCalls, metrics: OperatorMetrics,
+        clock: Callable[[], datetime],
     ) -> None:
-        self.kube, self.cache, self.config = kube, cache, config
-        self.metrics = metrics or OperatorMetrics()
-        self._clock = clock
+        self.kube, self.cache, self.config, self.tokens = kube, cache, config, tokens
+        self.poller, self.status, self.metrics, self._clock = poller, status, metrics, clock
+        # What the steps write is noted by the reconcile at hand (`keeping`), never in a place
+        # shared between jobs.
+        self.recovery, self.starter, self.suspend_saver = recovery, starter, suspend_saver
+        self.workloads = workloads
+        self.sidecar_calls = sidecar_calls  # its end wakes the job
         self._expected: dict[JobKey, dict[int, float]] = {}  # rank -> monotonic deadline
         # A worker pod the API server refused as invalid, by job: (uid, generation, message).
         self._refused: dict[JobKey, tuple[str, int, str]] = {}
         self._children: set[tuple[str, str]] = set()  # (job uid, kind) known to exist
         self._delivery: dict[JobKey, tuple[int, float]] = {}  # failures, monotonic next try
         self._listed: dict[JobKey, float] = {}  # monotonic time of the last re-list of pods
-        # Set `sidecar_calls.wake` to queue a job when its background call ended.
-        self.sidecar_calls = BackgroundCalls()
         self._handlers: dict[type, Handler] = {
             CreateSecret: self._create_secret,
             CreateService: self._create_service,
@@ -138,17 +144,6 @@ class Reconciler:
             PatchWorkload: self._patch_workload,
             DeleteWorkload: self._delete_workload,
         }
-        # One clock for every time and duration the executors record. What they write is noted
-        # by the reconcile at hand (`keeping`), never in a place shared between jobs.
-        self.recovery = RecoveryExecutor(kube, config, self._send_patch, clock)
-        self.recovery.cache = cache  # lost nodes presumed from silent pods (silence.py)
-        self.tokens = JobTokens(kube, config.token_key)
-        self.starter = TrainingStarter(kube, config, self._send_patch, clock)
-        self.suspend_saver = SuspendSaver(kube, config, clock)
-        self.poller = CheckpointPoller(kube, cache, config, clock)
-        self.status_store = StatusStore(kube, config.status_inline_bytes)
-        self.workloads = Workloads(kube)
-        cache.read_jobs_through(self.status_store.full_job)
 
     def reconcile(self, key: JobKey) -> float | None:
         """One reconcile of job `key`; returns seconds until a time-based re-check, if any."""
@@ -159,7 +154,7 @@ class Reconciler:
             self._delivery.pop(key, None)
             self.sidecar_calls.forget(key)
             self._listed.pop(key, None)
-            self.status_store.forget(*key)
+            self.status.store.forget(*key)
             self.metrics.job_state(key, None)
             self.metrics.replica_coverage(key, None)
             self.metrics.checkpoint_pace(key, None)
@@ -182,7 +177,7 @@ class Reconciler:
         if _new_failure(decision):
             # On record before it is acted on: planning may wait seconds on sidecars, and
             # the failure must show (Recovering, restarts) within a second of the API event.
-            self._patch_status(key, job, self._final_status(context, job, decision)[0])
+            self.status.write(key, job, self._final_status(context, job, decision)[0])
         for action in decision.actions:
             if isinstance(action, Recover) and any(
                 e.reason == RECOVERY_NEEDED.reason for e in decision.events
@@ -191,7 +186,7 @@ class Reconciler:
                 self._record_detection(job, snap, decision)
             self._handlers[type(action)](context, job, snap, action)
         new, conditions, failed = self._final_status(context, job, decision)
-        self._patch_status(key, job, new)
+        self.status.write(key, job, new)
         self._send_events(job, [*decision.events, *failed,
                                 *(e for o in context.outcomes for e in o.events)])
         self.metrics.job_state(key, state_of(conditions))
@@ -243,26 +238,6 @@ class Reconciler:
         new["conditions"] = [c.to_dict() for c in conditions]
         new["state"] = state_of(conditions).value
         return new, conditions, events
-
-    def _patch_status(self, key: JobKey, job: JobView, new: Mapping[str, Any]) -> None:
-        """Write what differs between `new` and the status last seen, if anything."""
-        current = self.cache.snapshot(key)
-        old = current.job.get("status") if current is not None else job.status
-        patch = status_patch(old, dict(new))
-        if patch is not None:
-            self._send_patch(job, patch)
-
-    def _send_patch(self, job: JobView, patch: Mapping[str, Any]) -> None:
-        """Apply `patch` (in terms of the full status) as stored (status_store.py)."""
-        stored = self.cache.stored_job((job.namespace, job.name)) or {
-            "metadata": {"name": job.name, "namespace": job.namespace, "uid": job.uid},
-            "status": job.status}
-        to_send = self.status_store.stored_patch(stored, patch)
-        if to_send is None:
-            return
-        updated = self.kube.patch_job_status(job.namespace, job.name, to_send)
-        self.cache.update_job(updated, deleted=False)
-        self.metrics.status_writes.inc()
 
     def _record_detection(self, job: JobView, snap: Snapshot, decision: Decision) -> None:
         self.metrics.detections.inc()

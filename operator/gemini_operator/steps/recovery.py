@@ -27,12 +27,14 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 
 from gemini.domain.placement import Placement
 from gemini.domain.recovery import FailureKind, RecoveryPlan, plan_recovery
 from gemini_operator.calls.sidecars import SidecarError, refusing, worker_ports
-from gemini_operator.calls.worker_calls import inventory_copies
+from gemini_operator.calls.worker_calls import WorkerCalls, inventory_copies
 from gemini_operator.cluster.cache import ClusterCache, Snapshot
+from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core import render
 from gemini_operator.core.actions import Recover
 from gemini_operator.core.apitime import api_time
@@ -45,8 +47,8 @@ from gemini_operator.core.silence import PRESUME_S, suspects
 from gemini_operator.core.spares import spare_nodes
 from gemini_operator.core.spec import JobSpec
 from gemini_operator.core.status import JobStatus
-from gemini_operator.core.types import JobView
-from gemini_operator.steps.restore import PhaseExecutor
+from gemini_operator.core.types import JobView, ReconcileConfig
+from gemini_operator.steps.restore import PhaseExecutor, WriteStatus
 
 log = logging.getLogger(__name__)
 WAIT_SECONDS = 0.25
@@ -58,7 +60,13 @@ PROBE_EVERY_S = 1.0  # survivors probed at most this often while a recovery wait
 class RecoveryExecutor(PhaseExecutor):
     """Carries a recovery from the failure to the restarted epoch, phase by phase."""
 
-    cache: ClusterCache | None = None  # where lost nodes are presumed; None: never
+    def __init__(
+        self, kube: KubeClient, config: ReconcileConfig, calls: WorkerCalls,
+        write_status: WriteStatus, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        cache: ClusterCache | None = None,
+    ) -> None:
+        super().__init__(kube, config, calls, write_status, clock)
+        self.cache = cache  # where lost nodes are presumed (silence.py); None: never
 
     def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus
                 ) -> Outcome:

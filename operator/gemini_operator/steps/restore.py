@@ -14,7 +14,7 @@ from gemini.control.transfers import FetchReplicasRequest, FetchRequest, Restore
 from gemini.domain.recovery import MODE_MEMORY, MODE_S3
 from gemini_operator.calls import placement_delivery, sidecars
 from gemini_operator.calls.sidecars import TIMEOUT_SECONDS, SidecarError
-from gemini_operator.calls.worker_calls import CommittedSteps, WorkerCalls, launch_record
+from gemini_operator.calls.worker_calls import WorkerCalls, launch_record
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core.apitime import api_time
 from gemini_operator.core.conditions import RECOVERY_FINISHED
@@ -35,12 +35,10 @@ class PhaseExecutor:
     the Fetching/Restarting phases, the status writer and the clock."""
 
     def __init__(
-        self, kube: KubeClient, config: ReconcileConfig, write_status: WriteStatus,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        s3_steps: CommittedSteps | None = None,
+        self, kube: KubeClient, config: ReconcileConfig, calls: WorkerCalls,
+        write_status: WriteStatus, clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        self.kube, self.config = kube, config
-        self.calls = WorkerCalls(kube, config.render, s3_steps, config.token_key)
+        self.kube, self.config, self.calls = kube, config, calls
         self.restorer = Restorer(self.calls, clock)
         self._write = write_status
         self._clock = clock

@@ -11,22 +11,20 @@ from gemini_operator.calls.poller import complete_in_memory
 from gemini_operator.calls.sidecars import SidecarError, persist_and_commit
 from gemini_operator.calls.worker_calls import WorkerCalls
 from gemini_operator.cluster.cache import Snapshot
-from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core.actions import SaveBeforeSuspend
 from gemini_operator.core.apitime import api_time
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.status import JobStatus
-from gemini_operator.core.types import JobView, ReconcileConfig
+from gemini_operator.core.types import JobView
 
 SUSPEND_PERSIST_SECONDS = 120.0  # how long a suspend waits for the upload before deleting
 
 
 class SuspendSaver:
-    def __init__(self, kube: KubeClient, config: ReconcileConfig,
+    def __init__(self, calls: WorkerCalls,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        self.calls = WorkerCalls(kube, config.render, token_key=config.token_key)
-        self._clock = clock
+        self.calls, self._clock = calls, clock
 
     def save_before_suspend(self, job: JobView, snap: Snapshot, action: SaveBeforeSuspend,
                             status: JobStatus) -> Outcome:

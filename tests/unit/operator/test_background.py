@@ -20,7 +20,8 @@ from gemini_operator.core.observed import PodView
 from gemini_operator.core.render import RenderConfig
 from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import JobView, ReconcileConfig
-from gemini_operator.runtime.reconciler import Reconciler, _Call
+from gemini_operator.runtime.reconciler import _Call
+from gemini_operator.runtime.wiring import build_reconciler
 from tests.unit.operator.fake_kube import FakeKube
 
 KEY = ("ns", "job")
@@ -79,8 +80,8 @@ def test_a_silent_sidecar_does_not_hold_the_reconcile(silent_sidecar: int) -> No
     woken = threading.Event()
     config = ReconcileConfig(render=RenderConfig(sidecar_port=silent_sidecar - 1))
     kube = FakeKube(secrets={("ns", "job-peer-auth"): {"token": "token"}})  # the peer-auth token
-    reconciler = Reconciler(kube, ClusterCache(), config)  # type: ignore[arg-type]
-    reconciler.sidecar_calls.wake = lambda key: woken.set()
+    reconciler = build_reconciler(kube, ClusterCache(), config,  # type: ignore[arg-type]
+                                  wake=lambda key: woken.set())
     job = JobView.from_object({"metadata": {"name": "job", "namespace": "ns", "uid": "u"},
                                "spec": {"numNodes": 1}})
     pod = PodView(name="job-worker-0", rank=0, attempt=0, uid="p", phase="Running",

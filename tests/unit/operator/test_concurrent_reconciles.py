@@ -18,7 +18,7 @@ from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import JobView, Observed, ReconcileConfig
 from gemini_operator.runtime import reconciler as reconciler_module
-from gemini_operator.runtime.reconciler import Reconciler
+from gemini_operator.runtime.wiring import build_reconciler
 from tests.unit.operator.fake_kube import FakeKube
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -70,11 +70,11 @@ def test_two_jobs_reconciled_at_once_keep_their_own_recovery_results(
     kube, cache = FakeKube(jobs=[_job(name) for name in JOBS]), ClusterCache()
     for name in JOBS:
         cache.update_job(copy.deepcopy(kube.jobs[("ns", name)]), deleted=False)
-    reconciler = Reconciler(kube, cache, ReconcileConfig(),  # type: ignore[arg-type]
-                            clock=lambda: NOW)
+    reconciler = build_reconciler(kube, cache, ReconcileConfig(),  # type: ignore[arg-type]
+                                  clock=lambda: NOW)
     barrier = threading.Barrier(2, timeout=10)
     reconciler.recovery = _InterleavedRecovery(  # type: ignore[assignment]
-        barrier, reconciler._send_patch)
+        barrier, reconciler.status.send)
     waits: dict[str, float | None] = {}
     errors: list[BaseException] = []
 
@@ -123,9 +123,8 @@ def test_an_unrecoverable_recovery_fails_the_job_and_ends_recovering(
         "conditions": [{"type": "Recovering", "status": "True", "reason": "RecoveryNeeded",
                         "message": "x", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     cache.update_job(copy.deepcopy(kube.jobs[("ns", "a")]), deleted=False)
-    reconciler = Reconciler(kube, cache, ReconcileConfig(),  # type: ignore[arg-type]
-                            clock=lambda: NOW)
-    reconciler.recovery = _Unrecoverable()  # type: ignore[assignment]
+    reconciler = build_reconciler(kube, cache, ReconcileConfig(),  # type: ignore[arg-type]
+                                  clock=lambda: NOW, recovery=_Unrecoverable())  # type: ignore[arg-type]
     reconciler.reconcile(("ns", "a"))
     status = kube.jobs[("ns", "a")]["status"]
     conditions = {c["type"]: c for c in status["conditions"]}

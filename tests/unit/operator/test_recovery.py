@@ -113,6 +113,8 @@ def test_breakdown_turns_cumulative_marks_into_phase_seconds() -> None:
 
 
 def test_a_recovery_planned_again_reports_the_superseded_time_apart_from_its_phases() -> None:
+    from gemini_operator.calls.tokens import JobTokens
+    from gemini_operator.calls.worker_calls import WorkerCalls
     from gemini_operator.core.failures import FailureReason, RankFailure
     from gemini_operator.core.types import JobView
     from gemini_operator.steps.recovery import RecoveryExecutor
@@ -122,7 +124,8 @@ def test_a_recovery_planned_again_reports_the_superseded_time_apart_from_its_pha
     first = RecoveryRecord.from_dict(RECOVERY_DOC)
     now = datetime.fromtimestamp(first.started_unix + 4.6, UTC)
     written: list[dict[str, object]] = []
-    executor = RecoveryExecutor(None, CONFIG,  # type: ignore[arg-type]
+    calls = WorkerCalls(None, CONFIG.render, JobTokens(None, None))  # type: ignore[arg-type]
+    executor = RecoveryExecutor(None, CONFIG, calls,  # type: ignore[arg-type]
                                 lambda job, patch: written.append(dict(patch)), lambda: now)
     lost = RankFailure(2, FailureKind.HARDWARE, FailureReason.NODE_LOST, None, "node gone")
     job = JobView("j", "ns", "uid", 1, {})

@@ -7,6 +7,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from gemini_operator.calls.sidecars import refusing
+from gemini_operator.calls.tokens import JobTokens
+from gemini_operator.calls.worker_calls import WorkerCalls
 from gemini_operator.cluster.cache import ClusterCache
 from gemini_operator.core.failures import FailureReason, detect_failures
 from gemini_operator.core.observed import PodView
@@ -108,9 +110,10 @@ def test_a_survivor_lost_while_a_recovery_waits_is_presumed_lost_at_the_next_pro
         gone.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
         ports = replace(CONFIG.render, sidecar_port=sidecar.getsockname()[1] - 1,  # API: +1
                         launcher_port=gone.getsockname()[1])
-        executor = RecoveryExecutor(None, replace(CONFIG, render=ports),  # type: ignore[arg-type]
-                                    lambda job, patch: None, lambda: datetime.now(UTC))
-        cache = executor.cache = _Presuming()
+        cache = _Presuming()
+        calls = WorkerCalls(None, ports, JobTokens(None, None))  # type: ignore[arg-type]
+        executor = RecoveryExecutor(None, replace(CONFIG, render=ports), calls,  # type: ignore[arg-type]
+                                    lambda job, patch: None, lambda: datetime.now(UTC), cache)
         pods = {0: pod(0, ip="127.0.0.1"), 1: pod(1, uid="new", ip="127.0.0.3"),
                 2: pod(2, ip="127.0.0.2")}
         cache.heard_from(["u0", "u2"])

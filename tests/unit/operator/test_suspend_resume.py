@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gemini_operator.calls.worker_calls import launch_record
+from gemini_operator.calls.tokens import JobTokens
+from gemini_operator.calls.worker_calls import WorkerCalls, launch_record
 from gemini_operator.cluster.cache import Snapshot
 from gemini_operator.core.actions import (
     DeletePods,
@@ -102,8 +103,9 @@ def test_a_resume_waits_for_an_unreadable_s3_instead_of_starting_over() -> None:
         raise S3Unreadable("s3://bucket/prefix: connection refused")
 
     written: list[Any] = []
-    starter = TrainingStarter(None, CONFIG, lambda job, doc: written.append(doc),  # type: ignore[arg-type]
-                              s3_steps=unreadable)
+    calls = WorkerCalls(None, CONFIG.render, JobTokens(None, None), unreadable)  # type: ignore[arg-type]
+    starter = TrainingStarter(None, CONFIG, calls,  # type: ignore[arg-type]
+                              lambda job, doc: written.append(doc))
     job = JobView.from_object(make_job("train").obj())
     status = JobStatus(launch=LaunchRecord(epoch=3, restart_attempt=0), restart_attempt=1)
     assert resuming(status)
