@@ -2,14 +2,16 @@
 """Executes decisions: observe (cache + a few reads), decide (pure `decide.decide`), act,
 record. `workqueue.WorkQueue` calls `Reconciler.reconcile(key)`.
 
-`Reconciler.reconcile(key)` executes the decision's actions through an action table (one
-handler per action type), then writes what changed in the status, then sends the events.
+`Reconciler.reconcile(key)` makes a status writer for the job (status_writer.py), executes the
+decision's actions through an action table (one handler per action type; the steps set status
+through the writer), then writes what changed in the status, then sends the events.
 
 When it writes. Normally once, after the actions, and only if something changed. Recovery
 writes ahead: a decision that starts a recovery (or fails the job) is written before any
 action, so the failure shows within a second even when planning waits on sidecars; and each
 recovery or resume phase is written to status.recovery before it acts (recovery.py,
-start.py), so a restarted operator continues from the recorded phase. Events are sent only
+start.py: `ahead`), so a restarted operator continues from the recorded phase; the final
+write keeps it. Events are sent only
 after the last write of the reconcile. A failure before a write leaves the status as it was,
 so the next attempt decides again from the same record.
 """
@@ -21,7 +23,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -52,19 +53,14 @@ from gemini_operator.core.actions import (
 from gemini_operator.core.apitime import api_time, parse_api_time
 from gemini_operator.core.conditions import (
     FAILURE_POLICY_FAIL_JOB,
-    JOB_FINISHED,
     MAX_RESTARTS_EXCEEDED,
     PLACEMENT_DELIVERED,
-    RECOVERY_ABANDONED,
-    RECOVERY_FINISHED,
     RECOVERY_NEEDED,
     SIDECARS_UNREACHABLE,
-    UNRECOVERABLE,
     Condition,
     ConditionType,
     find,
     state_of,
-    upsert,
 )
 from gemini_operator.core.decide import decide
 from gemini_operator.core.events import Event
@@ -75,7 +71,7 @@ from gemini_operator.core.spares import HoldSpares
 from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import JobView, Observed, ReconcileConfig
 from gemini_operator.runtime.metrics import OperatorMetrics
-from gemini_operator.runtime.status_writer import StatusSender
+from gemini_operator.runtime.status_writer import JobStatusWriter, StatusSender
 from gemini_operator.steps.recovery import RecoveryExecutor, newly_lost
 from gemini_operator.steps.start import TrainingStarter
 from gemini_operator.steps.suspend import SuspendSaver
@@ -92,17 +88,7 @@ PARALLEL_WRITES = 16
 DELIVERY_RETRY_SECONDS, DELIVERY_RETRY_MAX_SECONDS = 0.5, 30.0
 
 
-@dataclass
-class _Call:
-    """What one reconcile gathers while it acts. Local to the call: the work queue runs
-    several jobs' reconciles at once, and one job's results must never land in another's."""
-
-    decided: JobStatus  # the status the decision set, before any action
-    outcomes: list[Outcome] = field(default_factory=list)
-    overrides: dict[str, Any] = field(default_factory=dict)  # status fields the steps set
-
-
-Handler = Callable[[_Call, JobView, Snapshot, Any], None]
+Handler = Callable[[JobStatusWriter, JobView, Snapshot, Any], None]
 
 
 class Reconciler:
@@ -117,8 +103,6 @@ class Reconciler:
     ) -> None:
         self.kube, self.cache, self.config, self.tokens = kube, cache, config, tokens
         self.poller, self.status, self.metrics, self._clock = poller, status, metrics, clock
-        # What the steps write is noted by the reconcile at hand (`keeping`), never in a place
-        # shared between jobs.
         self.recovery, self.starter, self.suspend_saver = recovery, starter, suspend_saver
         self.workloads = workloads
         self.sidecar_calls = sidecar_calls  # its end wakes the job
@@ -173,23 +157,25 @@ class Reconciler:
             # have listed every pod and node yet, and a missing pod must not count as lost.
             snap = self._refresh(key, snap, _failed_ranks(decision))
             decision = decide(self._observe(key, job, snap), self.config)
-        context = _Call(decided=decision.status)
+        writer = JobStatusWriter(self.status, job, decision.status, self._clock)
         if _new_failure(decision):
             # On record before it is acted on: planning may wait seconds on sidecars, and
             # the failure must show (Recovering, restarts) within a second of the API event.
-            self.status.write(key, job, self._final_status(context, job, decision)[0])
+            writer.write()
         for action in decision.actions:
             if isinstance(action, Recover) and any(
                 e.reason == RECOVERY_NEEDED.reason for e in decision.events
             ):
                 self.metrics.recoveries.labels(kind=action.kind.value).inc()
                 self._record_detection(job, snap, decision)
-            self._handlers[type(action)](context, job, snap, action)
-        new, conditions, failed = self._final_status(context, job, decision)
-        self.status.write(key, job, new)
-        self._send_events(job, [*decision.events, *failed,
-                                *(e for o in context.outcomes for e in o.events)])
-        self.metrics.job_state(key, state_of(conditions))
+            self._handlers[type(action)](writer, job, snap, action)
+        for outcome in writer.outcomes:
+            if outcome.finished is not None:
+                self.metrics.observe_recovery(outcome.finished)
+        final = writer.write()
+        self._send_events(job, [*decision.events, *final.events,
+                                *(e for o in writer.outcomes for e in o.events)])
+        self.metrics.job_state(key, state_of(final.conditions))
         self.metrics.replica_coverage(key, decision.status.checkpoint.replica_coverage)
         self.metrics.checkpoint_pace(key, decision.status.checkpoint)
         persisted = parse_api_time(decision.status.checkpoint.persisted_time)
@@ -197,47 +183,12 @@ class Reconciler:
             age = (self._clock() - persisted).total_seconds()
             self.metrics.persist_age.labels(job=f"{job.namespace}/{job.name}").set(age)
         self.metrics.reconcile_seconds.observe(time.monotonic() - started)
-        waits = [o.requeue_after for o in context.outcomes if o.requeue_after is not None]
+        waits = [o.requeue_after for o in writer.outcomes if o.requeue_after is not None]
         if decision.requeue_after is not None:
             waits.append(decision.requeue_after)
         if unsettled:
             waits.append(RELIST_SECONDS)
         return min(waits) if waits else None
-
-    def _final_status(self, context: _Call, job: JobView, decision: Decision
-                      ) -> tuple[dict[str, Any], tuple[Condition, ...], list[Event]]:
-        """The decided status with what the recovery steps wrote or finished on top, and the
-        events of a recovery that found nothing left to restore."""
-        new = decision.status.to_dict()
-        conditions = decision.status.conditions
-        events: list[Event] = []
-        for outcome in context.outcomes:
-            context.overrides.update(outcome.status)
-            for extra in outcome.conditions:
-                conditions = upsert(conditions, extra)
-            if outcome.finished is not None:
-                conditions = upsert(conditions, RECOVERY_FINISHED.condition(
-                    api_time(self._clock()), job.generation,
-                    cause=outcome.finished.get("message") or outcome.finished.get("cause"),
-                    step=outcome.finished.get("restoredStep", "none (fresh start)")))
-                self.metrics.observe_recovery(outcome.finished)
-            if outcome.unrecoverable is not None:
-                cause, why = outcome.unrecoverable
-                now = api_time(self._clock())
-                for reason, values in ((UNRECOVERABLE, {"cause": cause, "why": why}),
-                                       (JOB_FINISHED, {}), (RECOVERY_ABANDONED, {})):
-                    conditions = upsert(conditions, reason.condition(now, job.generation,
-                                                                     **values))
-                new.setdefault("completionTime", now)
-                events.append(Event.of_condition(UNRECOVERABLE, f"{cause}; {why}"))
-        for name, value in context.overrides.items():
-            if value is None:
-                new.pop(name, None)
-            else:
-                new[name] = value
-        new["conditions"] = [c.to_dict() for c in conditions]
-        new["state"] = state_of(conditions).value
-        return new, conditions, events
 
     def _record_detection(self, job: JobView, snap: Snapshot, decision: Decision) -> None:
         self.metrics.detections.inc()
@@ -317,7 +268,7 @@ class Reconciler:
 
     # --- the action table ---------------------------------------------------------------
 
-    def _create_secret(self, context: _Call, job: JobView, snap: Snapshot,
+    def _create_secret(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                        action: CreateSecret) -> None:
         # Created once; a Secret that exists (another operator's, a restart) is kept as is.
         token, control = self.tokens.new(job.ref)
@@ -326,17 +277,17 @@ class Reconciler:
         self.kube.create(children.peer_secret(job.ref, token, control))
         self._children.add((job.uid, "Secret"))
 
-    def _create_service(self, context: _Call, job: JobView, snap: Snapshot,
+    def _create_service(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                         action: CreateService) -> None:
         self.kube.create(action.manifest)
         self._children.add((job.uid, "Service"))
 
-    def _create_network_policy(self, context: _Call, job: JobView, snap: Snapshot,
+    def _create_network_policy(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                                action: CreateNetworkPolicy) -> None:
         self.kube.create(action.manifest)
         self._children.add((job.uid, "NetworkPolicy"))
 
-    def _create_pods(self, context: _Call, job: JobView, snap: Snapshot,
+    def _create_pods(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                      action: CreatePods) -> None:
         expected = self._expected.setdefault((job.namespace, job.name), {})
         deadline = time.monotonic() + EXPECTATION_SECONDS
@@ -348,19 +299,19 @@ class Reconciler:
         except Invalid as err:  # the spec's pod cannot exist: say so in the job, do not retry
             log.warning("%s/%s: %s", job.namespace, job.name, err)
             self._refused[(job.namespace, job.name)] = (job.uid, job.generation, str(err))
-            context.outcomes.append(Outcome(requeue_after=0.0))
+            writer.outcomes.append(Outcome(requeue_after=0.0))
             return
         for rank, fresh in zip(ranks, created, strict=True):
             if not fresh:  # the name is taken: wait for that pod, do not expect ours
                 expected.pop(rank, None)
 
-    def _delete_pods(self, context: _Call, job: JobView, snap: Snapshot,
+    def _delete_pods(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                      action: DeletePods) -> None:
         log.info("deleting %d pods of %s/%s: %s", len(action.names), job.namespace, job.name,
                  action.reason)
         _parallel(lambda name: self.kube.delete_pod(job.namespace, name), action.names)
 
-    def _deliver_placement(self, context: _Call, job: JobView, snap: Snapshot,
+    def _deliver_placement(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                            action: DeliverPlacement) -> None:
         """POST the published placement to every sidecar, in the background (a reconcile never
         waits on sidecars); its end wakes the job, whose next reconcile records the outcome in
@@ -373,14 +324,14 @@ class Reconciler:
                           sort_keys=True)
         call = self.sidecar_calls.take(key, what)
         if isinstance(call, Running):  # its end wakes the job; the requeue is a safety net
-            context.outcomes.append(Outcome(requeue_after=DELIVERY_TIMEOUT_SECONDS + 1.0))
+            writer.outcomes.append(Outcome(requeue_after=DELIVERY_TIMEOUT_SECONDS + 1.0))
             return
         if isinstance(call, Finished):
-            self._delivered(context, job, call)
+            self._delivered(writer, job, call)
             return
         _, due = self._delivery.get(key, (0, 0.0))
         if due > time.monotonic():
-            context.outcomes.append(Outcome(requeue_after=due - time.monotonic()))
+            writer.outcomes.append(Outcome(requeue_after=due - time.monotonic()))
             return
         token = self.tokens.of(job.ref)
         if token is None:
@@ -391,7 +342,7 @@ class Reconciler:
 
         self.sidecar_calls.start(key, what, deliver)
 
-    def _delivered(self, context: _Call, job: JobView, call: Finished) -> None:
+    def _delivered(self, writer: JobStatusWriter, job: JobView, call: Finished) -> None:
         """Record how a finished delivery went; a failed one is retried after a backoff."""
         key = (job.namespace, job.name)
         now = api_time(self._clock())
@@ -399,8 +350,8 @@ class Reconciler:
         if error is None:
             self._delivery.pop(key, None)
             new = PLACEMENT_DELIVERED.condition(now, job.generation, ranks=call.value)
-            context.outcomes.append(Outcome(conditions=[new],
-                                            events=_changed(context.decided, new)))
+            writer.outcomes.append(Outcome(conditions=[new],
+                                            events=_changed(writer.decided, new)))
             return
         if not isinstance(error, DeliveryError):
             raise error
@@ -409,27 +360,29 @@ class Reconciler:
         self._delivery[key] = (failures + 1, time.monotonic() + delay)
         new = SIDECARS_UNREACHABLE.condition(now, job.generation, failed=error.failed,
                                              ranks=error.total, detail=str(error)[:2000])
-        context.outcomes.append(Outcome(requeue_after=delay, conditions=[new],
-                                        events=_changed(context.decided, new)))
+        writer.outcomes.append(Outcome(requeue_after=delay, conditions=[new],
+                                        events=_changed(writer.decided, new)))
 
-    def _recover(self, context: _Call, job: JobView, snap: Snapshot, action: Recover) -> None:
-        recovery = self.recovery.keeping(context.overrides.update)
-        context.outcomes.append(recovery.recover(job, snap, action, context.decided))
+    def _recover(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
+                 action: Recover) -> None:
+        writer.outcomes.append(self.recovery.recover(job, snap, action, writer.decided,
+                                                      writer))
 
-    def _start_training(self, context: _Call, job: JobView, snap: Snapshot,
+    def _start_training(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                         action: StartTraining) -> None:
-        starter = self.starter.keeping(context.overrides.update)
-        context.outcomes.append(starter.start_training(job, snap, action, context.decided))
+        writer.outcomes.append(self.starter.start_training(job, snap, action, writer.decided,
+                                                            writer))
 
-    def _save_before_suspend(self, context: _Call, job: JobView, snap: Snapshot,
+    def _save_before_suspend(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                              action: SaveBeforeSuspend) -> None:
-        outcome = self.suspend_saver.save_before_suspend(job, snap, action, context.decided)
-        context.outcomes.append(outcome)
+        outcome = self.suspend_saver.save_before_suspend(job, snap, action, writer.decided,
+                                                         writer)
+        writer.outcomes.append(outcome)
         # The poller's findings predate this commit: drop them, or the next reconcile would
         # put the older persistedStep back (it starts again from the status on resume).
         self.poller.forget((job.namespace, job.name))
 
-    def _hold_spares(self, context: _Call, job: JobView, snap: Snapshot,
+    def _hold_spares(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                      action: HoldSpares) -> None:
         """Placeholders: made again by name when gone (a create of an existing one is a no-op),
         those on lost nodes removed at once (grace 0), unwanted ones gracefully."""
@@ -438,20 +391,21 @@ class Reconciler:
                   action.force_delete)
         _parallel(lambda name: self.kube.delete_pod(job.namespace, name), action.delete)
 
-    def _delete_job(self, context: _Call, job: JobView, snap: Snapshot, action: DeleteJob) -> None:
+    def _delete_job(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
+                    action: DeleteJob) -> None:
         self.kube.delete_job(job.namespace, job.name)
 
-    def _create_workload(self, context: _Call, job: JobView, snap: Snapshot,
+    def _create_workload(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                          action: CreateWorkload) -> None:
-        context.outcomes.append(self.workloads.create(job, action))
+        writer.outcomes.append(self.workloads.create(job, action))
 
-    def _patch_workload(self, context: _Call, job: JobView, snap: Snapshot,
+    def _patch_workload(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                         action: PatchWorkload) -> None:
-        context.outcomes.append(self.workloads.patch(job, action))
+        writer.outcomes.append(self.workloads.patch(job, action))
 
-    def _delete_workload(self, context: _Call, job: JobView, snap: Snapshot,
+    def _delete_workload(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                          action: DeleteWorkload) -> None:
-        context.outcomes.append(self.workloads.delete(job, action))
+        writer.outcomes.append(self.workloads.delete(job, action))
 
     def _send_events(self, job: JobView, events: Iterable[Event]) -> None:
         ref = {"name": job.name, "namespace": job.namespace, "uid": job.uid}

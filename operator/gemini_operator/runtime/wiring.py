@@ -44,8 +44,8 @@ def build_reconciler(
     return Reconciler(
         kube, cache, config, tokens=tokens, status=status, metrics=metrics, clock=clock,
         poller=CheckpointPoller(kube, cache, config, tokens, clock),
-        recovery=recovery or RecoveryExecutor(kube, config, calls, status.send, clock, cache),
-        starter=TrainingStarter(kube, config, calls, status.send, clock),
+        recovery=recovery or RecoveryExecutor(kube, config, calls, clock, cache),
+        starter=TrainingStarter(kube, config, calls, clock),
         suspend_saver=SuspendSaver(calls, clock),
         workloads=Workloads(kube),
         sidecar_calls=BackgroundCalls(wake),

@@ -16,6 +16,7 @@ from gemini_operator.core.apitime import api_time
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.status import JobStatus
+from gemini_operator.core.status_changes import PersistedBeforeSuspend, StatusWriter
 from gemini_operator.core.types import JobView
 
 SUSPEND_PERSIST_SECONDS = 120.0  # how long a suspend waits for the upload before deleting
@@ -27,7 +28,7 @@ class SuspendSaver:
         self.calls, self._clock = calls, clock
 
     def save_before_suspend(self, job: JobView, snap: Snapshot, action: SaveBeforeSuspend,
-                            status: JobStatus) -> Outcome:
+                            status: JobStatus, writer: StatusWriter) -> Outcome:
         pods = {r: p for r, p in self.calls.cached(snap, status.restart_attempt).items()
                 if p.ip and not p.deleting and not p.terminal}
         in_memory = status.checkpoint.in_memory_step
@@ -56,9 +57,7 @@ class SuspendSaver:
             return Outcome(events=[Event.of(EventReason.SUSPEND_CHECKPOINT_FAILED, (
                 f"could not persist the checkpoint in memory (step {in_memory}) before "
                 f"deleting the pods: {err}; {kept}")[:1024])])
-        checkpoint = {**status.checkpoint.to_dict(), "persistedStep": version,
-                      "persistedTime": api_time(self._clock())}
-        checkpoint.pop("persistError", None)
-        return Outcome(status={"checkpoint": checkpoint}, events=[Event.of(
+        writer.set(PersistedBeforeSuspend(version, api_time(self._clock())))
+        return Outcome(events=[Event.of(
             EventReason.SUSPEND_CHECKPOINT_SAVED, f"persisted and committed step {version} "
             "before deleting the pods: resume restores it")])

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from gemini_operator.core.observed import PodView
 from gemini_operator.core.render import RenderConfig
 from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import JobView, ReconcileConfig
-from gemini_operator.runtime.reconciler import _Call
+from gemini_operator.runtime.status_writer import JobStatusWriter
 from gemini_operator.runtime.wiring import build_reconciler
 from tests.unit.operator.fake_kube import FakeKube
 
@@ -89,7 +90,7 @@ def test_a_silent_sidecar_does_not_hold_the_reconcile(silent_sidecar: int) -> No
     snap = Snapshot(job={}, pods={0: pod}, nodes={})
     action = DeliverPlacement({"holders": {"0": [0]}})
 
-    call = _Call(decided=JobStatus())
+    call = JobStatusWriter(reconciler.status, job, JobStatus(), datetime.now)
     started = time.monotonic()
     reconciler._deliver_placement(call, job, snap, action)
     assert time.monotonic() - started < 0.5 < DELIVERY_TIMEOUT_SECONDS
@@ -100,7 +101,7 @@ def test_a_silent_sidecar_does_not_hold_the_reconcile(silent_sidecar: int) -> No
 
     assert woken.wait(DELIVERY_TIMEOUT_SECONDS + 5), "the call's end did not wake the job"
     assert time.monotonic() - started >= DELIVERY_TIMEOUT_SECONDS * 0.9
-    call = _Call(decided=JobStatus())
+    call = JobStatusWriter(reconciler.status, job, JobStatus(), datetime.now)
     reconciler._deliver_placement(call, job, snap, action)
     (outcome,) = call.outcomes
     (condition,) = outcome.conditions

@@ -113,7 +113,7 @@ def test_a_survivor_lost_while_a_recovery_waits_is_presumed_lost_at_the_next_pro
         cache = _Presuming()
         calls = WorkerCalls(None, ports, JobTokens(None, None))  # type: ignore[arg-type]
         executor = RecoveryExecutor(None, replace(CONFIG, render=ports), calls,  # type: ignore[arg-type]
-                                    lambda job, patch: None, lambda: datetime.now(UTC), cache)
+                                    lambda: datetime.now(UTC), cache)
         pods = {0: pod(0, ip="127.0.0.1"), 1: pod(1, uid="new", ip="127.0.0.3"),
                 2: pod(2, ip="127.0.0.2")}
         cache.heard_from(["u0", "u2"])
