@@ -187,7 +187,7 @@ def _hint_server(runtime: Runtime) -> HintServer:
     def poll_now(key: JobKey) -> None:
         _poll_rounds(runtime).start([key], again=True)
 
-    return HintServer(job_uid, runtime.reconciler.tokens.job_token, poll_now,
+    return HintServer(job_uid, runtime.reconciler.poller.tokens.job_token, poll_now,
                       lambda: runtime.leading,
                       observe=lambda result: runtime.metrics.hints.labels(result).inc())
 

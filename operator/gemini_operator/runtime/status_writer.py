@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from gemini_operator.cluster.cache import ClusterCache
+from gemini_operator.cluster.cache import ClusterCache, JobKey
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.cluster.status_store import StatusStore
 from gemini_operator.core.outcome import Outcome
@@ -37,6 +37,9 @@ class StatusSender:
         patch = status_patch(old, dict(new))
         if patch is not None:
             self.send(job, patch)
+
+    def forget(self, key: JobKey) -> None:
+        self.store.forget(*key)
 
     def send(self, job: JobView, patch: Mapping[str, Any]) -> None:
         """Apply `patch` (in terms of the full status) as stored."""

@@ -15,6 +15,8 @@ from gemini_operator.cluster.cache import ClusterCache, JobKey
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.cluster.status_store import StatusStore
 from gemini_operator.core.types import ReconcileConfig
+from gemini_operator.runtime.children import JobChildren
+from gemini_operator.runtime.deliveries import PlacementDeliveries
 from gemini_operator.runtime.metrics import OperatorMetrics
 from gemini_operator.runtime.reconciler import Reconciler
 from gemini_operator.runtime.status_writer import StatusSender
@@ -39,14 +41,15 @@ def build_reconciler(
     calls = WorkerCalls(kube, config.render, tokens)
     store = StatusStore(kube, config.status_inline_bytes)
     cache.read_jobs_through(store.full_job)
-    status = StatusSender(kube, cache, store, metrics)
     # One clock for every time and duration the steps record.
     return Reconciler(
-        kube, cache, config, tokens=tokens, status=status, metrics=metrics, clock=clock,
+        kube, cache, config, metrics=metrics, clock=clock,
         poller=CheckpointPoller(kube, cache, config, tokens, clock),
+        status=StatusSender(kube, cache, store, metrics),
+        children=JobChildren(kube, tokens),
         recovery=recovery or RecoveryExecutor(kube, config, calls, clock, cache),
         starter=TrainingStarter(kube, config, calls, clock),
         suspend_saver=SuspendSaver(calls, clock),
         workloads=Workloads(kube),
-        sidecar_calls=BackgroundCalls(wake),
+        deliveries=PlacementDeliveries(tokens, config.render, BackgroundCalls(wake), clock),
     )

@@ -92,17 +92,17 @@ def test_a_silent_sidecar_does_not_hold_the_reconcile(silent_sidecar: int) -> No
 
     call = JobStatusWriter(reconciler.status, job, JobStatus(), datetime.now)
     started = time.monotonic()
-    reconciler._deliver_placement(call, job, snap, action)
+    reconciler.deliveries.deliver(call, job, snap, action)
     assert time.monotonic() - started < 0.5 < DELIVERY_TIMEOUT_SECONDS
     assert call.outcomes == []  # started: nothing to record yet
-    reconciler._deliver_placement(call, job, snap, action)  # still in flight: nothing recorded
+    reconciler.deliveries.deliver(call, job, snap, action)  # still in flight: nothing recorded
     (waiting,) = call.outcomes
     assert waiting.conditions == [] and waiting.requeue_after is not None
 
     assert woken.wait(DELIVERY_TIMEOUT_SECONDS + 5), "the call's end did not wake the job"
     assert time.monotonic() - started >= DELIVERY_TIMEOUT_SECONDS * 0.9
     call = JobStatusWriter(reconciler.status, job, JobStatus(), datetime.now)
-    reconciler._deliver_placement(call, job, snap, action)
+    reconciler.deliveries.deliver(call, job, snap, action)
     (outcome,) = call.outcomes
     (condition,) = outcome.conditions
     assert (condition.type, condition.reason) == ("PlacementDelivered", "SidecarsUnreachable")
