@@ -103,7 +103,7 @@ def reconcile_walk() -> tuple[set[str], set[tuple[str, str]], list[str]]:
     api.patch_job_status = patch_job_status
     cache.update_job(copy.deepcopy(job), deleted=False)
     config = find("ReconcileConfig")(default_sidecar_image="gemini:side")
-    reconciler = find("Reconciler")(api, cache, config)
+    reconciler = find("build_reconciler")(api, cache, config)
     places: set[tuple[str, str]] = set()
 
     def profile(frame: FrameType, event: str, arg: Any) -> None:

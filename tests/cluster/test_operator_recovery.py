@@ -248,9 +248,10 @@ class PhaseTrap:
         self.phase = phase
         self.reached = threading.Event()
         self._release = threading.Event()
-        self._recovery = operator.runtime.reconciler.recovery
-        self._write = self._recovery._write
-        self._recovery._write = self._trapped
+        # Every status patch of that operator goes out through its one StatusSender.
+        self._sender = operator.runtime.reconciler.status
+        self._write = self._sender.send
+        self._sender.send = self._trapped
 
     def _trapped(self, job: Any, patch: Any) -> None:
         if self.reached.is_set():
@@ -266,7 +267,7 @@ class PhaseTrap:
         until it is replaced. A trap never reached is taken out (the test failed before the
         restart: the session's operator must go on working)."""
         if not self.reached.is_set():
-            self._recovery._write = self._write
+            self._sender.send = self._write
         self._release.set()
 
 

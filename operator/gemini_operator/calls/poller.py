@@ -145,12 +145,12 @@ def progress_of(beats: Mapping[int, Heartbeat | None], now: datetime,
 
 class CheckpointPoller:
     def __init__(self, kube: KubeClient, cache: ClusterCache, config: ReconcileConfig,
+                 tokens: JobTokens,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC),
                  monotonic: Callable[[], float] = time.monotonic) -> None:
-        self.kube, self.cache, self.config = kube, cache, config
+        self.kube, self.cache, self.config, self.tokens = kube, cache, config, tokens
         self._clock, self._monotonic = clock, monotonic
         self._silence: dict[JobKey, SilenceTracker] = {}
-        self.tokens = JobTokens(kube, config.token_key)
         self._found: dict[JobKey, Findings] = {}
         self._handled_request: dict[JobKey, str] = {}
         self._persist_tried: dict[JobKey, float] = {}

@@ -73,11 +73,9 @@ def inventory_copies(inventories: Mapping[int, Inventory]) -> list[ShardCopy]:
 
 
 class WorkerCalls:
-    def __init__(self, kube: KubeClient, ports: render.RenderConfig,
-                 committed_steps: CommittedSteps | None = None,
-                 token_key: bytes | None = None) -> None:
-        self.kube, self.ports = kube, ports
-        self.tokens = JobTokens(kube, token_key)
+    def __init__(self, kube: KubeClient, ports: render.RenderConfig, tokens: JobTokens,
+                 committed_steps: CommittedSteps | None = None) -> None:
+        self.kube, self.ports, self.tokens = kube, ports, tokens
         self.committed_steps: CommittedSteps = committed_steps or self._committed_steps
 
     def token(self, job: JobView) -> Bearer:

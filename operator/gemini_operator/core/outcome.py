@@ -3,7 +3,7 @@ the reconciler, and the ways such a step stops short."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,24 +26,11 @@ class Unrecoverable(Exception):
 
 @dataclass
 class Outcome:
-    """What a step leaves for the reconciler: status fields to set (JSON; None removes one),
-    when to call again, and the events to send."""
+    """What a step hands back to the reconciler besides the status it set (status_changes.py):
+    when to call again, the events to send, and what ended."""
 
-    status: dict[str, Any] = field(default_factory=dict)
     requeue_after: float | None = None
     events: list[Event] = field(default_factory=list)
     finished: LastRecovery | None = None  # status.lastRecovery when a recovery finished
     unrecoverable: tuple[str, str] | None = None  # (cause, why): the job fails
     conditions: list[Condition] = field(default_factory=list)  # set on top of the decided
-
-
-Write = Callable[[Any, Mapping[str, Any]], None]  # (job, status patch): sent to the API
-Keep = Callable[[Mapping[str, Any]], None]  # a status patch noted by the reconcile that sent it
-
-
-def kept(write: Write, keep: Keep) -> Write:
-    """`write`, then `keep` the patch: the reconcile's final write must not take it back."""
-    def both(job: Any, patch: Mapping[str, Any]) -> None:
-        write(job, patch)
-        keep(patch)
-    return both

@@ -13,7 +13,7 @@ import kopf
 from prometheus_client import start_http_server
 
 from gemini import rank_detail
-from gemini_operator.cluster.cache import ClusterCache
+from gemini_operator.cluster.cache import ClusterCache, JobKey
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core import spares
 from gemini_operator.core.render import RenderConfig
@@ -21,7 +21,7 @@ from gemini_operator.core.types import ReconcileConfig
 from gemini_operator.runtime import handlers
 from gemini_operator.runtime.election import LeaderElector
 from gemini_operator.runtime.metrics import OperatorMetrics
-from gemini_operator.runtime.reconciler import Reconciler
+from gemini_operator.runtime.wiring import build_reconciler
 from gemini_operator.runtime.workqueue import WorkQueue
 
 log = logging.getLogger(__name__)
@@ -59,11 +59,14 @@ def build_runtime(options: OperatorOptions) -> handlers.Runtime:
     config = ReconcileConfig(render=options.render, default_sidecar_image=options.sidecar_image,
                              token_key=options.token_key,
                              status_inline_bytes=options.status_inline_bytes)
-    reconciler = Reconciler(kube, cache, config, metrics)
     elector = LeaderElector(kube, options.lease_namespace, options.lease_name,
                             options.identity or default_identity())
+
+    def wake(key: JobKey) -> None:  # the queue, made below, runs the reconciler it wakes
+        queue.add_threadsafe(key)
+
+    reconciler = build_reconciler(kube, cache, config, metrics, wake=wake)
     queue = WorkQueue(reconciler.reconcile, elector.leads, metrics, workers=options.workers)
-    reconciler.sidecar_calls.wake = queue.add_threadsafe
     return handlers.Runtime(kube, cache, reconciler, queue, elector, metrics,
                             hint_bind=options.hint_bind)
 

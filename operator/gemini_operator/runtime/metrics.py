@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gemini_operator.core.apitime import parse_api_time
 from gemini_operator.core.conditions import State
 from gemini_operator.core.records import LastRecovery
+from gemini_operator.core.observed import NodeView, PodView, detection_lags
 from gemini_operator.core.status import CheckpointStatus, ReplicaCoverage
 
 JobKey = tuple[str, str]
@@ -124,6 +129,34 @@ class OperatorMetrics:
         self.downtime.inc(last.duration_seconds)
         for phase, seconds in last.breakdown.items():
             self.recovery_phase_seconds.labels(phase=phase).observe(seconds)
+
+    def recovery_detected(self, kind: str, failures: Iterable[tuple[int, str]],
+                          pods: Mapping[int, PodView], nodes: Mapping[str, NodeView],
+                          acted: datetime) -> None:
+        """Count a recovery the operator starts, and how long after the API showed each
+        cause of its (rank, cause) `failures` it acted."""
+        self.recoveries.labels(kind=kind).inc()
+        self.detections.inc()
+        for cause, lag in detection_lags(failures, pods, nodes, acted).items():
+            self.detection_seconds.labels(cause=cause).observe(lag)
+
+    def reconciled(self, key: JobKey, state: State, checkpoint: CheckpointStatus,
+                   clock: Callable[[], datetime], seconds: float) -> None:
+        """Export what a reconcile of job `key` left, and how long it took."""
+        self.job_state(key, state)
+        self.replica_coverage(key, checkpoint.replica_coverage)
+        self.checkpoint_pace(key, checkpoint)
+        persisted = parse_api_time(checkpoint.persisted_time)
+        if persisted is not None:
+            age = (clock() - persisted).total_seconds()
+            self.persist_age.labels(job=f"{key[0]}/{key[1]}").set(age)
+        self.reconcile_seconds.observe(seconds)
+
+    def forget(self, key: JobKey) -> None:
+        """Job `key` is gone: its series go."""
+        self.job_state(key, None)
+        self.replica_coverage(key, None)
+        self.checkpoint_pace(key, None)
 
     def replica_coverage(self, key: JobKey, coverage: ReplicaCoverage | None) -> None:
         """Export a job's replica coverage; None (the job is gone, or nothing is known yet)

@@ -1,39 +1,33 @@
-# Over 500 lines: its action table and status flow stay whole until issue 40 item 6 reshapes them.
 """Executes decisions: observe (cache + a few reads), decide (pure `decide.decide`), act,
-record. `workqueue.WorkQueue` calls `Reconciler.reconcile(key)`.
+record. `workqueue.WorkQueue` calls `Reconciler.reconcile(key)`; `wiring.build_reconciler`
+builds it with its collaborators.
 
-`Reconciler.reconcile(key)` executes the decision's actions through an action table (one
-handler per action type), then writes what changed in the status, then sends the events.
+`Reconciler.reconcile(key)` makes a status writer for the job (status_writer.py), executes the
+decision's actions through an action table (one handler per action type; the steps set status
+through the writer), then writes what changed in the status, then sends the events.
 
 When it writes. Normally once, after the actions, and only if something changed. Recovery
 writes ahead: a decision that starts a recovery (or fails the job) is written before any
 action, so the failure shows within a second even when planning waits on sidecars; and each
-recovery or resume phase is written to status.recovery before it acts (recovery.py,
-start.py), so a restarted operator continues from the recorded phase. Events are sent only
-after the last write of the reconcile. A failure before a write leaves the status as it was,
-so the next attempt decides again from the same record.
+recovery or resume phase is written to status.recovery before it acts (recovery.py, start.py:
+the writer's `ahead`), so a restarted operator continues from the recorded phase; the final
+write keeps it. Events are sent only after the last write of the reconcile. A failure before a
+write leaves the status as it was, so the next attempt decides again from the same record.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from gemini_operator.calls import placement_delivery
-from gemini_operator.calls.background import BackgroundCalls, Finished, Running
 from gemini_operator.calls.poller import CheckpointPoller
-from gemini_operator.calls.sidecars import DELIVERY_TIMEOUT_SECONDS, DeliveryError
-from gemini_operator.calls.tokens import JobTokens
 from gemini_operator.cluster.cache import ClusterCache, JobKey, Snapshot
 from gemini_operator.cluster.kube import Invalid, KubeClient
-from gemini_operator.cluster.status_store import StatusStore
-from gemini_operator.core import children, naming
+from gemini_operator.core import naming
 from gemini_operator.core.actions import (
     CreateNetworkPolicy,
     CreatePods,
@@ -50,32 +44,23 @@ from gemini_operator.core.actions import (
     SaveBeforeSuspend,
     StartTraining,
 )
-from gemini_operator.core.apitime import api_time, parse_api_time
 from gemini_operator.core.conditions import (
     FAILURE_POLICY_FAIL_JOB,
-    JOB_FINISHED,
     MAX_RESTARTS_EXCEEDED,
-    PLACEMENT_DELIVERED,
-    RECOVERY_ABANDONED,
-    RECOVERY_FINISHED,
     RECOVERY_NEEDED,
-    SIDECARS_UNREACHABLE,
-    UNRECOVERABLE,
-    Condition,
-    ConditionType,
-    find,
     state_of,
-    upsert,
 )
 from gemini_operator.core.decide import decide
 from gemini_operator.core.events import Event
-from gemini_operator.core.observed import detection_lags
+from gemini_operator.core.observed import PodView
 from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.queueing import queue_name, was_queued
 from gemini_operator.core.spares import HoldSpares
-from gemini_operator.core.status import JobStatus, status_patch
 from gemini_operator.core.types import JobView, Observed, ReconcileConfig
+from gemini_operator.runtime.children import JobChildren
+from gemini_operator.runtime.deliveries import PlacementDeliveries
 from gemini_operator.runtime.metrics import OperatorMetrics
+from gemini_operator.runtime.status_writer import JobStatusWriter, StatusSender
 from gemini_operator.steps.recovery import RecoveryExecutor, newly_lost
 from gemini_operator.steps.start import TrainingStarter
 from gemini_operator.steps.suspend import SuspendSaver
@@ -88,47 +73,33 @@ EXPECTATION_SECONDS = 60.0  # how long a created pod may take to show up in the 
 # wait minutes for readiness it missed (seen at 1000 ranks).
 RELIST_SECONDS = 5.0
 PARALLEL_WRITES = 16
-# Placement delivery to sidecars that did not take it is retried after 0.5, 1, 2, ... 30 s.
-DELIVERY_RETRY_SECONDS, DELIVERY_RETRY_MAX_SECONDS = 0.5, 30.0
 
-
-@dataclass
-class _Call:
-    """What one reconcile gathers while it acts. Local to the call: the work queue runs
-    several jobs' reconciles at once, and one job's results must never land in another's."""
-
-    decided: JobStatus  # the status the decision set, before any action
-    outcomes: list[Outcome] = field(default_factory=list)
-    overrides: dict[str, Any] = field(default_factory=dict)  # status fields the steps set
-
-
-Handler = Callable[[_Call, JobView, Snapshot, Any], None]
+Handler = Callable[[JobStatusWriter, JobView, Snapshot, Any], None]
 
 
 class Reconciler:
     def __init__(
-        self, kube: KubeClient, cache: ClusterCache, config: ReconcileConfig,
-        metrics: OperatorMetrics | None = None,
-        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        self, kube: KubeClient, cache: ClusterCache, config: ReconcileConfig, *,
+        poller: CheckpointPoller, status: StatusSender, children: JobChildren,
+        recovery: RecoveryExecutor, starter: TrainingStarter, suspend_saver: SuspendSaver,
+        workloads: Workloads, deliveries: PlacementDeliveries, metrics: OperatorMetrics,
+        clock: Callable[[], datetime],
     ) -> None:
         self.kube, self.cache, self.config = kube, cache, config
-        self.metrics = metrics or OperatorMetrics()
-        self._clock = clock
+        self.poller, self.status, self.metrics, self._clock = poller, status, metrics, clock
+        self.children, self.workloads, self.deliveries = children, workloads, deliveries
+        self.recovery, self.starter, self.suspend_saver = recovery, starter, suspend_saver
         self._expected: dict[JobKey, dict[int, float]] = {}  # rank -> monotonic deadline
         # A worker pod the API server refused as invalid, by job: (uid, generation, message).
         self._refused: dict[JobKey, tuple[str, int, str]] = {}
-        self._children: set[tuple[str, str]] = set()  # (job uid, kind) known to exist
-        self._delivery: dict[JobKey, tuple[int, float]] = {}  # failures, monotonic next try
         self._listed: dict[JobKey, float] = {}  # monotonic time of the last re-list of pods
-        # Set `sidecar_calls.wake` to queue a job when its background call ended.
-        self.sidecar_calls = BackgroundCalls()
         self._handlers: dict[type, Handler] = {
-            CreateSecret: self._create_secret,
-            CreateService: self._create_service,
-            CreateNetworkPolicy: self._create_network_policy,
+            CreateSecret: children.create_secret,
+            CreateService: children.create_service,
+            CreateNetworkPolicy: children.create_network_policy,
             CreatePods: self._create_pods,
             DeletePods: self._delete_pods,
-            DeliverPlacement: self._deliver_placement,
+            DeliverPlacement: deliveries.deliver,
             Recover: self._recover,
             StartTraining: self._start_training,
             SaveBeforeSuspend: self._save_before_suspend,
@@ -138,144 +109,73 @@ class Reconciler:
             PatchWorkload: self._patch_workload,
             DeleteWorkload: self._delete_workload,
         }
-        # One clock for every time and duration the executors record. What they write is noted
-        # by the reconcile at hand (`keeping`), never in a place shared between jobs.
-        self.recovery = RecoveryExecutor(kube, config, self._send_patch, clock)
-        self.recovery.cache = cache  # lost nodes presumed from silent pods (silence.py)
-        self.tokens = JobTokens(kube, config.token_key)
-        self.starter = TrainingStarter(kube, config, self._send_patch, clock)
-        self.suspend_saver = SuspendSaver(kube, config, clock)
-        self.poller = CheckpointPoller(kube, cache, config, clock)
-        self.status_store = StatusStore(kube, config.status_inline_bytes)
-        self.workloads = Workloads(kube)
-        cache.read_jobs_through(self.status_store.full_job)
 
     def reconcile(self, key: JobKey) -> float | None:
         """One reconcile of job `key`; returns seconds until a time-based re-check, if any."""
         snap = self.cache.snapshot(key)
         if snap is None or (snap.job.get("metadata") or {}).get("deletionTimestamp"):
-            self._expected.pop(key, None)
-            self._refused.pop(key, None)
-            self._delivery.pop(key, None)
-            self.sidecar_calls.forget(key)
-            self._listed.pop(key, None)
-            self.status_store.forget(*key)
-            self.metrics.job_state(key, None)
-            self.metrics.replica_coverage(key, None)
-            self.metrics.checkpoint_pace(key, None)
+            self._forget(key)
             return None
         started = time.monotonic()
         self.metrics.reconciles.inc()
         job = JobView.from_object(snap.job)
         unsettled = _unsettled(job)
-        if unsettled and time.monotonic() - self._listed.get(key, 0.0) >= RELIST_SECONDS:
-            self._listed[key] = time.monotonic()
-            self.cache.replace_pods(key, self.kube.list_worker_pods(*key))
-            snap = self.cache.snapshot(key) or snap
+        if unsettled:
+            snap = self._relist(key, snap)
+        snap, decision = self._decide(key, job, snap)
+        writer = JobStatusWriter(self.status, job, decision.status, self._clock)
+        if _new_failure(decision):
+            # On record before it is acted on: planning may wait seconds on sidecars, and
+            # the failure must show (Recovering, restarts) within a second of the API event.
+            writer.write()
+        self._act(writer, job, snap, decision)
+        final = writer.write()
+        self._send_events(job, [*decision.events, *final.events,
+                                *(e for o in writer.outcomes for e in o.events)])
+        self.metrics.reconciled(key, state_of(final.conditions), decision.status.checkpoint,
+                                self._clock, time.monotonic() - started)
+        return _requeue_after(decision, writer.outcomes, unsettled)
+
+    def _forget(self, key: JobKey) -> None:
+        """The job is gone (or going): nothing of it is kept."""
+        self._expected.pop(key, None)
+        self._refused.pop(key, None)
+        self.deliveries.forget(key)
+        self._listed.pop(key, None)
+        self.status.forget(key)
+        self.metrics.forget(key)
+
+    def _relist(self, key: JobKey, snap: Snapshot) -> Snapshot:
+        """The job's pods listed again, at most every RELIST_SECONDS."""
+        if time.monotonic() - self._listed.get(key, 0.0) < RELIST_SECONDS:
+            return snap
+        self._listed[key] = time.monotonic()
+        self.cache.replace_pods(key, self.kube.list_worker_pods(*key))
+        return self.cache.snapshot(key) or snap
+
+    def _decide(self, key: JobKey, job: JobView, snap: Snapshot) -> tuple[Snapshot, Decision]:
         decision = decide(self._observe(key, job, snap), self.config)
         if _new_failure(decision) or _replans(decision):
             # Confirm with the API before acting: right after start-up the watches may not
             # have listed every pod and node yet, and a missing pod must not count as lost.
             snap = self._refresh(key, snap, _failed_ranks(decision))
             decision = decide(self._observe(key, job, snap), self.config)
-        context = _Call(decided=decision.status)
-        if _new_failure(decision):
-            # On record before it is acted on: planning may wait seconds on sidecars, and
-            # the failure must show (Recovering, restarts) within a second of the API event.
-            self._patch_status(key, job, self._final_status(context, job, decision)[0])
+        return snap, decision
+
+    def _act(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
+             decision: Decision) -> None:
+        detected = any(e.reason == RECOVERY_NEEDED.reason for e in decision.events)
         for action in decision.actions:
-            if isinstance(action, Recover) and any(
-                e.reason == RECOVERY_NEEDED.reason for e in decision.events
-            ):
-                self.metrics.recoveries.labels(kind=action.kind.value).inc()
-                self._record_detection(job, snap, decision)
-            self._handlers[type(action)](context, job, snap, action)
-        new, conditions, failed = self._final_status(context, job, decision)
-        self._patch_status(key, job, new)
-        self._send_events(job, [*decision.events, *failed,
-                                *(e for o in context.outcomes for e in o.events)])
-        self.metrics.job_state(key, state_of(conditions))
-        self.metrics.replica_coverage(key, decision.status.checkpoint.replica_coverage)
-        self.metrics.checkpoint_pace(key, decision.status.checkpoint)
-        persisted = parse_api_time(decision.status.checkpoint.persisted_time)
-        if persisted is not None:
-            age = (self._clock() - persisted).total_seconds()
-            self.metrics.persist_age.labels(job=f"{job.namespace}/{job.name}").set(age)
-        self.metrics.reconcile_seconds.observe(time.monotonic() - started)
-        waits = [o.requeue_after for o in context.outcomes if o.requeue_after is not None]
-        if decision.requeue_after is not None:
-            waits.append(decision.requeue_after)
-        if unsettled:
-            waits.append(RELIST_SECONDS)
-        return min(waits) if waits else None
-
-    def _final_status(self, context: _Call, job: JobView, decision: Decision
-                      ) -> tuple[dict[str, Any], tuple[Condition, ...], list[Event]]:
-        """The decided status with what the recovery steps wrote or finished on top, and the
-        events of a recovery that found nothing left to restore."""
-        new = decision.status.to_dict()
-        conditions = decision.status.conditions
-        events: list[Event] = []
-        for outcome in context.outcomes:
-            context.overrides.update(outcome.status)
-            for extra in outcome.conditions:
-                conditions = upsert(conditions, extra)
+            if isinstance(action, Recover) and detected:
+                self.metrics.recovery_detected(action.kind.value, _failures(decision),
+                                               _own(job, snap), snap.nodes, self._clock())
+            self._handlers[type(action)](writer, job, snap, action)
+        for outcome in writer.outcomes:
             if outcome.finished is not None:
-                conditions = upsert(conditions, RECOVERY_FINISHED.condition(
-                    api_time(self._clock()), job.generation,
-                    cause=outcome.finished.message or outcome.finished.cause,
-                    step=outcome.finished.restored))
                 self.metrics.observe_recovery(outcome.finished)
-            if outcome.unrecoverable is not None:
-                cause, why = outcome.unrecoverable
-                now = api_time(self._clock())
-                for reason, values in ((UNRECOVERABLE, {"cause": cause, "why": why}),
-                                       (JOB_FINISHED, {}), (RECOVERY_ABANDONED, {})):
-                    conditions = upsert(conditions, reason.condition(now, job.generation,
-                                                                     **values))
-                new.setdefault("completionTime", now)
-                events.append(Event.of_condition(UNRECOVERABLE, f"{cause}; {why}"))
-        for name, value in context.overrides.items():
-            if value is None:
-                new.pop(name, None)
-            else:
-                new[name] = value
-        new["conditions"] = [c.to_dict() for c in conditions]
-        new["state"] = state_of(conditions).value
-        return new, conditions, events
-
-    def _patch_status(self, key: JobKey, job: JobView, new: Mapping[str, Any]) -> None:
-        """Write what differs between `new` and the status last seen, if anything."""
-        current = self.cache.snapshot(key)
-        old = current.job.get("status") if current is not None else job.status
-        patch = status_patch(old, dict(new))
-        if patch is not None:
-            self._send_patch(job, patch)
-
-    def _send_patch(self, job: JobView, patch: Mapping[str, Any]) -> None:
-        """Apply `patch` (in terms of the full status) as stored (status_store.py)."""
-        stored = self.cache.stored_job((job.namespace, job.name)) or {
-            "metadata": {"name": job.name, "namespace": job.namespace, "uid": job.uid},
-            "status": job.status}
-        to_send = self.status_store.stored_patch(stored, patch)
-        if to_send is None:
-            return
-        updated = self.kube.patch_job_status(job.namespace, job.name, to_send)
-        self.cache.update_job(updated, deleted=False)
-        self.metrics.status_writes.inc()
-
-    def _record_detection(self, job: JobView, snap: Snapshot, decision: Decision) -> None:
-        self.metrics.detections.inc()
-        own = {r: p for r, p in snap.pods.items() if p.owner_uid == job.uid}
-        failures = [(f.rank, f.reason.value) for a in decision.actions if isinstance(a, Recover)
-                    for f in a.failures]
-        for cause, lag in detection_lags(failures, own, snap.nodes, self._clock()).items():
-            self.metrics.detection_seconds.labels(cause=cause).observe(lag)
 
     def _observe(self, key: JobKey, job: JobView, snap: Snapshot) -> Observed:
-        # A deleted job's pods may linger (the garbage collector takes its time) while a new
-        # job of the same name starts: only pods controlled by this very job are its own.
-        own = {r: p for r, p in snap.pods.items() if p.owner_uid == job.uid}
+        own = _own(job, snap)
         found = self.poller.findings(key)
         return Observed(
             job=job, pods=own, nodes=snap.nodes,
@@ -284,10 +184,10 @@ class Reconciler:
             parked=found.parked if found else {},
             process_exits=found.exits if found else {},
             foreign_ranks=frozenset(snap.pods) - frozenset(own),
-            has_service=self._exists(job, "Service", naming.service_name(job.name)),
-            has_secret=self._has_secret(job),
-            has_network_policy=self.config.render.network_policy and self._exists(
-                job, "NetworkPolicy", naming.network_policy_name(job.name)),
+            has_service=self.children.has_service(job),
+            has_secret=self.children.has_secret(job),
+            has_network_policy=self.config.render.network_policy
+            and self.children.has_network_policy(job),
             now=self._clock(), pending_creates=self._pending(key, snap),
             spares={i: s for i, s in snap.spares.items() if s.owner_uid == job.uid},
             pod_refused=self._pod_refusal(key, job),
@@ -317,22 +217,6 @@ class Reconciler:
                     self.cache.update_node(obj, deleted=False)
         return self.cache.snapshot(key) or fresh
 
-    def _has_secret(self, job: JobView) -> bool:
-        """With derived tokens the operator may not read Secrets: it creates the job's once
-        per run (an existing one is kept) instead of looking for it."""
-        if self.tokens.derived:
-            return (job.uid, "Secret") in self._children
-        return self._exists(job, "Secret", naming.secret_name(job.name))
-
-    def _exists(self, job: JobView, kind: str, name: str) -> bool:
-        """Read once per job; afterwards remembered (children are owned and not edited)."""
-        if (job.uid, kind) in self._children:
-            return True
-        if self.kube.exists(kind, job.namespace, name):
-            self._children.add((job.uid, kind))
-            return True
-        return False
-
     def _pending(self, key: JobKey, snap: Snapshot) -> frozenset[int]:
         expected = self._expected.get(key, {})
         now = time.monotonic()
@@ -342,26 +226,7 @@ class Reconciler:
 
     # --- the action table ---------------------------------------------------------------
 
-    def _create_secret(self, context: _Call, job: JobView, snap: Snapshot,
-                       action: CreateSecret) -> None:
-        # Created once; a Secret that exists (another operator's, a restart) is kept as is.
-        token, control = self.tokens.new(job.ref)
-        if not self.tokens.derived:  # first, so the pods never hold a digest of nothing
-            control = self.tokens.keep_control(job.ref, control)
-        self.kube.create(children.peer_secret(job.ref, token, control))
-        self._children.add((job.uid, "Secret"))
-
-    def _create_service(self, context: _Call, job: JobView, snap: Snapshot,
-                        action: CreateService) -> None:
-        self.kube.create(action.manifest)
-        self._children.add((job.uid, "Service"))
-
-    def _create_network_policy(self, context: _Call, job: JobView, snap: Snapshot,
-                               action: CreateNetworkPolicy) -> None:
-        self.kube.create(action.manifest)
-        self._children.add((job.uid, "NetworkPolicy"))
-
-    def _create_pods(self, context: _Call, job: JobView, snap: Snapshot,
+    def _create_pods(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                      action: CreatePods) -> None:
         expected = self._expected.setdefault((job.namespace, job.name), {})
         deadline = time.monotonic() + EXPECTATION_SECONDS
@@ -373,89 +238,38 @@ class Reconciler:
         except Invalid as err:  # the spec's pod cannot exist: say so in the job, do not retry
             log.warning("%s/%s: %s", job.namespace, job.name, err)
             self._refused[(job.namespace, job.name)] = (job.uid, job.generation, str(err))
-            context.outcomes.append(Outcome(requeue_after=0.0))
+            writer.outcomes.append(Outcome(requeue_after=0.0))
             return
         for rank, fresh in zip(ranks, created, strict=True):
             if not fresh:  # the name is taken: wait for that pod, do not expect ours
                 expected.pop(rank, None)
 
-    def _delete_pods(self, context: _Call, job: JobView, snap: Snapshot,
+    def _delete_pods(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                      action: DeletePods) -> None:
         log.info("deleting %d pods of %s/%s: %s", len(action.names), job.namespace, job.name,
                  action.reason)
         _parallel(lambda name: self.kube.delete_pod(job.namespace, name), action.names)
 
-    def _deliver_placement(self, context: _Call, job: JobView, snap: Snapshot,
-                           action: DeliverPlacement) -> None:
-        """POST the published placement to every sidecar, in the background (a reconcile never
-        waits on sidecars); its end wakes the job, whose next reconcile records the outcome in
-        the PlacementDelivered condition. Sidecars that do not answer (not started yet, a
-        cut-off node, fake nodes) leave the status written and are retried with backoff."""
-        key = (job.namespace, job.name)
-        pods = dict(snap.pods)
-        # A result counts only for the placement and the pods it was sent to.
-        what = json.dumps([action.placement, {r: p.ip for r, p in pods.items()}],
-                          sort_keys=True)
-        call = self.sidecar_calls.take(key, what)
-        if isinstance(call, Running):  # its end wakes the job; the requeue is a safety net
-            context.outcomes.append(Outcome(requeue_after=DELIVERY_TIMEOUT_SECONDS + 1.0))
-            return
-        if isinstance(call, Finished):
-            self._delivered(context, job, call)
-            return
-        _, due = self._delivery.get(key, (0, 0.0))
-        if due > time.monotonic():
-            context.outcomes.append(Outcome(requeue_after=due - time.monotonic()))
-            return
-        token = self.tokens.of(job.ref)
-        if token is None:
-            raise RuntimeError(f"the peer-auth Secret of {job.namespace}/{job.name} is missing")
+    def _recover(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
+                 action: Recover) -> None:
+        outcome = self.recovery.recover(job, snap, action, writer.decided, writer)
+        writer.outcomes.append(outcome)
 
-        def deliver() -> int:
-            return placement_delivery.deliver(action.record.layout, pods, self.config.render,
-                                              token)
-
-        self.sidecar_calls.start(key, what, deliver)
-
-    def _delivered(self, context: _Call, job: JobView, call: Finished) -> None:
-        """Record how a finished delivery went; a failed one is retried after a backoff."""
-        key = (job.namespace, job.name)
-        now = api_time(self._clock())
-        error = call.error
-        if error is None:
-            self._delivery.pop(key, None)
-            new = PLACEMENT_DELIVERED.condition(now, job.generation, ranks=call.value)
-            context.outcomes.append(Outcome(conditions=[new],
-                                            events=_changed(context.decided, new)))
-            return
-        if not isinstance(error, DeliveryError):
-            raise error
-        failures, _ = self._delivery.get(key, (0, 0.0))
-        delay = min(DELIVERY_RETRY_SECONDS * 2 ** failures, DELIVERY_RETRY_MAX_SECONDS)
-        self._delivery[key] = (failures + 1, time.monotonic() + delay)
-        new = SIDECARS_UNREACHABLE.condition(now, job.generation, failed=error.failed,
-                                             ranks=error.total, detail=str(error)[:2000])
-        context.outcomes.append(Outcome(requeue_after=delay, conditions=[new],
-                                        events=_changed(context.decided, new)))
-
-    def _recover(self, context: _Call, job: JobView, snap: Snapshot, action: Recover) -> None:
-        recovery = self.recovery.keeping(context.overrides.update)
-        context.outcomes.append(recovery.recover(job, snap, action, context.decided))
-
-    def _start_training(self, context: _Call, job: JobView, snap: Snapshot,
+    def _start_training(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                         action: StartTraining) -> None:
-        starter = self.starter.keeping(context.overrides.update)
-        context.outcomes.append(starter.start_training(job, snap, action, context.decided))
+        outcome = self.starter.start_training(job, snap, action, writer.decided, writer)
+        writer.outcomes.append(outcome)
 
-    def _save_before_suspend(self, context: _Call, job: JobView, snap: Snapshot,
+    def _save_before_suspend(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                              action: SaveBeforeSuspend) -> None:
-        outcome = self.suspend_saver.save_before_suspend(job, snap, action, context.decided)
-        context.outcomes.append(outcome)
+        outcome = self.suspend_saver.save_before_suspend(job, snap, action, writer.decided,
+                                                         writer)
+        writer.outcomes.append(outcome)
         # The poller's findings predate this commit: drop them, or the next reconcile would
         # put the older persistedStep back (it starts again from the status on resume).
         self.poller.forget((job.namespace, job.name))
 
-    def _hold_spares(self, context: _Call, job: JobView, snap: Snapshot,
+    def _hold_spares(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                      action: HoldSpares) -> None:
         """Placeholders: made again by name when gone (a create of an existing one is a no-op),
         those on lost nodes removed at once (grace 0), unwanted ones gracefully."""
@@ -464,20 +278,21 @@ class Reconciler:
                   action.force_delete)
         _parallel(lambda name: self.kube.delete_pod(job.namespace, name), action.delete)
 
-    def _delete_job(self, context: _Call, job: JobView, snap: Snapshot, action: DeleteJob) -> None:
+    def _delete_job(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
+                    action: DeleteJob) -> None:
         self.kube.delete_job(job.namespace, job.name)
 
-    def _create_workload(self, context: _Call, job: JobView, snap: Snapshot,
+    def _create_workload(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                          action: CreateWorkload) -> None:
-        context.outcomes.append(self.workloads.create(job, action))
+        writer.outcomes.append(self.workloads.create(job, action))
 
-    def _patch_workload(self, context: _Call, job: JobView, snap: Snapshot,
+    def _patch_workload(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                         action: PatchWorkload) -> None:
-        context.outcomes.append(self.workloads.patch(job, action))
+        writer.outcomes.append(self.workloads.patch(job, action))
 
-    def _delete_workload(self, context: _Call, job: JobView, snap: Snapshot,
+    def _delete_workload(self, writer: JobStatusWriter, job: JobView, snap: Snapshot,
                          action: DeleteWorkload) -> None:
-        context.outcomes.append(self.workloads.delete(job, action))
+        writer.outcomes.append(self.workloads.delete(job, action))
 
     def _send_events(self, job: JobView, events: Iterable[Event]) -> None:
         ref = {"name": job.name, "namespace": job.namespace, "uid": job.uid}
@@ -489,12 +304,21 @@ class Reconciler:
                 log.warning("could not record event %s: %s", event.reason, err)
 
 
-def _changed(decided: JobStatus, new: Condition) -> list[Event]:
-    """An event for a condition an action handler sets, when its reason changes."""
-    old = find(decided.conditions, ConditionType(new.type))
-    if old is not None and (old.status, old.reason) == (new.status, new.reason):
-        return []
-    return [Event.of_change(new)]
+def _own(job: JobView, snap: Snapshot) -> dict[int, PodView]:
+    """The job's pods. A deleted job's pods may linger (the garbage collector takes its time)
+    while a new job of the same name starts: only pods controlled by this very job count."""
+    return {r: p for r, p in snap.pods.items() if p.owner_uid == job.uid}
+
+
+def _requeue_after(decision: Decision, outcomes: Sequence[Outcome], unsettled: bool
+                   ) -> float | None:
+    """The soonest re-check anything asked for."""
+    waits = [o.requeue_after for o in outcomes if o.requeue_after is not None]
+    if decision.requeue_after is not None:
+        waits.append(decision.requeue_after)
+    if unsettled:
+        waits.append(RELIST_SECONDS)
+    return min(waits) if waits else None
 
 
 def _replans(decision: Decision) -> bool:
@@ -509,8 +333,14 @@ def _replans(decision: Decision) -> bool:
 
 def _failed_ranks(decision: Decision) -> set[int] | None:
     """The ranks a recovery decision is about (None: not a recovery; re-read every pod)."""
-    ranks = {f.rank for a in decision.actions if isinstance(a, Recover) for f in a.failures}
+    ranks = {rank for rank, _ in _failures(decision)}
     return ranks or None
+
+
+def _failures(decision: Decision) -> list[tuple[int, str]]:
+    """(rank, cause) of every failure a recovery decision is about."""
+    return [(f.rank, f.reason.value) for a in decision.actions if isinstance(a, Recover)
+            for f in a.failures]
 
 
 def _unsettled(job: JobView) -> bool:

@@ -27,11 +27,13 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 
 from gemini.domain.recovery import FailureKind, RecoveryPlan, plan_recovery
 from gemini_operator.calls.sidecars import SidecarError, refusing, worker_ports
-from gemini_operator.calls.worker_calls import inventory_copies
+from gemini_operator.calls.worker_calls import WorkerCalls, inventory_copies
 from gemini_operator.cluster.cache import ClusterCache, Snapshot
+from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core import render
 from gemini_operator.core.actions import Recover
 from gemini_operator.core.apitime import api_time
@@ -44,7 +46,8 @@ from gemini_operator.core.silence import PRESUME_S, suspects
 from gemini_operator.core.spares import spare_nodes
 from gemini_operator.core.spec import JobSpec
 from gemini_operator.core.status import JobStatus
-from gemini_operator.core.types import JobView
+from gemini_operator.core.status_changes import RecoveryAt, RecoveryDropped, StatusWriter
+from gemini_operator.core.types import JobView, ReconcileConfig
 from gemini_operator.steps.restore import PhaseExecutor
 
 log = logging.getLogger(__name__)
@@ -57,20 +60,26 @@ PROBE_EVERY_S = 1.0  # survivors probed at most this often while a recovery wait
 class RecoveryExecutor(PhaseExecutor):
     """Carries a recovery from the failure to the restarted epoch, phase by phase."""
 
-    cache: ClusterCache | None = None  # where lost nodes are presumed; None: never
+    def __init__(
+        self, kube: KubeClient, config: ReconcileConfig, calls: WorkerCalls,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        cache: ClusterCache | None = None,
+    ) -> None:
+        super().__init__(kube, config, calls, clock)
+        self.cache = cache  # where lost nodes are presumed (silence.py); None: never
 
-    def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus
-                ) -> Outcome:
+    def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus,
+                writer: StatusWriter) -> Outcome:
         record = status.recovery
         launched = status.launch.epoch if status.launch is not None else 0
         if record is None or record.epoch <= launched:
-            record = self._begin(job, action, launched)
+            record = self._begin(job, action, launched, writer)
         elif newly_lost(action, record):
             # A node went NotReady after the recovery was planned (a peer's crash is often
             # seen first): plan again with the lost ranks, keeping the epoch and start time.
-            record = self._begin(job, action, launched, record)
+            record = self._begin(job, action, launched, writer, record)
         try:
-            return self._run_phases(job, snap, action, status, record)
+            return self._run_phases(job, snap, action, status, record, writer)
         except SidecarError as err:  # a sidecar restarting or cut off: try again shortly
             self._say_wait(job, f"waits for a sidecar: {err}")
             self._look_for_lost_survivors(job, status, record)
@@ -78,8 +87,8 @@ class RecoveryExecutor(PhaseExecutor):
             self._say_wait(job, f"waits: {wait}")
             self._look_for_lost_survivors(job, status, record)
         except Unrecoverable as err:
-            return Outcome(status={"recovery": None},
-                           unrecoverable=(record.cause or "a failure", str(err)))
+            writer.set(RecoveryDropped())
+            return Outcome(unrecoverable=(record.cause or "a failure", str(err)))
         return Outcome(requeue_after=WAIT_SECONDS)
 
     def _say_wait(self, job: JobView, what: str) -> None:
@@ -87,23 +96,23 @@ class RecoveryExecutor(PhaseExecutor):
         log.log(level, "recovery of %s/%s %s", job.namespace, job.name, what)
 
     def _run_phases(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus,
-                    record: RecoveryRecord) -> Outcome:
+                    record: RecoveryRecord, writer: StatusWriter) -> Outcome:
         spec = action.spec
         if record.phase is RecoveryPhase.PLANNING:
             plan = self._plan(job, spec, status, record)
-            record = self._step(job, record, RecoveryPhase.REPLACING, plan)
+            record = self._step(record, RecoveryPhase.REPLACING, writer, plan)
         if record.phase is RecoveryPhase.REPLACING:
             self._replace(job, snap, action, status, record)
             if status.launch is None:  # never started: the start protocol takes it from here
                 pods = self.calls.listed(job, status.restart_attempt)
-                return self.restorer.finish(job, status, record, pods)
-            record = self._step(job, record, RecoveryPhase.FETCHING)
+                return self.restorer.finish(job, status, record, pods, writer)
+            record = self._step(record, RecoveryPhase.FETCHING, writer)
         if record.phase is RecoveryPhase.FETCHING:
             self.restorer.fetch(job, spec, status, record)
-            record = self._step(job, record, RecoveryPhase.RESTARTING)
-        return self.restorer.restart(job, spec, status, record)
+            record = self._step(record, RecoveryPhase.RESTARTING, writer)
+        return self.restorer.restart(job, spec, status, record, writer)
 
-    def _begin(self, job: JobView, action: Recover, launched_epoch: int,
+    def _begin(self, job: JobView, action: Recover, launched_epoch: int, writer: StatusWriter,
                previous: RecoveryRecord | None = None) -> RecoveryRecord:
         now = self._clock()
         failed = sorted({f.rank for f in action.failures}
@@ -124,13 +133,13 @@ class RecoveryExecutor(PhaseExecutor):
             marks=previous.superseded_marks(now.timestamp()) if previous else {},
             lost_ranks=tuple(lost),
         )
-        self._write(job, {"recovery": record.to_dict()})  # recorded before anything is done
+        writer.ahead(RecoveryAt(record))  # recorded before anything is done
         return record
 
-    def _step(self, job: JobView, record: RecoveryRecord, phase: RecoveryPhase,
+    def _step(self, record: RecoveryRecord, phase: RecoveryPhase, writer: StatusWriter,
               plan: PlanRecord | None = None) -> RecoveryRecord:
         new = record.at(phase, self._clock().timestamp(), plan)
-        self._write(job, {"recovery": new.to_dict()})
+        writer.ahead(RecoveryAt(new))
         return new
 
     def _plan(self, job: JobView, spec: JobSpec, status: JobStatus,

@@ -5,22 +5,21 @@ restarted operator does no harm."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import Any
 
 from gemini.control.transfers import FetchReplicasRequest, FetchRequest, RestoreRequest
 from gemini.domain.recovery import MODE_MEMORY, MODE_S3
 from gemini_operator.calls import placement_delivery, sidecars
 from gemini_operator.calls.sidecars import TIMEOUT_SECONDS, SidecarError
-from gemini_operator.calls.worker_calls import CommittedSteps, WorkerCalls, launch_record
+from gemini_operator.calls.worker_calls import WorkerCalls, launch_record
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core.apitime import api_time
 from gemini_operator.core.conditions import RECOVERY_FINISHED
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.observed import PodView
-from gemini_operator.core.outcome import Keep, Outcome, RecoveryWait, kept
+from gemini_operator.core.outcome import Outcome, RecoveryWait
 from gemini_operator.core.records import (
     RESUME,
     SUPERSEDED,
@@ -30,34 +29,24 @@ from gemini_operator.core.records import (
 )
 from gemini_operator.core.spec import JobSpec
 from gemini_operator.core.status import JobStatus
+from gemini_operator.core.status_changes import Recovered, StatusWriter
 from gemini_operator.core.types import JobView, ReconcileConfig
 
 PHASE_ORDER = (SUPERSEDED, "planning", "replacing", "fetching", "restarting")
-WriteStatus = Callable[[JobView, Mapping[str, Any]], None]
 
 
 class PhaseExecutor:
     """What the recovery and the training-start executors share: the calls to the workers,
-    the Fetching/Restarting phases, the status writer and the clock."""
+    the Fetching/Restarting phases and the clock. Nothing here is per job: what a step writes
+    goes through the status writer of the reconcile at hand."""
 
     def __init__(
-        self, kube: KubeClient, config: ReconcileConfig, write_status: WriteStatus,
+        self, kube: KubeClient, config: ReconcileConfig, calls: WorkerCalls,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
-        s3_steps: CommittedSteps | None = None,
     ) -> None:
-        self.kube, self.config = kube, config
-        self.calls = WorkerCalls(kube, config.render, s3_steps, config.token_key)
+        self.kube, self.config, self.calls = kube, config, calls
         self.restorer = Restorer(self.calls, clock)
-        self._write = write_status
         self._clock = clock
-
-    def keeping(self, keep: Keep) -> Self:
-        """This executor for one reconcile: each status record is written as before and also
-        handed to `keep`, that reconcile's own note of what it wrote (jobs reconciled at once
-        never share one; nothing else here is per job)."""
-        bound = copy.copy(self)
-        bound._write = kept(self._write, keep)
-        return bound
 
 
 class Restorer:
@@ -105,7 +94,7 @@ class Restorer:
         sidecars.fetch_replicas(targets(pods), token, FetchReplicasRequest(version=plan.version))
 
     def restart(self, job: JobView, spec: JobSpec, status: JobStatus,
-                record: RecoveryRecord) -> Outcome:
+                record: RecoveryRecord, writer: StatusWriter) -> Outcome:
         """Restarting: every launcher runs the record's epoch; done once all of them do."""
         plan = record.plan
         pods = self.calls.running(job, status.restart_attempt, spec.num_nodes)
@@ -121,10 +110,10 @@ class Restorer:
         behind = sorted(r for r, epoch in epochs.items() if epoch != record.epoch)
         if behind:
             raise RecoveryWait(f"ranks {behind} are not running epoch {record.epoch} yet")
-        return self.finish(job, status, record, pods)
+        return self.finish(job, status, record, pods, writer)
 
     def finish(self, job: JobView, status: JobStatus, record: RecoveryRecord,
-               pods: Mapping[int, PodView]) -> Outcome:
+               pods: Mapping[int, PodView], writer: StatusWriter) -> Outcome:
         """status.lastRecovery, a new launch record, and the recovery record removed."""
         plan = record.plan or PlanRecord(None, "", "")
         duration = self._clock().timestamp() - record.started_unix
@@ -137,13 +126,14 @@ class Restorer:
             completion_time=api_time(self._clock()), duration_seconds=round(duration, 3),
             duration_milliseconds=int(duration * 1000), epoch=record.epoch,
             breakdown=breakdown(marks), restored_step=plan.version)
-        new_status: dict[str, Any] = {"lastRecovery": last.to_json(), "recovery": None}
+        launch = placement = None
         if status.launch is not None:
-            new_status["launch"] = launch_record(record.epoch, status.restart_attempt, pods,
-                                                 self.calls.ports, job.uid).to_dict()
+            launch = launch_record(record.epoch, status.restart_attempt, pods, self.calls.ports,
+                                   job.uid)
         if status.placement is not None and plan.replace_ranks:
-            new_status["placement"] = status.placement.moved_to(
-                {r: p.node_name for r, p in pods.items()}).to_json()
+            placement = status.placement.moved_to(
+                {r: p.node_name for r, p in pods.items()})
+        writer.set(Recovered(last, launch, placement))
         if record.kind == RESUME:
             event = Event.of(EventReason.RESUMED_FROM_CHECKPOINT, (
                 f"resumed after the suspend from step {plan.version} committed to S3 "
@@ -153,7 +143,7 @@ class Restorer:
             event = Event.of_condition(RECOVERY_FINISHED, (
                 f"recovered from {record.cause}: restored step {plan.version} from "
                 f"{source.lower()} in {duration:.1f} s (epoch {record.epoch})"))
-        return Outcome(status=new_status, finished=last, events=[event])
+        return Outcome(finished=last, events=[event])
 
 
 def breakdown(marks: Mapping[str, float]) -> dict[str, float]:

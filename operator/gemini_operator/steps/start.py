@@ -25,6 +25,7 @@ from gemini_operator.core.outcome import Outcome, RecoveryWait, S3Unreadable
 from gemini_operator.core.records import RESUME, PlanRecord, RecoveryPhase, RecoveryRecord
 from gemini_operator.core.spec import JobSpec
 from gemini_operator.core.status import JobStatus
+from gemini_operator.core.status_changes import Launched, RecoveryAt, StatusWriter
 from gemini_operator.core.types import JobView
 from gemini_operator.steps.restore import PhaseExecutor
 
@@ -45,12 +46,12 @@ class TrainingStarter(PhaseExecutor):
     """Starts training: a job's first epoch, or its resume after a suspend."""
 
     def start_training(self, job: JobView, snap: Snapshot, action: StartTraining,
-                       status: JobStatus) -> Outcome:
+                       status: JobStatus, writer: StatusWriter) -> Outcome:
         if resuming(status):
-            return self._resume(job, snap, action.spec, status)
-        return self._start(job, snap, status)
+            return self._resume(job, snap, action.spec, status, writer)
+        return self._start(job, snap, status, writer)
 
-    def _start(self, job: JobView, snap: Snapshot, status: JobStatus,
+    def _start(self, job: JobView, snap: Snapshot, status: JobStatus, writer: StatusWriter,
                note: Event | None = None) -> Outcome:
         """Every launcher of the attempt starts the next epoch from scratch."""
         pods = self.calls.cached(snap, status.restart_attempt)
@@ -66,11 +67,11 @@ class TrainingStarter(PhaseExecutor):
         started = Event.of(EventReason.TRAINING_STARTED, (
             f"started training epoch {epoch} on {len(pods)} workers (rendezvous "
             f"{pods[0].ip}:{port})"))
-        return Outcome(status={"launch": launch.to_dict()},
-                       events=[started, *([note] if note else [])])
+        writer.set(Launched(launch))
+        return Outcome(events=[started, *([note] if note else [])])
 
-    def _resume(self, job: JobView, snap: Snapshot, spec: JobSpec, status: JobStatus
-                ) -> Outcome:
+    def _resume(self, job: JobView, snap: Snapshot, spec: JobSpec, status: JobStatus,
+                writer: StatusWriter) -> Outcome:
         """Training ran before the job was suspended, and the pods took their memory with
         them: every sidecar restores the newest step committed to S3, then the launchers
         start from it."""
@@ -86,24 +87,24 @@ class TrainingStarter(PhaseExecutor):
             if not steps:
                 why = ("persistence is not configured" if spec.persistence is None
                        else "S3 lists no committed step")
-                return self._start(job, snap, status, Event.of(
+                return self._start(job, snap, status, writer, Event.of(
                     EventReason.RESUMED_WITHOUT_CHECKPOINT,
                     f"resumed after the suspend from step 0: {why}"))
-            record = self._begin_resume(job, spec, status, launched, max(steps))
+            record = self._begin_resume(spec, status, launched, max(steps), writer)
         try:
             if record.phase is RecoveryPhase.FETCHING:
                 self.restorer.fetch(job, spec, status, record)
                 record = record.at(RecoveryPhase.RESTARTING, self._clock().timestamp())
-                self._write(job, {"recovery": record.to_dict()})
-            return self.restorer.restart(job, spec, status, record)
+                writer.ahead(RecoveryAt(record))
+            return self.restorer.restart(job, spec, status, record, writer)
         except SidecarError as err:
             log.info("resume of %s/%s waits for a sidecar: %s", job.namespace, job.name, err)
         except RecoveryWait as wait:
             log.info("resume of %s/%s waits: %s", job.namespace, job.name, wait)
         return Outcome(requeue_after=WAIT_SECONDS)
 
-    def _begin_resume(self, job: JobView, spec: JobSpec, status: JobStatus, launched: int,
-                      version: int) -> RecoveryRecord:
+    def _begin_resume(self, spec: JobSpec, status: JobStatus, launched: int, version: int,
+                      writer: StatusWriter) -> RecoveryRecord:
         now = self._clock()
         plan = RecoveryPlan(
             version, MODE_S3, dict.fromkeys(range(spec.num_nodes), RankSource("s3")), (), {},
@@ -115,5 +116,5 @@ class TrainingStarter(PhaseExecutor):
             marks={"planning": 0.0, "replacing": 0.0},
             plan=PlanRecord.from_plan(plan, status.checkpoint.in_memory_step),
         )
-        self._write(job, {"recovery": record.to_dict()})  # recorded before anything is restored
+        writer.ahead(RecoveryAt(record))  # recorded before anything is restored
         return record

@@ -5,32 +5,30 @@ pods are deleted afterwards whatever happened); events say what was kept and wha
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from datetime import UTC, datetime
 
 from gemini_operator.calls.poller import complete_in_memory
 from gemini_operator.calls.sidecars import SidecarError, persist_and_commit
 from gemini_operator.calls.worker_calls import WorkerCalls
 from gemini_operator.cluster.cache import Snapshot
-from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core.actions import SaveBeforeSuspend
 from gemini_operator.core.apitime import api_time
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.status import JobStatus
-from gemini_operator.core.types import JobView, ReconcileConfig
+from gemini_operator.core.status_changes import PersistedBeforeSuspend, StatusWriter
+from gemini_operator.core.types import JobView
 
 SUSPEND_PERSIST_SECONDS = 120.0  # how long a suspend waits for the upload before deleting
 
 
 class SuspendSaver:
-    def __init__(self, kube: KubeClient, config: ReconcileConfig,
+    def __init__(self, calls: WorkerCalls,
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        self.calls = WorkerCalls(kube, config.render, token_key=config.token_key)
-        self._clock = clock
+        self.calls, self._clock = calls, clock
 
     def save_before_suspend(self, job: JobView, snap: Snapshot, action: SaveBeforeSuspend,
-                            status: JobStatus) -> Outcome:
+                            status: JobStatus, writer: StatusWriter) -> Outcome:
         pods = {r: p for r, p in self.calls.cached(snap, status.restart_attempt).items()
                 if p.ip and not p.deleting and not p.terminal}
         in_memory = status.checkpoint.in_memory_step
@@ -59,8 +57,7 @@ class SuspendSaver:
             return Outcome(events=[Event.of(EventReason.SUSPEND_CHECKPOINT_FAILED, (
                 f"could not persist the checkpoint in memory (step {in_memory}) before "
                 f"deleting the pods: {err}; {kept}")[:1024])])
-        checkpoint = replace(status.checkpoint, persisted_step=version,
-                             persisted_time=api_time(self._clock()), persist_error=None)
-        return Outcome(status={"checkpoint": checkpoint.to_dict()}, events=[Event.of(
+        writer.set(PersistedBeforeSuspend(version, api_time(self._clock())))
+        return Outcome(events=[Event.of(
             EventReason.SUSPEND_CHECKPOINT_SAVED, f"persisted and committed step {version} "
             "before deleting the pods: resume restores it")])

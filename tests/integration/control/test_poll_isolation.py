@@ -25,7 +25,7 @@ from gemini_operator.core.types import ReconcileConfig
 from gemini_operator.runtime import handlers
 from gemini_operator.runtime.election import LeaderElector
 from gemini_operator.runtime.metrics import OperatorMetrics
-from gemini_operator.runtime.reconciler import Reconciler
+from gemini_operator.runtime.wiring import build_reconciler
 from gemini_operator.runtime.workqueue import WorkQueue
 from tests.integration.control.hostile import Server, drip_body, routes, serving
 from tests.unit.control.test_types import INVENTORY, STATUS
@@ -89,7 +89,7 @@ def _runtime(cache: ClusterCache, ports: RenderConfig) -> handlers.Runtime:
     kube = cast(KubeClient, FakeKube(secrets=tokens))
     config = ReconcileConfig(render=ports, default_sidecar_image="gemini:side")
     metrics = OperatorMetrics()
-    reconciler = Reconciler(kube, cache, config, metrics)
+    reconciler = build_reconciler(kube, cache, config, metrics)
     queue = WorkQueue(reconciler.reconcile, lambda: True, metrics)
     return handlers.Runtime(kube, cache, reconciler, queue, cast(LeaderElector, None), metrics,
                             leading=True)

@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -22,7 +23,8 @@ from gemini_operator.core.records import PlacementRecord
 from gemini_operator.core.render import RenderConfig
 from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import JobView, ReconcileConfig
-from gemini_operator.runtime.reconciler import Reconciler, _Call
+from gemini_operator.runtime.status_writer import JobStatusWriter
+from gemini_operator.runtime.wiring import build_reconciler
 from tests.unit.operator.fake_kube import FakeKube
 
 KEY = ("ns", "job")
@@ -81,8 +83,8 @@ def test_a_silent_sidecar_does_not_hold_the_reconcile(silent_sidecar: int) -> No
     woken = threading.Event()
     config = ReconcileConfig(render=RenderConfig(sidecar_port=silent_sidecar - 1))
     kube = FakeKube(secrets={("ns", "job-peer-auth"): {"token": "token"}})  # the peer-auth token
-    reconciler = Reconciler(kube, ClusterCache(), config)  # type: ignore[arg-type]
-    reconciler.sidecar_calls.wake = lambda key: woken.set()
+    reconciler = build_reconciler(kube, ClusterCache(), config,  # type: ignore[arg-type]
+                                  wake=lambda key: woken.set())
     job = JobView.from_object({"metadata": {"name": "job", "namespace": "ns", "uid": "u"},
                                "spec": {"numNodes": 1}})
     pod = PodView(name="job-worker-0", rank=0, attempt=0, uid="p", phase="Running",
@@ -90,19 +92,19 @@ def test_a_silent_sidecar_does_not_hold_the_reconcile(silent_sidecar: int) -> No
     snap = Snapshot(job={}, pods={0: pod}, nodes={})
     action = DeliverPlacement(PlacementRecord(mixed_placement(1, 1), 0, {0: ""}))
 
-    call = _Call(decided=JobStatus())
+    call = JobStatusWriter(reconciler.status, job, JobStatus(), datetime.now)
     started = time.monotonic()
-    reconciler._deliver_placement(call, job, snap, action)
+    reconciler.deliveries.deliver(call, job, snap, action)
     assert time.monotonic() - started < 0.5 < DELIVERY_TIMEOUT_SECONDS
     assert call.outcomes == []  # started: nothing to record yet
-    reconciler._deliver_placement(call, job, snap, action)  # still in flight: nothing recorded
+    reconciler.deliveries.deliver(call, job, snap, action)  # still in flight: nothing recorded
     (waiting,) = call.outcomes
     assert waiting.conditions == [] and waiting.requeue_after is not None
 
     assert woken.wait(DELIVERY_TIMEOUT_SECONDS + 5), "the call's end did not wake the job"
     assert time.monotonic() - started >= DELIVERY_TIMEOUT_SECONDS * 0.9
-    call = _Call(decided=JobStatus())
-    reconciler._deliver_placement(call, job, snap, action)
+    call = JobStatusWriter(reconciler.status, job, JobStatus(), datetime.now)
+    reconciler.deliveries.deliver(call, job, snap, action)
     (outcome,) = call.outcomes
     (condition,) = outcome.conditions
     assert (condition.type, condition.reason) == ("PlacementDelivered", "SidecarsUnreachable")

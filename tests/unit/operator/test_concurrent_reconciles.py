@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import threading
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,9 +17,10 @@ from gemini_operator.core.actions import Decision, Recover
 from gemini_operator.core.events import Event, EventReason
 from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.status import JobStatus
+from gemini_operator.core.status_changes import RecoveryDropped, StatusWriter
 from gemini_operator.core.types import JobView, Observed, ReconcileConfig
 from gemini_operator.runtime import reconciler as reconciler_module
-from gemini_operator.runtime.reconciler import Reconciler
+from gemini_operator.runtime.wiring import build_reconciler
 from tests.unit.operator.fake_kube import FakeKube
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -32,28 +34,29 @@ def _job(name: str) -> dict[str, Any]:
             "spec": {"numNodes": 1}, "status": {"state": "Recovering"}}
 
 
+@dataclass(frozen=True)
+class _Fields:
+    """A status change given as its JSON: these tests look at whose status it lands in."""
+
+    doc: dict[str, Any]
+
+    def fields(self, decided: JobStatus) -> dict[str, Any]:
+        return self.doc
+
+
 class _InterleavedRecovery:
     """A recovery step per job that records its phase, then waits until the other job's step
     runs too (both reconciles are past their start), then hands back its own result."""
 
-    def __init__(self, barrier: threading.Barrier, write: Any) -> None:
+    def __init__(self, barrier: threading.Barrier) -> None:
         self.barrier = barrier
-        self.write, self.keep = write, None
 
-    def keeping(self, keep: Any) -> _InterleavedRecovery:
-        bound = copy.copy(self)
-        bound.keep = keep
-        return bound
-
-    def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus
-                ) -> Outcome:
-        record = {"recovery": {"phase": f"restarting {job.name}"}}
-        self.write(job, record)  # as the executors do: sent, then noted by the reconcile
-        if self.keep is not None:
-            self.keep(record)
+    def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus,
+                writer: StatusWriter) -> Outcome:
+        writer.ahead(_Fields({"recovery": {"phase": f"restarting {job.name}"}}))
         self.barrier.wait()
-        return Outcome(status={"lastRecovery": {"job": job.name}},
-                       requeue_after=WAITS[job.name],
+        writer.set(_Fields({"lastRecovery": {"job": job.name}}))
+        return Outcome(requeue_after=WAITS[job.name],
                        events=[Event.of(EventReason.CREATED_WORKERS, f"recovered {job.name}")])
 
 
@@ -70,11 +73,10 @@ def test_two_jobs_reconciled_at_once_keep_their_own_recovery_results(
     kube, cache = FakeKube(jobs=[_job(name) for name in JOBS]), ClusterCache()
     for name in JOBS:
         cache.update_job(copy.deepcopy(kube.jobs[("ns", name)]), deleted=False)
-    reconciler = Reconciler(kube, cache, ReconcileConfig(),  # type: ignore[arg-type]
-                            clock=lambda: NOW)
     barrier = threading.Barrier(2, timeout=10)
-    reconciler.recovery = _InterleavedRecovery(  # type: ignore[assignment]
-        barrier, reconciler._send_patch)
+    reconciler = build_reconciler(kube, cache, ReconcileConfig(),  # type: ignore[arg-type]
+                                  clock=lambda: NOW,
+                                  recovery=_InterleavedRecovery(barrier))  # type: ignore[arg-type]
     waits: dict[str, float | None] = {}
     errors: list[BaseException] = []
 
@@ -104,13 +106,10 @@ def test_two_jobs_reconciled_at_once_keep_their_own_recovery_results(
 class _Unrecoverable:
     """A recovery step that finds nothing left to restore."""
 
-    def keeping(self, keep: Any) -> _Unrecoverable:
-        return self
-
-    def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus
-                ) -> Outcome:
-        return Outcome(status={"recovery": None},
-                       unrecoverable=("rank 1: node lost", "no copy of rank 1's shard is left"))
+    def recover(self, job: JobView, snap: Snapshot, action: Recover, status: JobStatus,
+                writer: StatusWriter) -> Outcome:
+        writer.set(RecoveryDropped())
+        return Outcome(unrecoverable=("rank 1: node lost", "no copy of rank 1's shard is left"))
 
 
 def test_an_unrecoverable_recovery_fails_the_job_and_ends_recovering(
@@ -123,9 +122,8 @@ def test_an_unrecoverable_recovery_fails_the_job_and_ends_recovering(
         "conditions": [{"type": "Recovering", "status": "True", "reason": "RecoveryNeeded",
                         "message": "x", "lastTransitionTime": "2026-01-01T00:00:00Z"}]}
     cache.update_job(copy.deepcopy(kube.jobs[("ns", "a")]), deleted=False)
-    reconciler = Reconciler(kube, cache, ReconcileConfig(),  # type: ignore[arg-type]
-                            clock=lambda: NOW)
-    reconciler.recovery = _Unrecoverable()  # type: ignore[assignment]
+    reconciler = build_reconciler(kube, cache, ReconcileConfig(),  # type: ignore[arg-type]
+                                  clock=lambda: NOW, recovery=_Unrecoverable())  # type: ignore[arg-type]
     reconciler.reconcile(("ns", "a"))
     status = kube.jobs[("ns", "a")]["status"]
     conditions = {c["type"]: c for c in status["conditions"]}

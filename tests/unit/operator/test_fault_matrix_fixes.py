@@ -85,6 +85,7 @@ def test_progress_from_before_a_restart_does_not_count_towards_a_hang() -> None:
     from datetime import UTC, datetime
 
     from gemini_operator.calls.poller import CheckpointPoller, Findings
+    from gemini_operator.calls.tokens import JobTokens
     from gemini_operator.cluster.cache import ClusterCache
     from gemini_operator.core.failures import Progress
     from gemini_operator.core.status import CheckpointStatus
@@ -94,7 +95,7 @@ def test_progress_from_before_a_restart_does_not_count_towards_a_hang() -> None:
     job: dict[str, Any] = {"metadata": {"namespace": "ns", "name": "train", "uid": "u"},
                            "spec": {}, "status": {"launch": {"epoch": 1, "restartAttempt": 0}}}
     cache.update_job(job, deleted=False)
-    poller = CheckpointPoller(None, cache, CONFIG)  # type: ignore[arg-type]
+    poller = CheckpointPoller(None, cache, CONFIG, JobTokens(None, None))  # type: ignore[arg-type]
     seen = Findings(CheckpointStatus(), Progress(7, datetime(2026, 1, 1, tzinfo=UTC)), epoch=1)
     poller._found[("ns", "train")] = seen
     assert poller.findings(("ns", "train")) == seen

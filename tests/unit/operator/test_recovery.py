@@ -21,6 +21,7 @@ from gemini_operator.core.spec import parse_spec
 from gemini_operator.core.status import JobStatus
 from gemini_operator.steps.restore import breakdown
 from tests.unit.operator.builders import inventory, make_job
+from tests.unit.operator.status_notes import NotedStatus
 from tests.unit.operator.test_decide import CONFIG, Harness, _of
 
 SPEC = parse_spec(make_job().obj()["spec"], "gemini:side")
@@ -115,6 +116,8 @@ def test_breakdown_turns_cumulative_marks_into_phase_seconds() -> None:
 
 
 def test_a_recovery_planned_again_reports_the_superseded_time_apart_from_its_phases() -> None:
+    from gemini_operator.calls.tokens import JobTokens
+    from gemini_operator.calls.worker_calls import WorkerCalls
     from gemini_operator.core.failures import FailureReason, RankFailure
     from gemini_operator.core.types import JobView
     from gemini_operator.steps.recovery import RecoveryExecutor
@@ -123,12 +126,13 @@ def test_a_recovery_planned_again_reports_the_superseded_time_apart_from_its_pha
     # epoch and start, its phases are timed afresh, and the 4.6 s are reported apart.
     first = RecoveryRecord.from_dict(RECOVERY_DOC)
     now = datetime.fromtimestamp(first.started_unix + 4.6, UTC)
-    written: list[dict[str, object]] = []
-    executor = RecoveryExecutor(None, CONFIG,  # type: ignore[arg-type]
-                                lambda job, patch: written.append(dict(patch)), lambda: now)
+    notes = NotedStatus()
+    written = notes.written
+    calls = WorkerCalls(None, CONFIG.render, JobTokens(None, None))  # type: ignore[arg-type]
+    executor = RecoveryExecutor(None, CONFIG, calls, lambda: now)  # type: ignore[arg-type]
     lost = RankFailure(2, FailureKind.HARDWARE, FailureReason.NODE_LOST, None, "node gone")
     job = JobView("j", "ns", "uid", 1, {})
-    again = executor._begin(job, Recover(FailureKind.HARDWARE, (lost,), SPEC), 2, first)
+    again = executor._begin(job, Recover(FailureKind.HARDWARE, (lost,), SPEC), 2, notes, first)
     assert (again.epoch, again.started_unix, again.lost_ranks) == (3, first.started_unix, (1, 2))
     assert again.marks == {"superseded": 4.6} and written == [{"recovery": again.to_dict()}]
     marks = {**again.marks, "planning": 5.0, "replacing": 8.0, "fetching": 8.25,

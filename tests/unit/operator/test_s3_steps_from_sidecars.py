@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 import pytest
 
 from gemini.control import paths
+from gemini_operator.calls.tokens import JobTokens
 from gemini_operator.calls.worker_calls import WorkerCalls
 from gemini_operator.core import naming
 from gemini_operator.core.outcome import S3Unreadable
@@ -81,7 +82,8 @@ def _pod(rank: int, phase: str = "Running", owner: str = JOB.uid) -> dict[str, A
 
 
 def _calls(kube: FakeKube, port: int) -> WorkerCalls:
-    return WorkerCalls(kube, RenderConfig(sidecar_port=port - 1))  # type: ignore[arg-type]
+    tokens = JobTokens(kube, None)  # type: ignore[arg-type]
+    return WorkerCalls(kube, RenderConfig(sidecar_port=port - 1), tokens)  # type: ignore[arg-type]
 
 
 def test_the_steps_come_from_the_jobs_own_sidecar_and_no_credentials_are_read(sidecar):

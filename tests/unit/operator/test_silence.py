@@ -7,10 +7,13 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from gemini_operator.calls.sidecars import refusing
+from gemini_operator.calls.tokens import JobTokens
+from gemini_operator.calls.worker_calls import WorkerCalls
 from gemini_operator.cluster.cache import ClusterCache
 from gemini_operator.core.failures import FailureReason, detect_failures
 from gemini_operator.core.observed import PodView
 from gemini_operator.core.records import RecoveryRecord
+from gemini_operator.core.render import RenderConfig
 from gemini_operator.core.silence import SilenceTracker, suspects
 from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import JobView
@@ -98,6 +101,17 @@ class _Presuming(ClusterCache):
         super().presume_lost(node, since, seconds)
 
 
+class _Listed(WorkerCalls):
+    """Calls to workers whose pods are `pods`, whatever the API would list."""
+
+    def __init__(self, ports: RenderConfig, pods: dict[int, PodView]) -> None:
+        super().__init__(None, ports, JobTokens(None, None))  # type: ignore[arg-type]
+        self._pods = pods
+
+    def listed(self, job: JobView, attempt: int) -> dict[int, PodView]:
+        return self._pods
+
+
 def test_a_survivor_lost_while_a_recovery_waits_is_presumed_lost_at_the_next_probe() -> None:
     """A recovery in Fetching (rank 1 replaced) waits; of the pods it keeps, rank 0's sidecar
     still accepts connections and rank 2's pod refuses both ports (its node went since the
@@ -108,13 +122,12 @@ def test_a_survivor_lost_while_a_recovery_waits_is_presumed_lost_at_the_next_pro
         gone.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
         ports = replace(CONFIG.render, sidecar_port=sidecar.getsockname()[1] - 1,  # API: +1
                         launcher_port=gone.getsockname()[1])
-        executor = RecoveryExecutor(None, replace(CONFIG, render=ports),  # type: ignore[arg-type]
-                                    lambda job, patch: None, lambda: datetime.now(UTC))
-        cache = executor.cache = _Presuming()
+        cache = _Presuming()
         pods = {0: pod(0, ip="127.0.0.1"), 1: pod(1, uid="new", ip="127.0.0.3"),
                 2: pod(2, ip="127.0.0.2")}
+        executor = RecoveryExecutor(None, replace(CONFIG, render=ports),  # type: ignore[arg-type]
+                                    _Listed(ports, pods), lambda: datetime.now(UTC), cache)
         cache.heard_from(["u0", "u2"])
-        executor.calls.listed = lambda job, attempt: pods  # type: ignore[method-assign]
         record = RecoveryRecord.from_dict(RECOVERY_DOC)  # Fetching, rank 1 replaced
         job, status = JobView("probed", "ns", "uid", 1, {}), JobStatus.from_dict({})
         executor._look_for_lost_survivors(job, status, record)

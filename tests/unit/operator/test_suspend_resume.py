@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
-from gemini_operator.calls.worker_calls import launch_record
+from gemini_operator.calls.tokens import JobTokens
+from gemini_operator.calls.worker_calls import WorkerCalls, launch_record
 from gemini_operator.cluster.cache import Snapshot
 from gemini_operator.core.actions import (
     DeletePods,
@@ -20,6 +20,7 @@ from gemini_operator.core.status import JobStatus
 from gemini_operator.core.types import JobView
 from gemini_operator.steps.start import S3_RETRY_SECONDS, TrainingStarter, resuming
 from tests.unit.operator.builders import make_job
+from tests.unit.operator.status_notes import NotedStatus
 from tests.unit.operator.test_decide import CONFIG, Harness, _of
 
 
@@ -101,15 +102,16 @@ def test_a_resume_waits_for_an_unreadable_s3_instead_of_starting_over() -> None:
     def unreadable(job: JobView, persistence: Persistence | None) -> list[int]:
         raise S3Unreadable("s3://bucket/prefix: connection refused")
 
-    written: list[Any] = []
-    starter = TrainingStarter(None, CONFIG, lambda job, doc: written.append(doc),  # type: ignore[arg-type]
-                              s3_steps=unreadable)
+    notes = NotedStatus()
+    written = notes.written
+    calls = WorkerCalls(None, CONFIG.render, JobTokens(None, None), unreadable)  # type: ignore[arg-type]
+    starter = TrainingStarter(None, CONFIG, calls)  # type: ignore[arg-type]
     job = JobView.from_object(make_job("train").obj())
     status = JobStatus(launch=LaunchRecord(epoch=3, restart_attempt=0), restart_attempt=1)
     assert resuming(status)
     action = StartTraining(parse_spec(job.spec, CONFIG.default_sidecar_image))
-    outcome = starter.start_training(job, Snapshot({}, {}, {}), action, status)
+    outcome = starter.start_training(job, Snapshot({}, {}, {}), action, status, notes)
     assert outcome.requeue_after == S3_RETRY_SECONDS
     assert [e.reason for e in outcome.events] == ["ResumeWaitingForS3"]
     assert "connection refused" in outcome.events[0].message
-    assert not outcome.status and not written  # nothing started, nothing recorded
+    assert not notes.kept and not written  # nothing started, nothing recorded
