@@ -3,9 +3,7 @@ the reconciler, and the ways such a step stops short."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from gemini_operator.core.conditions import Condition
 from gemini_operator.core.events import Event

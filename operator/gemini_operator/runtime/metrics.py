@@ -10,14 +10,13 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from gemini_operator.core.apitime import parse_api_time
 from gemini_operator.core.conditions import State
-from gemini_operator.core.records import LastRecovery
 from gemini_operator.core.observed import NodeView, PodView, detection_lags
+from gemini_operator.core.records import LastRecovery
 from gemini_operator.core.status import CheckpointStatus, ReplicaCoverage
 
 JobKey = tuple[str, str]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
 
 from gemini.control.transfers import FetchReplicasRequest, FetchRequest, RestoreRequest
 from gemini.domain.recovery import MODE_MEMORY, MODE_S3
