@@ -1,3 +1,5 @@
+# Over 500 lines: a benchmark script, runnable alone: its cluster set-up, the 1000-rank job,
+# the lost ranks and the report in one file.
 """The operator at scale on kwok's fake nodes: a 1000-rank GeminiJob, then 10 lost ranks.
 
 Starts its own control plane, kwok and 1010 fake nodes (3 zones, 100 racks) in a temporary

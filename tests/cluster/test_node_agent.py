@@ -1,3 +1,5 @@
+# Over 500 lines: every behaviour of the node agent against one control plane, in one module
+# so that they share its session fixtures.
 """The node agent against the real control plane: pods really run as processes.
 
 Each test runs in its own namespace on the shared 4-node `local_cluster`.

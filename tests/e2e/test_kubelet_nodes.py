@@ -1,3 +1,5 @@
+# Over 500 lines: CI's proof of every fault kind on real kubelet nodes; the cases share one
+# set of nodes, images and operator, and each case's helpers sit beside it.
 """The images built from the Dockerfile, on real kubelet nodes: CI's proof of every fault kind.
 
 `gemini local up --kubelet --nodes 4 --images operator,sidecar,examples --with-s3`: four real

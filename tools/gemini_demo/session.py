@@ -1,3 +1,5 @@
+# Over 500 lines: the demo's one run (bring-up, training through injected failures, the
+# report) reads as one sequence; what stands alone is in crash, logs, report and reference.
 """`gemini demo` end to end: cluster, operator, job, failures, report, teardown.
 
 The reference run starts first and runs while the cluster comes up; the job is submitted only

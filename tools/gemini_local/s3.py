@@ -1,3 +1,5 @@
+# Over 500 lines: the RADOS Gateway's start, pause, resume and stop share its process and
+# port bookkeeping, which is most of the file.
 """A real S3 server for the local cluster: Ceph's RADOS Gateway on a one-OSD, in-memory cluster.
 
 `start_s3` runs three detached daemons (monitor, OSD, gateway) whose pid files and logs live in

@@ -1,3 +1,4 @@
+# Over 500 lines: the launcher's behaviours against a real child process, one test each.
 """The launcher supervises a real child process and obeys its HTTP control API."""
 
 from __future__ import annotations

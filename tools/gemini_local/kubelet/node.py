@@ -1,3 +1,5 @@
+# Over 500 lines: one kubelet node from the host check to its stop (bridge, CNI, containerd,
+# kubelet flags): each step uses the paths and names the one before chose.
 """One real kubelet node (kubelet, containerd, runc, bridge CNI) on the local control plane.
 
 Everything the node owns lives under its state folder: containerd's config, root, state and

@@ -1,3 +1,5 @@
+# Over 500 lines: one pod's lifecycle is one state machine (as the kubelet's pod worker);
+# its containers, processes and volumes are in the modules beside it.
 """One pod on this node, from its first sight to its final delete: the kubelet's pod worker.
 
 Order of events (as the kubelet): volumes and IP; init containers one by one, a native sidecar
