@@ -75,7 +75,7 @@ def worker(plan_path: Path, out_path: Path) -> None:
     from dataclasses import replace
 
     from gemini_trainer import Checkpointer
-    from gemini_trainer.checkpointer import CheckpointerConfig
+    from gemini_trainer.checkpointer_config import CheckpointerConfig
 
     ex = _example()
     args = ex.parse(MODEL)

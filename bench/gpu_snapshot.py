@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from gemini_trainer.checkpointer import Checkpointer, CheckpointerConfig
+from gemini_trainer.checkpointer import Checkpointer
+from gemini_trainer.checkpointer_config import CheckpointerConfig
 
 GIB = 1 << 30
 

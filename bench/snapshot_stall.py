@@ -45,7 +45,9 @@ import numpy as np
 import torch
 
 from gemini_trainer.capture import capture_rng, encode_tree
-from gemini_trainer.checkpointer import Checkpointer, CheckpointerConfig, CopyMethod
+from gemini_trainer.checkpointer import Checkpointer
+from gemini_trainer.checkpointer_config import CheckpointerConfig
+from gemini_trainer.snapshot_copy import CopyMethod
 
 
 def build(

@@ -32,18 +32,15 @@ from urllib3.exceptions import HTTPError
 
 from gemini import rank_detail
 from gemini_cli import CliError, run
-from gemini_cli.kubectl_views import (
+from gemini_cli.kubectl_objects import (
     FINISHED_STATES,
     PERSIST_ANNOTATION,
-    FailureRequest,
     job_info,
     node_infos,
-    plan_report,
-    render_plan,
-    render_status,
-    status_report,
     worker_infos,
 )
+from gemini_cli.kubectl_plan import FailureRequest, plan_report, render_plan
+from gemini_cli.kubectl_status import render_status, status_report
 from gemini_cli.output import add_output_flag, emit
 from gemini_operator.core import naming
 

@@ -33,3 +33,9 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
     return "\n".join(
         "   ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
     )
+
+
+def format_ranks(ranks: Sequence[int], limit: int = 16) -> str:
+    """Rank numbers for a table cell, the first `limit` of them."""
+    shown = ", ".join(str(r) for r in ranks[:limit])
+    return shown + (f" and {len(ranks) - limit} more" if len(ranks) > limit else "")

@@ -65,8 +65,8 @@ from gemini_sidecar.local import LocalShard, LocalShardError
 from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.pacing import Profile
 from gemini_sidecar.peer_client import FetchFailed
+from gemini_sidecar.peer_frames import PeerRefused
 from gemini_sidecar.peer_server import ListenerHealth, address_of
-from gemini_sidecar.protocol import PeerRefused
 from gemini_sidecar.pulls import Pulls
 from gemini_sidecar.relay import relay_inventories
 from gemini_sidecar.replicator import Replicator

@@ -11,7 +11,7 @@ bit set in one word and cleared at the same position in another.
 Fetch replies (DATA) carry their chunk's CRC-32, so a corrupt chunk is found at once and
 fetched again elsewhere; the fetcher combines the chunk CRCs into the whole payload's and
 compares it with the source's slot CRC, again without a second pass. CRC-32 is not a MAC:
-authenticity comes from the HMAC over each frame header (protocol.py).
+authenticity comes from the HMAC over each frame header (peer_frames.py).
 """
 
 from __future__ import annotations

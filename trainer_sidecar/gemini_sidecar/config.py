@@ -107,7 +107,7 @@ class SidecarConfig:
     # hand without them keeps its checkpoints under namespace "default" and uid "no-uid".
     namespace: str = "default"
     job_uid: str = ""
-    # GEMINI_PEER_ENCRYPTION (on | off): payloads between sidecars encrypted (protocol.py);
+    # GEMINI_PEER_ENCRYPTION (on | off): payloads between sidecars encrypted (peer_keys.py);
     # on, this sidecar's peer server also refuses peers that do not encrypt
     peer_encryption: bool = False
 

@@ -17,17 +17,17 @@ from dataclasses import dataclass
 from gemini_sidecar.checksum import crc32_of_pieces
 from gemini_sidecar.config import PeerAddress
 from gemini_sidecar.metrics import SidecarMetrics
+from gemini_sidecar.peer_bulk import PEER_SILENCE_S
 from gemini_sidecar.peer_client import FetchFailed, connect
-from gemini_sidecar.protocol import (
+from gemini_sidecar.peer_frames import (
     FLAG_EXACT,
-    PEER_SILENCE_S,
-    Channel,
     ChecksumMismatch,
     Frame,
     FrameType,
     PeerRefused,
     ProtocolError,
 )
+from gemini_sidecar.protocol import Channel
 from gemini_sidecar.transfers import Progress
 
 log = logging.getLogger(__name__)

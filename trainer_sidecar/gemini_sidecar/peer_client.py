@@ -17,16 +17,16 @@ from dataclasses import dataclass
 
 from gemini_sidecar.checksum import crc32
 from gemini_sidecar.config import PeerAddress
-from gemini_sidecar.protocol import (
-    BULK_TIMEOUT_S,
+from gemini_sidecar.peer_bulk import BULK_TIMEOUT_S
+from gemini_sidecar.peer_frames import (
     FLAG_COMPLETE,
     FLAG_CORRUPT,
-    Channel,
     Frame,
     FrameType,
     PeerRefused,
     ProtocolError,
 )
+from gemini_sidecar.protocol import Channel
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 10.0

@@ -25,18 +25,17 @@ from gemini_sidecar.checksum import crc32
 from gemini_sidecar.config import PeerAddress, ServerLimits
 from gemini_sidecar.local import LocalShard, LocalShardError
 from gemini_sidecar.metrics import SidecarMetrics
-from gemini_sidecar.protocol import (
-    BULK_TIMEOUT_S,
+from gemini_sidecar.peer_bulk import BULK_TIMEOUT_S, ChannelPools
+from gemini_sidecar.peer_frames import (
     FLAG_COMPLETE,
     FLAG_CORRUPT,
     FLAG_EXACT,
-    Channel,
-    ChannelPools,
     Frame,
     FrameType,
     PayloadTampered,
     ProtocolError,
 )
+from gemini_sidecar.protocol import Channel
 from gemini_sidecar.senders import SenderCheck
 from gemini_sidecar.store import (
     BudgetExceeded,

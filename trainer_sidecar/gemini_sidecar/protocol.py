@@ -27,227 +27,56 @@ one that does not require it still accepts encrypted clients. Headers (rank, ver
 lengths, checksums) and the job name stay readable. TLS was not used: Python's ssl has no
 pre-shared keys (a CA and a certificate per pod), and its sockets cannot move bulk payloads
 on the duplicate socket of a worker thread while the event loop reads acknowledgements.
+
+This module holds the connection (``Channel``: the handshake, frames and payloads); the frame
+format and header MAC are in peer_frames, the keys, tags, cipher and key agreement in
+peer_keys, the threads and socket settings of bulk payloads in peer_bulk.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import hashlib
 import hmac
 import os
-import queue
 import socket
-import struct
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 
 from gemini_sidecar.checksum import crc32
-
-MAGIC = b"GMN3"  # 3: payloads carry an AES-GMAC tag (2: Poly1305)
-CHALLENGE_MAGIC = b"GMS3"
-NONCE_BYTES = 16
-MAX_JOB_NAME_BYTES = 253
-_FIELDS = struct.Struct(">4sBBHIQQQQQQ")
-_MAC_BYTES = 32
-HEADER_BYTES = _FIELDS.size + _MAC_BYTES
-CHALLENGE_BYTES = len(CHALLENGE_MAGIC) + NONCE_BYTES
-TAG_BYTES = 16  # the GMAC tag after every payload
-_GCM_IV = bytes(12)  # every payload has a key of its own: its IV can be fixed
-_PAYLOAD_KEYS = b"gemini peer payload keys"
-_CIPHER_KEYS = b"gemini peer cipher keys"
-PUBLIC_KEY_BYTES = 32  # X25519
-_CTR_START = bytes(16)  # every payload has a key of its own: its counter can start at 0
-
-
-def wire_payload_bytes(length: int) -> int:
-    """Bytes that follow a header whose payload is `length` bytes long (payload and tag)."""
-    return length + TAG_BYTES if length else 0
-
-
-class FrameType(enum.IntEnum):
-    HELLO = 1
-    WELCOME = 2
-    ERROR = 3
-    PUT_BEGIN = 10  # checksum: the trainer's CRC-32 of the whole version
-    PUT_CHUNK = 11  # payload: bytes [offset, offset+length); its CRC-32 comes back in the ACK
-    PUT_END = 12  # checksum: the whole version's CRC-32 again
-    ACK = 13
-    GET_INFO = 20
-    INFO = 21
-    GET = 22
-    DATA = 23  # checksum: the CRC-32 of the payload
-
-
-FLAG_COMPLETE = 1  # INFO/ACK: the version is complete
-FLAG_EXACT = 2  # GET_INFO: the version field names the version wanted (else: newest)
-FLAG_CORRUPT = 4  # ERROR to PUT_END: the chunks do not add up to the CRC-32; resend bad ones
-FLAG_ENCRYPT = 8  # HELLO/WELCOME: the payload has an X25519 key; payloads after are encrypted
-PLAINTEXT_REFUSED = ("this sidecar takes only encrypted peer traffic: set GEMINI_PEER_ENCRYPTION=on"
-                     " on every sidecar of the job (spec.checkpoint.peerEncryption)")
-_CLIENT_TO_SERVER = 0
-_SERVER_TO_CLIENT = 1
-
-
-class ProtocolError(Exception):
-    """A malformed, unexpected or oversized frame: the connection is dropped."""
-
-
-class ReadTimeout(ProtocolError):
-    """A frame or payload that started but did not finish within the read timeout."""
-
-
-class AuthError(ProtocolError):
-    """A frame that fails authentication (no token, another job's token, replay)."""
-
-
-class PeerRefused(Exception):
-    """The peer answered with an ERROR frame; the message says why."""
-
-
-@dataclass(frozen=True)
-class Frame:
-    """One frame header. `length` is the payload length that follows on the wire."""
-
-    type: FrameType
-    rank: int = 0
-    version: int = 0
-    offset: int = 0
-    length: int = 0
-    checksum: int = 0
-    total: int = 0
-    flags: int = 0
-
-
-def _pack_fields(frame: Frame, seq: int) -> bytes:
-    return _FIELDS.pack(
-        MAGIC, int(frame.type), frame.flags, 0, frame.rank, frame.version, frame.offset,
-        frame.length, frame.checksum, frame.total, seq,
-    )
-
-
-def _mac(token: bytes, nonces: bytes, direction: int, fields: bytes) -> bytes:
-    return hmac.new(token, nonces + bytes([direction]) + fields, hashlib.sha256).digest()
-
-
-class _Tag:
-    """The AES-256-GMAC of one payload, fed in pieces; `update` runs without the GIL."""
-
-    def __init__(self, key: bytes) -> None:
-        self._gcm = Cipher(algorithms.AES(key), modes.GCM(_GCM_IV)).encryptor()
-
-    def update(self, data: bytes | memoryview) -> None:
-        self._gcm.authenticate_additional_data(data)
-
-    def finalize(self) -> bytes:
-        self._gcm.finalize()
-        return self._gcm.tag
-
-    @classmethod
-    def of(cls, key: bytes, data: bytes | memoryview) -> bytes:
-        tag = cls(key)
-        tag.update(data)
-        return tag.finalize()
-
-
-class _InOrder:
-    """Runs `work` on each piece put, in order, on a thread of its own, beside the thread
-    that moves the pieces through the socket; `close` waits for the last and raises what
-    `work` raised."""
-
-    def __init__(self, work: Callable[[memoryview], None]) -> None:
-        self._work = work
-        self._pieces: queue.SimpleQueue[memoryview | None] = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="gemini-peer-tag", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while (piece := self._pieces.get()) is not None:
-            if self._error is None:
-                try:
-                    self._work(piece)
-                except BaseException as err:  # raised again in close()
-                    self._error = err
-
-    def put(self, piece: memoryview) -> None:
-        self._pieces.put(piece)
-
-    def close(self) -> None:
-        self._pieces.put(None)
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
-def _unpack(raw: bytes) -> tuple[Frame, int]:
-    magic, ftype, flags, _, rank, version, offset, length, csum, total, seq = _FIELDS.unpack(
-        raw[: _FIELDS.size]
-    )
-    if magic != MAGIC:
-        raise ProtocolError(f"bad frame magic {magic!r}")
-    try:
-        kind = FrameType(ftype)
-    except ValueError as err:
-        raise ProtocolError(f"unknown frame type {ftype}") from err
-    return Frame(kind, rank, version, offset, length, csum, total, flags), seq
-
-
-BULK_BYTES = 64 * 1024  # payloads at least this large move on a worker thread
-BULK_TIMEOUT_S = 120.0
-# A peer that stops answering (its node cut off or gone) is noticed by the kernel within
-# seconds, whatever the size of the transfer: bytes sent and not acknowledged for
-# PEER_SILENCE_S end the connection (TCP_USER_TIMEOUT), and so do keepalive probes left
-# unanswered on a connection that waits for a reply (about KEEPALIVE_IDLE_S + 3 x 2 s).
-PEER_SILENCE_S = 10.0
-KEEPALIVE_IDLE_S = 5
-CRC_PIECE_BYTES = 1 << 20  # payloads are checked in pieces of about L2 size
-CLIENT_POOL_THREADS = 64
-
-
-@dataclass(frozen=True)
-class ChannelPools:
-    """Worker threads for bulk payloads, one pool per purpose.
-
-    Bulk transfers block their thread until the peer keeps up; pools of their own keep them
-    from starving (or deadlocking, with several sidecars in one process) the default
-    executor. A channel holds at most one thread of each pool at a time, so pools as large
-    as the connections they serve cannot be exhausted by stalled peers: a stalled one only
-    holds its own.
-    """
-
-    send: ThreadPoolExecutor  # payloads going out (sent chunks, served fetches)
-    receive: ThreadPoolExecutor  # payloads coming in (replicated chunks, fetched data)
-
-    @classmethod
-    def sized(cls, threads: int, name: str) -> ChannelPools:
-        def pool(purpose: str) -> ThreadPoolExecutor:
-            return ThreadPoolExecutor(threads, thread_name_prefix=f"gemini-{name}-{purpose}")
-
-        return cls(pool("send"), pool("recv"))
-
-    def shutdown(self) -> None:
-        for pool in (self.send, self.receive):
-            pool.shutdown(wait=False, cancel_futures=True)
-
-
-# Outgoing connections (sends to holders, fetches): as many as this sidecar starts itself.
-CLIENT_POOLS = ChannelPools.sized(CLIENT_POOL_THREADS, "client")
-
-
-def watch_for_silence(sock: socket.socket) -> None:
-    """Have the kernel end the connection when the peer stops answering (see PEER_SILENCE_S)."""
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, int(PEER_SILENCE_S * 1000))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, KEEPALIVE_IDLE_S)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 2)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+from gemini_sidecar.peer_bulk import (
+    BULK_BYTES,
+    BULK_TIMEOUT_S,
+    CLIENT_POOLS,
+    CRC_PIECE_BYTES,
+    ChannelPools,
+    InOrder,
+    watch_for_silence,
+)
+from gemini_sidecar.peer_frames import (
+    CHALLENGE_BYTES,
+    CHALLENGE_MAGIC,
+    CLIENT_TO_SERVER,
+    FIELDS,
+    FLAG_ENCRYPT,
+    HEADER_BYTES,
+    MAX_JOB_NAME_BYTES,
+    NONCE_BYTES,
+    PLAINTEXT_REFUSED,
+    PUBLIC_KEY_BYTES,
+    SERVER_TO_CLIENT,
+    TAG_BYTES,
+    AuthError,
+    ChecksumMismatch,
+    Frame,
+    FrameType,
+    PayloadTampered,
+    PeerRefused,
+    ProtocolError,
+    ReadTimeout,
+    pack_fields,
+    unpack_header,
+    wire_payload_bytes,
+)
+from gemini_sidecar.peer_keys import PayloadCipher, PayloadTag, SessionKeys, new_key_pair
 
 
 class Channel:
@@ -283,14 +112,11 @@ class Channel:
         self._bulk.settimeout(bulk_timeout)
         self._pools = pools
         self._read_timeout = read_timeout
-        self._token = token
+        self._keys = SessionKeys(token)
         self._max_payload = max_payload
-        self._send_dir = _SERVER_TO_CLIENT if server else _CLIENT_TO_SERVER
+        self._send_dir = SERVER_TO_CLIENT if server else CLIENT_TO_SERVER
         self._recv_dir = 1 - self._send_dir
-        self._payload_keys = hmac.new(token, _PAYLOAD_KEYS, hashlib.sha256).digest()
-        self._nonces = b""
         self._encrypt = encrypt
-        self._cipher_keys: bytes | None = None  # set once the handshake agreed on encryption
         self._send_seq = 0
         self._recv_seq = 0
         self._loop = asyncio.get_running_loop()
@@ -321,63 +147,41 @@ class Channel:
 
     def seal(self, frame: Frame) -> bytes:
         """The authenticated header of `frame` as the next frame sent (the caller sends it)."""
-        fields = _pack_fields(frame, self._send_seq)
+        fields = pack_fields(frame, self._send_seq)
         self._send_seq += 1
-        return fields + _mac(self._token, self._nonces, self._send_dir, fields)
-
-    def _payload_key(self, direction: int, seq: int) -> bytes:
-        """The one-time GMAC key of the payload of frame `seq` in `direction`: never the
-        same twice, as the nonces are new for every connection."""
-        label = self._nonces + bytes([direction]) + seq.to_bytes(8, "big")
-        return hmac.new(self._payload_keys, label, hashlib.sha256).digest()
+        return fields + self._keys.header_mac(self._send_dir, fields)
 
     @property
     def encrypted(self) -> bool:
         """Whether payloads on this connection are encrypted (known after the handshake)."""
-        return self._cipher_keys is not None
-
-    def _cipher(self, direction: int, seq: int) -> CipherContext | None:
-        """The one-time AES-256-CTR stream of the payload of frame `seq` in `direction` (CTR
-        encrypts and decrypts alike); None on a connection without encryption."""
-        if self._cipher_keys is None:
-            return None
-        label = self._nonces + bytes([direction]) + seq.to_bytes(8, "big")
-        key = hmac.new(self._cipher_keys, label, hashlib.sha256).digest()
-        return Cipher(algorithms.AES(key), modes.CTR(_CTR_START)).encryptor()
-
-    def _start_encryption(self, own: X25519PrivateKey, theirs: bytes) -> None:
-        try:
-            shared = own.exchange(X25519PublicKey.from_public_bytes(theirs))
-        except ValueError as err:  # a low-order point: no shared secret
-            raise AuthError(f"unusable peer key: {err}") from err
-        self._cipher_keys = hmac.new(self._token, _CIPHER_KEYS + shared, hashlib.sha256).digest()
+        return self._keys.encrypted
 
     async def send(self, frame: Frame, payload: memoryview | bytes | None = None) -> None:
         """Send `frame`, and its payload (exactly `frame.length` bytes) with its tag."""
         size = 0 if payload is None else len(payload)
         if payload is not None and size != frame.length:
             raise ValueError(f"{frame.type.name} says {frame.length} payload bytes, got {size}")
-        key = self._payload_key(self._send_dir, self._send_seq)
-        cipher = self._cipher(self._send_dir, self._send_seq)
+        key = self._keys.payload_key(self._send_dir, self._send_seq)
+        cipher = self._keys.cipher(self._send_dir, self._send_seq)
         head = self.seal(frame)
         if payload is None or not size:
             await self._loop.sock_sendall(self.sock, head)
         elif size < BULK_BYTES:  # small: one tag call holds the GIL for microseconds
             body = bytes(payload) if cipher is None else cipher.update(payload)
-            tag = _Tag.of(key, body)
+            tag = PayloadTag.of(key, body)
             await self._loop.sock_sendall(self.sock, head + body + tag)
         else:
             await self._loop.run_in_executor(self._pools.send, self._send_bulk, head, payload,
                                              key, cipher)
 
     def _send_bulk(self, head: bytes, payload: memoryview | bytes, key: bytes,
-                   cipher: CipherContext | None) -> None:
+                   cipher: PayloadCipher | None) -> None:
         """Send head, payload and tag. Each piece is tagged on a helper thread once it went
         into the socket buffer, while this thread sends the next (GMAC releases the GIL).
         Encrypted pieces go through a scratch piece (the payload is the caller's), tagged in
         line: the helper would read a scratch piece this thread is already refilling."""
         self._bulk.sendall(head)
-        tag, view = _Tag(key), memoryview(payload)
+        tag, view = PayloadTag(key), memoryview(payload)
         if cipher is not None:
             scratch = memoryview(bytearray(CRC_PIECE_BYTES))
             for start in range(0, len(view), CRC_PIECE_BYTES):
@@ -387,7 +191,7 @@ class Channel:
                 self._bulk.sendall(sealed)
                 tag.update(sealed)
         else:
-            helper = _InOrder(tag.update)
+            helper = InOrder(tag.update)
             try:
                 for start in range(0, len(view), CRC_PIECE_BYTES):
                     piece = view[start : start + CRC_PIECE_BYTES]
@@ -398,12 +202,12 @@ class Channel:
         self._bulk.sendall(tag.finalize())
 
     def _recv_bulk(self, view: memoryview, key: bytes,
-                   cipher: CipherContext | None) -> tuple[int, bytes, bytes]:
+                   cipher: PayloadCipher | None) -> tuple[int, bytes, bytes]:
         """Receive into `view` and the tag after it on a worker thread; returns (its CRC-32,
         its GMAC tag, the tag received). A helper thread tags each piece (and decrypts it in
         place, and takes its CRC-32) as soon as it landed, still in cache, while this thread
         receives the next into the rest of `view`."""
-        tag, crc = _Tag(key), [0]
+        tag, crc = PayloadTag(key), [0]
 
         def check(piece: memoryview) -> None:
             tag.update(piece)  # the tag is over what travelled
@@ -411,7 +215,7 @@ class Channel:
                 cipher.update_into(piece, piece)
             crc[0] = crc32(piece, crc[0])
 
-        helper = _InOrder(check)
+        helper = InOrder(check)
         got = checked = 0
         try:
             while got < len(view):
@@ -444,9 +248,9 @@ class Channel:
 
     def _open(self, raw: bytes) -> Frame:
         """Parse and authenticate one header (MAC, sequence number, size limit)."""
-        frame, seq = _unpack(raw)
-        expected = _mac(self._token, self._nonces, self._recv_dir, raw[: _FIELDS.size])
-        if not hmac.compare_digest(expected, raw[_FIELDS.size :]):
+        frame, seq = unpack_header(raw)
+        expected = self._keys.header_mac(self._recv_dir, raw[: FIELDS.size])
+        if not hmac.compare_digest(expected, raw[FIELDS.size :]):
             raise AuthError(f"bad frame authentication on {frame.type.name}")
         if seq != self._recv_seq:
             raise AuthError(f"frame sequence {seq}, expected {self._recv_seq} (replayed?)")
@@ -465,11 +269,11 @@ class Channel:
             raise ProtocolError(f"payload view of {len(view)} bytes for {frame.length}")
         if not frame.length:
             return crc32(view)
-        key = self._payload_key(self._recv_dir, self._recv_seq - 1)  # the header just read
-        cipher = self._cipher(self._recv_dir, self._recv_seq - 1)
+        key = self._keys.payload_key(self._recv_dir, self._recv_seq - 1)  # the header just read
+        cipher = self._keys.cipher(self._recv_dir, self._recv_seq - 1)
         if len(view) < BULK_BYTES:
             await self._recv_within(view)
-            tag = _Tag.of(key, view)
+            tag = PayloadTag.of(key, view)
             if cipher is not None:
                 cipher.update_into(view, view)
             crc = crc32(view)
@@ -514,9 +318,9 @@ class Channel:
     async def server_handshake(self, job: str) -> None:
         server_nonce = os.urandom(NONCE_BYTES)
         await self._loop.sock_sendall(self.sock, CHALLENGE_MAGIC + server_nonce)
-        self._nonces = server_nonce
+        self._keys.nonces = server_nonce
         raw = await self.recv_bytes(HEADER_BYTES)
-        frame, seq = _unpack(raw)
+        frame, seq = unpack_header(raw)
         if frame.type != FrameType.HELLO or seq != 0:
             raise ProtocolError(f"expected HELLO, got {frame.type.name}")
         fixed = NONCE_BYTES + (PUBLIC_KEY_BYTES if frame.flags & FLAG_ENCRYPT else 0)
@@ -527,14 +331,14 @@ class Channel:
         peer_job = payload[fixed:].decode(errors="replace")
         if peer_job != job:
             raise AuthError(f"peer of job {peer_job!r} refused (this sidecar serves {job!r})")
-        expected = _mac(self._token, self._nonces, self._recv_dir, raw[: _FIELDS.size])
-        if (not hmac.compare_digest(expected, raw[_FIELDS.size :])
+        expected = self._keys.header_mac(self._recv_dir, raw[: FIELDS.size])
+        if (not hmac.compare_digest(expected, raw[FIELDS.size :])
                 or not hmac.compare_digest(
-                    _Tag.of(self._payload_key(self._recv_dir, 0), payload), tag)
+                    PayloadTag.of(self._keys.payload_key(self._recv_dir, 0), payload), tag)
                 or crc32(payload) != frame.checksum):
             raise AuthError(f"peer claiming job {job!r} failed authentication (wrong token)")
         self._recv_seq = 1
-        self._nonces = server_nonce + payload[:NONCE_BYTES]
+        self._keys.nonces = server_nonce + payload[:NONCE_BYTES]
         if fixed == NONCE_BYTES:
             if self._encrypt:
                 await self.send_error(PLAINTEXT_REFUSED)
@@ -542,11 +346,10 @@ class Channel:
                                 " is on here)")
             await self.send(Frame(FrameType.WELCOME))
             return
-        own = X25519PrivateKey.generate()
-        public = own.public_key().public_bytes_raw()
+        own, public = new_key_pair()
         await self.send(Frame(FrameType.WELCOME, length=len(public), checksum=crc32(public),
                               flags=FLAG_ENCRYPT), public)
-        self._start_encryption(own, payload[NONCE_BYTES:fixed])
+        self._keys.agree(own, payload[NONCE_BYTES:fixed])
 
     async def client_handshake(self, job: str) -> None:
         challenge = await self.recv_bytes(CHALLENGE_BYTES)
@@ -556,14 +359,13 @@ class Channel:
                                 f"expected {CHALLENGE_MAGIC!r})")
         server_nonce = challenge[len(CHALLENGE_MAGIC) :]
         client_nonce = os.urandom(NONCE_BYTES)
-        own = X25519PrivateKey.generate() if self._encrypt else None
-        public = own.public_key().public_bytes_raw() if own is not None else b""
+        own, public = new_key_pair() if self._encrypt else (None, b"")
         payload = client_nonce + public + job.encode()
-        self._nonces = server_nonce
+        self._keys.nonces = server_nonce
         hello = Frame(FrameType.HELLO, length=len(payload), checksum=crc32(payload),
                       flags=FLAG_ENCRYPT if own is not None else 0)
         await self.send(hello, payload)
-        self._nonces = server_nonce + client_nonce
+        self._keys.nonces = server_nonce + client_nonce
         reply = await self.recv()
         if reply.type == FrameType.ERROR:
             raise PeerRefused((await self.recv_payload(reply)).decode(errors="replace"))
@@ -573,7 +375,7 @@ class Channel:
             return
         if not reply.flags & FLAG_ENCRYPT or reply.length != PUBLIC_KEY_BYTES:
             raise ProtocolError("the peer did not agree to encrypt (an older sidecar?)")
-        self._start_encryption(own, await self.recv_payload(reply))
+        self._keys.agree(own, await self.recv_payload(reply))
 
     def close(self) -> None:
         # Wakes a worker thread blocked in a bulk send or receive (OSError: not connected).
@@ -581,24 +383,3 @@ class Channel:
             self.sock.shutdown(socket.SHUT_RDWR)
         self._bulk.close()
         self.sock.close()
-
-
-class ChecksumMismatch(ProtocolError):
-    """A payload whose checksum differs from the one in its (authenticated) header."""
-
-    def __init__(self, frame: Frame) -> None:
-        super().__init__(
-            f"checksum mismatch in {frame.type.name} rank {frame.rank} version {frame.version}"
-            f" at offset {frame.offset} ({frame.length} bytes)"
-        )
-        self.frame = frame
-
-
-class PayloadTampered(ChecksumMismatch):
-    """A payload whose GMAC tag is wrong: changed on the path (whatever its CRC-32)."""
-
-    def __init__(self, frame: Frame) -> None:
-        super().__init__(frame)
-        self.args = (f"payload of {frame.type.name} rank {frame.rank} version {frame.version}"
-                     f" at offset {frame.offset} ({frame.length} bytes) failed its keyed MAC"
-                     " (AES-GMAC): changed on the path",)

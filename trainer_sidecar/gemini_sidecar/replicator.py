@@ -28,7 +28,8 @@ from gemini_sidecar.local import LocalShard, LocalShardError
 from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.pacing import Plans, Profile, plan
 from gemini_sidecar.peer_client import SourceChanged, connect, send_version
-from gemini_sidecar.protocol import Channel, PeerRefused, ProtocolError
+from gemini_sidecar.peer_frames import PeerRefused, ProtocolError
+from gemini_sidecar.protocol import Channel
 
 log = logging.getLogger(__name__)
 DEFAULT_LINK = LinkModel(alpha_seconds=50e-6, bandwidth_bytes_per_second=2.0 * (1 << 30))

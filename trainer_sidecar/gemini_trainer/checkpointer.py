@@ -26,7 +26,9 @@ Environment: GEMINI_SHM_DIR, GEMINI_JOB, RANK/WORLD_SIZE (or GEMINI_RANK/GEMINI_
 LOCAL_RANK/LOCAL_WORLD_SIZE and NODE_RANK (or GEMINI_RANK) with several processes per node,
 GEMINI_SHM_CAPACITY_BYTES (slot size; default: first snapshot's size plus headroom),
 GEMINI_SIDECAR_URL, GEMINI_AUTH_TOKEN, GEMINI_HEARTBEAT_FILE, GEMINI_RESTORE_VERSION,
-GEMINI_RESTORE_SOURCE, GEMINI_RESTORE_TIMEOUT_S, GEMINI_RESTART_EPOCH.
+GEMINI_RESTORE_SOURCE, GEMINI_RESTORE_TIMEOUT_S, GEMINI_RESTART_EPOCH (read by
+gemini_trainer.checkpointer_config). The copy into the slot is gemini_trainer.snapshot_copy's,
+the restore path gemini_trainer.restorer's.
 """
 
 from __future__ import annotations
@@ -38,19 +40,16 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from gemini.control.client import ControlClient
 from gemini.control.messages import NotifyRequest
 from gemini.control.paths import COMMITTED_PATH
-from gemini.slots.layout import SLOT_HEADROOM_BYTES, SlotBusy, SlotError, SlotInfo, shard_path
+from gemini.slots.layout import SLOT_HEADROOM_BYTES, SlotError, SlotInfo, shard_path
 from gemini.slots.shard import ShardSlots
 from gemini_trainer import timeline
 from gemini_trainer.capture import (
@@ -58,129 +57,37 @@ from gemini_trainer.capture import (
     Tree,
     adapter_for,
     capture_rng,
-    decode_tree,
     dtype_label,
     encode_tree,
-    owned,
-    restore_rng,
-    tensor_view,
+)
+from gemini_trainer.checkpointer_config import (
+    CheckpointerConfig,
+    RestoreError,
+    RestoreInstruction,
+    check_budget,
 )
 from gemini_trainer.commprof import CommRecorder, phase_path, profile_path
 from gemini_trainer.device_copy import DeviceCopier
-from gemini_trainer.node_shard import RegionWriter, SoleWriter, region_payload
+from gemini_trainer.node_shard import RegionWriter, SoleWriter
 from gemini_trainer.payload import (
     TensorEntry,
     encode_index,
     payload_size,
     plan_layout,
-    read_payload,
     write_index,
 )
+from gemini_trainer.restorer import Restorer
+from gemini_trainer.snapshot_copy import CopyMethod, copy_all
+
+# The settings the Checkpointer takes, importable from here as they always were.
+__all__ = ["Checkpointer", "CheckpointerConfig", "RestoreError", "RestoreInstruction",
+           "SnapshotStats", "close_all"]
 
 log = logging.getLogger(__name__)
 
 SIDECAR_NOTIFY_PATH = COMMITTED_PATH
 NOTIFY_TIMEOUT_SECONDS = 2.0
 HEADROOM_BYTES = SLOT_HEADROOM_BYTES  # room for the user's extra state to grow
-
-
-class RestoreError(Exception):
-    """The designated version cannot be restored; the message says what is missing."""
-
-
-@dataclass(frozen=True)
-class RestoreInstruction:
-    """What the launcher asked for: no version (fresh start), a version, or ``latest``."""
-
-    version: int | None
-    latest: bool = False
-    source: str = "local"  # local | peer | s3: where the sidecar got it (for the record)
-    epoch: int = 0  # GEMINI_RESTART_EPOCH
-    timeout_s: float = 60.0
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> RestoreInstruction:
-        env = os.environ if env is None else env
-        raw = env.get("GEMINI_RESTORE_VERSION", "").strip().lower()
-        source = env.get("GEMINI_RESTORE_SOURCE", "local") or "local"
-        epoch = int(env.get("GEMINI_RESTART_EPOCH", "0") or 0)
-        timeout = float(env.get("GEMINI_RESTORE_TIMEOUT_S", "60") or 60)
-        if raw in ("", "none"):
-            return cls(None, False, source, epoch, timeout)
-        if raw == "latest":
-            return cls(None, True, source, epoch, timeout)
-        try:
-            version = int(raw)
-        except ValueError as err:
-            raise RestoreError(
-                f"GEMINI_RESTORE_VERSION={raw!r}: use a step number, 'latest' or 'none'"
-            ) from err
-        return cls(version, False, source, epoch, timeout)
-
-
-@dataclass(frozen=True)
-class CheckpointerConfig:
-    rank: int
-    world_size: int
-    shm_dir: Path
-    job: str = ""
-    capacity_bytes: int | None = None  # None: first snapshot's size + HEADROOM_BYTES
-    sidecar_url: str | None = None
-    auth_token: str = field(default="", repr=False)
-    heartbeat_file: Path | None = None
-    profile_iterations: int = 20  # iterations of communication to profile; 0: none
-    local_rank: int = 0
-    local_world_size: int = 1  # training processes on this node, one slot file for all
-    node_rank: int | None = None  # the slot file's (and sidecar's) rank; None: ``rank``
-    memory_budget_bytes: int | None = None  # checkpoint memory per node (GeminiJob spec)
-    replicas: int = 0  # m, copies of each node's checkpoint (0: unknown)
-
-    def __post_init__(self) -> None:
-        if self.local_world_size > 1 and self.rank != self.node * self.local_world_size + (
-                self.local_rank):
-            raise ValueError(
-                f"rank {self.rank} is not node rank {self.node} x {self.local_world_size} local "
-                f"processes + local rank {self.local_rank}: ranks must be numbered node by node"
-            )
-
-    @property
-    def node(self) -> int:
-        return self.rank if self.node_rank is None else self.node_rank
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> CheckpointerConfig:
-        env = os.environ if env is None else env
-
-        def pick(*names: str, default: str = "") -> str:
-            return next((env[n] for n in names if env.get(n)), default)
-
-        capacity = pick("GEMINI_SHM_CAPACITY_BYTES")
-        heartbeat = pick("GEMINI_HEARTBEAT_FILE")
-        local_world = int(pick("LOCAL_WORLD_SIZE", default="1"))
-        if local_world > 1:  # the launcher's per-process ranks; GEMINI_RANK is the node's
-            ranks: dict[str, Any] = {
-                "rank": int(pick("RANK", default="0")),
-                "world_size": int(pick("WORLD_SIZE", default="1")),
-                "local_rank": int(pick("LOCAL_RANK", default="0")),
-                "local_world_size": local_world,
-                "node_rank": int(pick("GEMINI_RANK", "NODE_RANK", default="0")),
-            }
-        else:
-            ranks = {"rank": int(pick("GEMINI_RANK", "RANK", default="0")),
-                     "world_size": int(pick("GEMINI_WORLD_SIZE", "WORLD_SIZE", default="1"))}
-        budget = pick("GEMINI_MEMORY_BUDGET_BYTES")
-        return cls(
-            **ranks,
-            memory_budget_bytes=int(budget) if budget else None,
-            replicas=int(pick("GEMINI_REPLICAS", default="0")),
-            shm_dir=Path(pick("GEMINI_SHM_DIR", default="/dev/shm")),
-            job=pick("GEMINI_JOB"),
-            capacity_bytes=int(capacity) if capacity else None,
-            sidecar_url=pick("GEMINI_SIDECAR_URL") or None,
-            auth_token=pick("GEMINI_AUTH_TOKEN"),
-            heartbeat_file=Path(heartbeat) if heartbeat else None,
-            profile_iterations=int(pick("GEMINI_PROFILE_ITERATIONS", default="20")),
-        )
 
 
 @dataclass(frozen=True)
@@ -207,7 +114,7 @@ class Checkpointer:
         self.config = config or CheckpointerConfig.from_env()
         self.adapter = adapter or adapter_for(target, optimizer, lr_scheduler)
         self.path = shard_path(self.config.node, self.config.shm_dir, self.config.job)
-        self.extra_state: Tree = None  # the user's extra state, after restore()
+        self._restorer = Restorer(self.config, self.adapter, self.path, self._open_slots)
         self.errors: deque[str] = deque(maxlen=100)  # background failures, newest last
         self.last: SnapshotStats | None = None
         self._slots: ShardSlots | None = None
@@ -219,7 +126,6 @@ class Checkpointer:
         self.recorder = self._make_recorder()
         self.copy_method = CopyMethod()
         self.skipped_snapshots = 0
-        self._restored_seq = 0  # a restored version is on every holder by construction
         self._agreement: Any = None  # the gloo process group of the write decision
         self._device: DeviceCopier | None = None  # CUDA state: copies off the critical path
         _live.add(self)
@@ -296,7 +202,7 @@ class Checkpointer:
         use_numpy = self.copy_method.next()
         copy_start = time.perf_counter()
         try:
-            self._copy_all(buf, tensors, offsets, use_numpy)
+            copy_all(buf, tensors, offsets, use_numpy, self._device)
             write_index(buf, data_end, index)
         except BaseException:
             if self._device is not None:
@@ -311,25 +217,6 @@ class Checkpointer:
         if self.recorder is not None:
             self.recorder.iteration_start()
         return stats
-
-    def _copy_all(self, buf: np.ndarray, tensors: list[torch.Tensor], offsets: list[int],
-                  use_numpy: bool) -> None:
-        """Copy every tensor into the slot; CUDA tensors the optimizers own go asynchronously
-        (gemini_trainer.device_copy), the rest now."""
-        if self._device is None:  # CPU state: the plain copies, nothing else per iteration
-            for t, off in zip(tensors, offsets, strict=True):
-                _copy_tensor(buf, off, t, use_numpy)
-            return
-        owned = self._device.owned_by_optimizers()
-        deferred = []
-        for t, off in zip(tensors, offsets, strict=True):
-            if t.is_cuda and t.untyped_storage().data_ptr() in owned:
-                deferred.append((buf[off : off + t.nbytes], t))
-            else:
-                _copy_tensor(buf, off, t, use_numpy)
-        if deferred:
-            self._device.register(buf)
-            self._device.copy(deferred)
 
     def _agree_to_write(self) -> bool:
         """Whether every rank may reuse its older slot now (see the module docstring)."""
@@ -348,7 +235,8 @@ class Checkpointer:
             self._slots = ShardSlots(self.path)
         if self._slots is None:
             return True
-        return self._slots.may_overwrite(max(self._slots.acknowledged_seq, self._restored_seq))
+        return self._slots.may_overwrite(
+            max(self._slots.acknowledged_seq, self._restorer.restored_seq))
 
     def _agreement_group(self) -> Any:
         dist = torch.distributed
@@ -461,123 +349,29 @@ class Checkpointer:
                 self._slots.close()
             self._slots = None
 
-    # -- restore -----------------------------------------------------------------------------
+    # -- restore (gemini_trainer.restorer) ----------------------------------------------------
+
+    @property
+    def extra_state(self) -> Tree:
+        """The user's extra state, after restore()."""
+        return self._restorer.extra_state
+
+    @extra_state.setter
+    def extra_state(self, value: Tree) -> None:
+        self._restorer.extra_state = value
 
     def restore(self, instruction: RestoreInstruction | None = None) -> int | None:
         """Load the designated version; returns its step, or None for a fresh start."""
-        instr = instruction or RestoreInstruction.from_env()
-        if instr.latest:
-            version = self._agree_latest()
-            if version is None:
-                return None  # no version complete on every rank: a fresh start
-        elif instr.version is None:
-            return None
-        else:
-            version = instr.version
-        slots = self._open_for_restore(instr)
-        info = self._wait_for(slots, version, instr.timeout_s, instr.source)
-        step = self._load(slots, info)
-        self._restored_seq = info.seq
-        log.info("restored step %d from %s (epoch %d)", step, instr.source, instr.epoch)
-        timeline.mark(f"restored step {step}")
-        if self.config.local_rank == 0:  # one process of the node cleans up
-            self._drop_abandoned(slots, info.version)
-        if self.recorder is not None:
+        step = self._restorer.restore(instruction or RestoreInstruction.from_env())
+        if step is not None and self.recorder is not None:
             self.recorder.iteration_start()
         return step
 
-    def _drop_abandoned(self, slots: ShardSlots, version: int) -> None:
-        try:
-            dropped = slots.drop_newer_than(version)
-        except SlotBusy as err:  # the sidecar is writing the file (a fetch or an S3 restore)
-            log.warning("versions newer than %d stay in %s: %s", version, self.path, err)
-            return
-        if dropped:
-            log.info("dropped versions %s of the abandoned run from %s", dropped, self.path)
-
-    def _open_for_restore(self, instr: RestoreInstruction) -> ShardSlots:
-        deadline = time.monotonic() + instr.timeout_s
-        while not self.path.exists():
-            if time.monotonic() > deadline:
-                raise RestoreError(
-                    f"{self.path} does not exist after {instr.timeout_s:.0f}s: no checkpoint of "
-                    f"rank {self.config.rank} in shared memory (source {instr.source}); has the "
-                    "sidecar placed it? Check GEMINI_SHM_DIR and GEMINI_JOB"
-                )
-            time.sleep(0.05)
+    def _open_slots(self) -> ShardSlots:
+        """The existing slot file, opened once (restore reads what the sidecar placed)."""
         if self._slots is None:
             self._slots = ShardSlots(self.path)
         return self._slots
-
-    def _agree_latest(self) -> int | None:
-        """The newest version complete here and on every other rank (all-gather), or None."""
-        mine: list[int] = []
-        if self.path.exists():
-            if self._slots is None:
-                self._slots = ShardSlots(self.path)
-            mine = sorted(i.version for i in self._slots.slot_info() if i.complete)
-        common = set(mine)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            everyone: list[Any] = [None] * torch.distributed.get_world_size()
-            torch.distributed.all_gather_object(everyone, mine)
-            common = common.intersection(*[set(v) for v in everyone])
-        return max(common) if common else None
-
-    def _wait_for(self, slots: ShardSlots, version: int, timeout: float, source: str) -> SlotInfo:
-        deadline = time.monotonic() + timeout
-        while (info := slots.find(version)) is None:
-            if time.monotonic() > deadline:
-                held = [(i.version, i.state.name) for i in slots.slot_info()]
-                raise RestoreError(
-                    f"version {version} of rank {self.config.rank} is not complete in "
-                    f"{self.path} after {timeout:.0f}s (slots hold {held}; source {source})"
-                )
-            time.sleep(0.05)
-        return info
-
-    def _load(self, slots: ShardSlots, info: SlotInfo) -> int:
-        payload = self._own_payload(slots, info)
-        try:
-            entries, views, skeleton = read_payload(payload)
-            tensors = [
-                tensor_view(views[f"t{i}"], entries[f"t{i}"].dtype, entries[f"t{i}"].shape)
-                for i in range(len(entries))
-            ]
-            tree = decode_tree(skeleton, tensors)
-            self._check_identity(tree, info)
-            self.adapter.load(tree["state"])
-            self.extra_state = owned(tree["extra"])
-            restore_rng(tree["rng"])
-            step = int(tree["step"])
-            del tree, tensors, views, entries
-        finally:
-            payload.release()
-        if not slots.still_valid(info):
-            raise RestoreError(
-                f"version {info.version} in {self.path} was overwritten while it was being "
-                "restored; only one writer may use the slots during a restore"
-            )
-        return step
-
-    def _own_payload(self, slots: ShardSlots, info: SlotInfo) -> memoryview:
-        """This process's payload, checked: the slot's, or its region of the node's."""
-        local_world = self.config.local_world_size
-        if local_world == 1:
-            return slots.read(info.version, verify=True)
-        node_payload = slots.read(info.version)
-        try:
-            return region_payload(node_payload, self.config.local_rank, local_world)
-        except SlotError as err:
-            raise RestoreError(f"version {info.version} in {self.path}: {err}") from err
-
-    def _check_identity(self, tree: Tree, info: SlotInfo) -> None:
-        want = (self.adapter.kind, self.config.rank, self.config.world_size)
-        got = (tree["kind"], tree["rank"], tree["world_size"])
-        if want != got:
-            raise RestoreError(
-                f"version {info.version} in {self.path} was written by (kind, rank, world size)"
-                f" {got}, this trainer is {want}: the launcher pointed at the wrong shard"
-            )
 
 
 _live: weakref.WeakSet[Checkpointer] = weakref.WeakSet()
@@ -592,60 +386,3 @@ def close_all() -> None:
         except Exception as err:  # the next attempt opens its own
             log.warning("closing a checkpointer of the failed attempt: %s", err)
             _live.discard(ckpt)
-
-
-def check_budget(config: CheckpointerConfig, capacity: int) -> None:
-    """Refuse, before the first snapshot is written, a node checkpoint the memory budget
-    cannot hold: two versions in the node's slot file (the shared tmpfs is the budget's size),
-    and two of each of the m-1 peers' checkpoints a sidecar holds."""
-    budget = config.memory_budget_bytes
-    if not budget:
-        return
-    copies = 2 * max(1, config.replicas - 1)
-    if copies * capacity <= budget:
-        return
-    procs = config.local_world_size
-    whose = ("this rank's checkpoint" if procs == 1 else
-             f"this node's checkpoint ({procs} processes' shards, numProcPerNode)")
-    raise SlotError(
-        f"{whose} needs {capacity} bytes per version, so {copies} versions ({copies * capacity}"
-        f" bytes: two in the slot file, and two of each of the m-1 = {max(0, config.replicas - 1)}"
-        f" peers' a sidecar holds) but spec.checkpoint.memoryBudgetPerNode is {budget} bytes; "
-        "raise it (and the sidecar's memory limit), or use fewer processes per node or replicas"
-    )
-
-
-def _copy_tensor(buf: np.ndarray, offset: int, tensor: torch.Tensor, use_numpy: bool) -> None:
-    if tensor.nbytes == 0:
-        return
-    dst = buf[offset : offset + tensor.nbytes]
-    if use_numpy and tensor.device.type == "cpu" and tensor.is_contiguous():
-        np.copyto(dst, tensor.detach().reshape(-1).view(torch.uint8).numpy())
-        return
-    torch.from_numpy(dst).view(tensor.dtype).view(tensor.shape).copy_(tensor)
-
-
-class CopyMethod:
-    """Which CPU copy is faster here: torch's copy_ (parallel over the trainer's threads: 29
-    GiB/s on 16 cores where one memcpy gives 5) or one numpy memcpy per tensor (no thread
-    fork/join per tensor, faster on a few oversubscribed cores). The first snapshots try
-    both in turn (CALIBRATION of each); the faster median per byte is used from then on."""
-
-    CALIBRATION = 3
-
-    def __init__(self) -> None:
-        self.samples: dict[bool, list[float]] = {False: [], True: []}
-        self.chosen: bool | None = None
-
-    def next(self) -> bool:
-        if self.chosen is not None:
-            return self.chosen
-        return len(self.samples[True]) < len(self.samples[False])
-
-    def record(self, use_numpy: bool, seconds: float, nbytes: int) -> None:
-        if self.chosen is not None or nbytes == 0:
-            return
-        self.samples[use_numpy].append(seconds / nbytes)
-        if all(len(v) >= self.CALIBRATION for v in self.samples.values()):
-            medians = {k: sorted(v)[len(v) // 2] for k, v in self.samples.items()}
-            self.chosen = medians[True] < medians[False]

@@ -28,7 +28,7 @@ from typing import Any
 from gemini.domain.placement import mixed_placement
 from gemini.slots.layout import SlotInfo, shard_path
 from gemini.slots.shard import ShardSlots
-from gemini_sidecar.protocol import CHALLENGE_BYTES, HEADER_BYTES, FrameType, wire_payload_bytes
+from gemini_sidecar.peer_frames import CHALLENGE_BYTES, HEADER_BYTES, FrameType, wire_payload_bytes
 from tests.fixtures.trainers import TrainingRun, free_port
 
 JOB = "proof"

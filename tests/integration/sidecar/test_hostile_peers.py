@@ -14,7 +14,8 @@ import pytest
 from gemini_sidecar.checksum import crc32
 from gemini_sidecar.config import PeerAddress, ServerLimits
 from gemini_sidecar.peer_client import connect, even_plan, send_version
-from gemini_sidecar.protocol import Channel, Frame, FrameType
+from gemini_sidecar.peer_frames import Frame, FrameType
+from gemini_sidecar.protocol import Channel
 from gemini_sidecar.store import FREE_RECORDS, RECORD_BYTES
 from tests.integration.sidecar.conftest import (
     free_port,

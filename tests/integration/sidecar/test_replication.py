@@ -12,7 +12,7 @@ from gemini_sidecar.checksum import crc32
 from gemini_sidecar.config import PeerAddress, make_placement
 from gemini_sidecar.pacing import profile_from_json
 from gemini_sidecar.peer_client import REPLY_TIMEOUT_S, FetchFailed, connect
-from gemini_sidecar.protocol import (
+from gemini_sidecar.peer_frames import (
     CHALLENGE_BYTES,
     HEADER_BYTES,
     Frame,

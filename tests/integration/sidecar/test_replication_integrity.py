@@ -14,7 +14,7 @@ import pytest
 from gemini.slots.layout import shard_path
 from gemini.slots.shard import ShardSlots
 from gemini_sidecar.app import Sidecar
-from gemini_sidecar.protocol import HEADER_BYTES, FrameType, wire_payload_bytes
+from gemini_sidecar.peer_frames import HEADER_BYTES, FrameType, wire_payload_bytes
 from tests.fixtures.tamper import CRC_NEUTRAL, xor_in_place
 from tests.integration.sidecar.conftest import (
     free_port,

@@ -11,7 +11,7 @@ import pytest
 from gemini_sidecar.checksum import crc32
 from gemini_sidecar.config import PeerAddress, make_placement
 from gemini_sidecar.peer_client import connect, even_plan, send_version
-from gemini_sidecar.protocol import PeerRefused
+from gemini_sidecar.peer_frames import PeerRefused
 from gemini_sidecar.senders import plain_ip
 from tests.integration.sidecar.conftest import JOB, TOKEN, free_port, make_config, payload, started
 

@@ -13,7 +13,7 @@ from functools import partial
 
 import pytest
 
-from gemini_sidecar.protocol import PEER_SILENCE_S
+from gemini_sidecar.peer_bulk import PEER_SILENCE_S
 from tests.integration.sidecar.conftest import (
     free_port,
     make_config,

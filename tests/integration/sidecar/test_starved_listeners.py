@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 
 from gemini_sidecar.config import PeerAddress, ServerLimits
-from gemini_sidecar.protocol import CHALLENGE_BYTES
+from gemini_sidecar.peer_frames import CHALLENGE_BYTES
 from tests.integration.sidecar.conftest import (
     TOKEN,
     free_port,

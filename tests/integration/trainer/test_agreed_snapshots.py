@@ -20,7 +20,8 @@ import json, sys
 from pathlib import Path
 import torch
 import torch.distributed as dist
-from gemini_trainer.checkpointer import Checkpointer, CheckpointerConfig
+from gemini_trainer.checkpointer import Checkpointer
+from gemini_trainer.checkpointer_config import CheckpointerConfig
 from gemini.slots.shard import ShardSlots
 
 rank, world, store, shm, out, lag_until = sys.argv[1:7]

@@ -15,18 +15,10 @@ import pytest
 
 from gemini.domain.placement import Machine, domain_aware_placement
 from gemini_cli import CliError
+from gemini_cli.kubectl_objects import job_info, node_infos, worker_infos
+from gemini_cli.kubectl_plan import FailureRequest, plan_report, render_plan
 from gemini_cli.kubectl_plugin import build_parser
-from gemini_cli.kubectl_views import (
-    FailureRequest,
-    job_info,
-    node_infos,
-    plan_report,
-    render_plan,
-    render_status,
-    replica_coverage,
-    status_report,
-    worker_infos,
-)
+from gemini_cli.kubectl_status import render_status, replica_coverage, status_report
 
 NODES = {f"node-{i}": (f"zone-{i // 2}", f"rack-{i % 2}") for i in range(4)}
 

@@ -15,9 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemini_sidecar.checksum import crc32, crc32_combine, crc32_of_pieces
-from gemini_sidecar.protocol import (
+from gemini_sidecar.peer_frames import (
     AuthError,
-    Channel,
     ChecksumMismatch,
     Frame,
     FrameType,
@@ -25,6 +24,7 @@ from gemini_sidecar.protocol import (
     ProtocolError,
     wire_payload_bytes,
 )
+from gemini_sidecar.protocol import Channel
 from tests.fixtures.tamper import CRC_NEUTRAL, xor_in_place, xor_pattern
 
 TOKEN = b"unit-test-token-0123456789"
@@ -209,7 +209,7 @@ async def _pair_through_rewriter(rewrite_at: int):
 
 @pytest.mark.parametrize("size", [1000, 700_000])  # in line, and on the bulk threads
 async def test_a_payload_rewritten_on_the_path_with_its_crc32_kept_is_refused(size):
-    from gemini_sidecar.protocol import HEADER_BYTES, NONCE_BYTES
+    from gemini_sidecar.peer_frames import HEADER_BYTES, NONCE_BYTES
 
     hello = HEADER_BYTES + wire_payload_bytes(NONCE_BYTES + 1)
     server, client = await _pair_through_rewriter(hello + HEADER_BYTES + size // 2)

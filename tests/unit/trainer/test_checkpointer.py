@@ -12,8 +12,8 @@ import torch
 from gemini.slots.layout import SlotError, shard_path
 from gemini.slots.shard import ShardSlots
 from gemini_trainer.capture import decode_tree, encode_tree
-from gemini_trainer.checkpointer import (
-    Checkpointer,
+from gemini_trainer.checkpointer import Checkpointer
+from gemini_trainer.checkpointer_config import (
     CheckpointerConfig,
     RestoreError,
     RestoreInstruction,

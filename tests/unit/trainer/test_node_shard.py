@@ -15,7 +15,7 @@ import pytest
 
 from gemini.slots.layout import PAGE, SlotError
 from gemini.slots.shard import ShardSlots
-from gemini_trainer.checkpointer import CheckpointerConfig, check_budget
+from gemini_trainer.checkpointer_config import CheckpointerConfig, check_budget
 from gemini_trainer.local_group import LocalGroup, local_env
 from gemini_trainer.node_shard import NodeLayout, node_regions, region_payload, region_span
 
