@@ -9,17 +9,13 @@ import logging
 import resource
 import signal
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from aiohttp import web
 
-from gemini.control.transfers import PersistAnswer
-from gemini_sidecar import s3 as s3mod
 from gemini_sidecar.api import make_app
 from gemini_sidecar.api_listener import ApiListener
-from gemini_sidecar.config import PeerAddress, Placement, SidecarConfig
-from gemini_sidecar.fetcher import Fetched
+from gemini_sidecar.config import Placement, SidecarConfig
 from gemini_sidecar.local import LocalShard
 from gemini_sidecar.metrics import SidecarMetrics, make_metrics
 from gemini_sidecar.pacing import Profile, load_profile, profile_path
@@ -28,7 +24,7 @@ from gemini_sidecar.pulls import Pulls
 from gemini_sidecar.replicator import Replicator
 from gemini_sidecar.s3_checkpoints import S3Checkpoints
 from gemini_sidecar.store import ReplicaStore
-from gemini_sidecar.transfers import Progress, Transfers
+from gemini_sidecar.transfers import Transfers
 
 log = logging.getLogger(__name__)
 # File descriptors this process asks for (up to the hard limit): each peer connection takes
@@ -71,35 +67,6 @@ class Sidecar:
         self.api_port = 0
         self._runner: web.AppRunner | None = None
         self._api: ApiListener | None = None
-
-    # -- shortcuts to the parts, for in-process callers (the API calls the parts) ---------
-    @property
-    def s3(self) -> s3mod.S3Store | None:
-        """Where this sidecar's S3 checkpoints go (None: S3 is not configured)."""
-        return self.checkpoints.s3
-
-    @s3.setter
-    def s3(self, store: s3mod.S3Store | None) -> None:
-        self.checkpoints.s3 = store
-
-    @property
-    def identity(self) -> s3mod.JobIdentity:
-        """Whose S3 checkpoints they are."""
-        return self.checkpoints.identity
-
-    async def persist(self, version: int | None, progress: Progress | None = None
-                      ) -> PersistAnswer:
-        """Upload a version of the own shard to S3 (S3Checkpoints.persist)."""
-        return await self.checkpoints.persist(version, progress)
-
-    def holders_for(self, rank: int, given: Sequence[int | str] | None) -> list[PeerAddress]:
-        """Holder addresses of `rank`, given as ranks or host:port (Pulls.holders_for)."""
-        return self.pulls.holders_for(rank, given)
-
-    async def fetch(self, rank: int, version: int | None, holders: list[PeerAddress],
-                    into: str, progress: Progress | None = None) -> Fetched:
-        """Pull (rank, version) from holders into shm or the replica store (Pulls.fetch)."""
-        return await self.pulls.fetch(rank, version, holders, into, progress)
 
     async def start(self) -> None:
         self.local.unpin()  # a pin left by a previous run's upload: a persist pins it again

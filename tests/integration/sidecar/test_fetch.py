@@ -69,14 +69,14 @@ async def test_replacement_fetches_its_shard_from_a_holder_then_repulls_its_repl
     cars, data = await _three_with_rank0_replicated(tmp_path)
     try:
         fresh = await _replace_rank0(cars, tmp_path)
-        result = await fresh.fetch(0, VERSION, fresh.holders_for(0, [1, 2]), "shm")
+        result = await fresh.pulls.fetch(0, VERSION, fresh.pulls.holders_for(0, [1, 2]), "shm")
         assert (result.version, result.length) == (VERSION, SIZE)
         assert result.holders_used == (str(cars[1].placement.peers[1]),)
         assert read_local(fresh.cfg, VERSION) == data
         # and it holds rank 1 again: pulled from rank 1's own shared memory
         rank1 = payload(99, SIZE - 8)
         write_local(cars[1].cfg, 9, rank1)
-        await fresh.fetch(1, None, fresh.holders_for(1, None), "store")
+        await fresh.pulls.fetch(1, None, fresh.pulls.holders_for(1, None), "store")
         assert bytes(fresh.store.get(1, 9)[1]) == rank1
     finally:
         for car in cars:
@@ -89,7 +89,7 @@ async def test_corruption_at_rest_in_one_holder_is_caught_and_fetched_from_anoth
         _, view = cars[1].store.get(0, VERSION)
         view[12345] ^= 0xFF  # a bit flip in rank 1's copy of rank 0
         fresh = await _replace_rank0(cars, tmp_path)
-        result = await fresh.fetch(0, VERSION, fresh.holders_for(0, [1, 2]), "shm")
+        result = await fresh.pulls.fetch(0, VERSION, fresh.pulls.holders_for(0, [1, 2]), "shm")
         assert result.holders_used == (str(cars[2].placement.peers[2]),)
         assert read_local(fresh.cfg, VERSION) == data
         assert _fetch_failures(fresh) >= 1
@@ -132,7 +132,8 @@ async def test_a_chunk_corrupted_in_transit_is_refetched_from_another_holder(tmp
     try:
         fresh = await _replace_rank0(cars, tmp_path)
         bad_holder = f"127.0.0.1:{proxy_port}"
-        result = await fresh.fetch(0, VERSION, fresh.holders_for(0, [bad_holder, 2]), "shm")
+        holders = fresh.pulls.holders_for(0, [bad_holder, 2])
+        result = await fresh.pulls.fetch(0, VERSION, holders, "shm")
         assert result.holders_used == (bad_holder, str(PeerAddress("127.0.0.1", cars[2].peer_port)))
         assert read_local(fresh.cfg, VERSION) == data
         assert _fetch_failures(fresh) >= 1

@@ -87,7 +87,7 @@ async def test_replicas_and_fetches_cross_the_wire_encrypted_and_arrive_intact(t
                                     peer_encryption=encrypt))
         await fresh.start()
         try:
-            got = await fresh.fetch(0, VERSION, [PeerAddress("127.0.0.1", proxy_port)], "shm")
+            got = await fresh.pulls.fetch(0, VERSION, [PeerAddress("127.0.0.1", proxy_port)], "shm")
             assert (got.version, got.length) == (VERSION, SIZE)
             assert read_local(fresh.cfg, VERSION) == data
         finally:

@@ -43,9 +43,9 @@ async def test_a_persist_pins_its_version_only_to_copy_it_so_checkpoints_go_on_d
         tmp_path: Path, s3_server: Any, s3_prefix: str) -> None:
     car = Sidecar(make_config(0, 1, tmp_path, {0: free_port()}, s3=settings(s3_server, s3_prefix)))
     await car.start()
-    assert car.s3 is not None
-    slow = SlowParts(car.s3.client, delay=0.3)  # 10 parts, 2 at a time: about 1.5 s
-    car.s3 = replace(car.s3, client=slow)
+    assert car.checkpoints.s3 is not None
+    slow = SlowParts(car.checkpoints.s3.client, delay=0.3)  # 10 parts, 2 at a time: about 1.5 s
+    car.checkpoints.s3 = replace(car.checkpoints.s3, client=slow)
     size = 9 * PART + 123
     info = write_local(car.cfg, 7, payload(7, size), capacity=size)
     path = shard_path(0, car.cfg.shm_dir, car.cfg.job)
@@ -80,10 +80,10 @@ async def test_a_persist_pins_its_version_only_to_copy_it_so_checkpoints_go_on_d
                 key = (await resp.json())["key"]
             # Asked again once its slot is reused (another rank's upload ended much later):
             # answered from the upload, not refused for a version no longer in memory.
-            assert (await car.persist(7)).key == key
+            assert (await car.checkpoints.persist(7)).key == key
             car.notify(6, None)  # a restart from an older step: version 7 will be rewritten
             with pytest.raises(LocalShardError):
-                await car.persist(7)
+                await car.checkpoints.persist(7)
     finally:
         stop.set()
         watcher.join()
@@ -92,7 +92,8 @@ async def test_a_persist_pins_its_version_only_to_copy_it_so_checkpoints_go_on_d
     with ShardSlots(path) as slots:
         assert slots.pinned_seq == 0
         assert {i.version for i in slots.slot_info() if i.complete} == {8, 9}
-    body = car.s3.client.get_object(Bucket=car.s3.bucket, Key=key)["Body"].read()
+    store = car.checkpoints.s3
+    body = store.client.get_object(Bucket=store.bucket, Key=key)["Body"].read()
     assert body == payload(7, size)  # the version asked for, though its slot was reused
 
 
@@ -103,12 +104,12 @@ async def test_a_stopping_sidecar_ends_its_upload_after_the_parts_in_flight(
     config = make_config(0, 1, tmp_path, {0: free_port()}, s3=settings(s3_server, s3_prefix))
     car = Sidecar(config)
     await car.start()
-    assert car.s3 is not None
-    slow = SlowParts(car.s3.client, delay=0.5)  # 10 parts, 2 at a time: about 2.5 s
-    car.s3 = replace(car.s3, client=slow)
+    assert car.checkpoints.s3 is not None
+    slow = SlowParts(car.checkpoints.s3.client, delay=0.5)  # 10 parts, 2 at a time: about 2.5 s
+    car.checkpoints.s3 = replace(car.checkpoints.s3, client=slow)
     size = 9 * PART + 123
     write_local(car.cfg, 7, payload(7, size), capacity=size)
-    persist = asyncio.create_task(car.persist(7))
+    persist = asyncio.create_task(car.checkpoints.persist(7))
     await wait_for(lambda: slow.started > 0, what="the upload's first part")
     started = time.monotonic()
     await car.stop()
@@ -122,15 +123,16 @@ async def test_a_stopping_sidecar_ends_its_upload_after_the_parts_in_flight(
     # Resumable: a sidecar started again on the pod's memory sends only the parts S3 lacks.
     again = Sidecar(config)
     await again.start()
-    assert again.s3 is not None
-    counted = SlowParts(again.s3.client, delay=0)
-    again.s3 = replace(again.s3, client=counted)
+    assert again.checkpoints.s3 is not None
+    counted = SlowParts(again.checkpoints.s3.client, delay=0)
+    again.checkpoints.s3 = replace(again.checkpoints.s3, client=counted)
     try:
-        answer = await again.persist(7)
+        answer = await again.checkpoints.persist(7)
     finally:
         await again.stop()
     assert counted.started == 10 - parts_at_stop
-    body = again.s3.client.get_object(Bucket=again.s3.bucket, Key=answer.key)["Body"].read()
+    store = again.checkpoints.s3
+    body = store.client.get_object(Bucket=store.bucket, Key=answer.key)["Body"].read()
     assert body == payload(7, size)
 
 

@@ -172,7 +172,7 @@ async def test_a_half_sent_version_is_never_complete_and_the_previous_one_stays(
         assert inv == {(1, True, 2 << 20), (2, False, 1 << 20)}
         assert b.store.get(0)[0].version == 1 and bytes(b.store.get(0)[1]) == first
         with pytest.raises(FetchFailed, match="could not fetch rank 0 version 2"):
-            await b.fetch(0, 2, [PeerAddress("127.0.0.1", b.peer_port)], "store")
+            await b.pulls.fetch(0, 2, [PeerAddress("127.0.0.1", b.peer_port)], "store")
         assert "rank 0 version 2 is not complete here" in caplog.text
         assert bytes(b.store.get(0)[1]) == first
     finally:

@@ -50,13 +50,15 @@ async def test_persist_commit_retention_and_restore_from_the_real_s3_server(
                     write_local(car.cfg, version, shards[rank, version], capacity=size)
                     got = await _post(http, car, "/persist", {"version": version})
                     assert got["bytes"] == size
-                    if version == 4 and rank == 0 and cars[0].s3 is not None:
+                    if version == 4 and rank == 0 and cars[0].checkpoints.s3 is not None:
                         # a step is invisible until committed
-                        assert latest_committed(cars[0].s3, cars[0].identity) == 3
+                        saved = cars[0].checkpoints
+                        assert latest_committed(saved.s3, saved.identity) == 3
                 done = await _post(http, cars[0], "/commit", {"version": version})
                 assert done["marker"].endswith(f"step-{version}/COMMITTED")
-            assert cars[0].s3 is not None
-            assert committed_steps(cars[0].s3, cars[0].identity) == [4, 5]  # retain=2
+            assert cars[0].checkpoints.s3 is not None
+            saved = cars[0].checkpoints
+            assert committed_steps(saved.s3, saved.identity) == [4, 5]  # retain=2
 
             # rank 1 loses its memory: restore the newest committed step from S3
             await cars[1].stop()
