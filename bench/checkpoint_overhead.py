@@ -87,10 +87,10 @@ def worker(plan_path: Path, out_path: Path) -> None:
     pairs = json.loads(os.environ["BENCH_PAIRS"])  # name -> {"shm": dir, "url": sidecar url}
     ckpt = {
         "A": Checkpointer(engine, config=replace(base, shm_dir=Path(pairs["A"]["shm"]),
-                                                  sidecar_url=pairs["A"]["url"])),
+                                                 sidecar_url=pairs["A"]["url"])),
         "B": Checkpointer(engine, config=replace(base, shm_dir=Path(pairs["B"]["shm"]),
-                                                  sidecar_url=pairs["B"]["url"],
-                                                  profile_iterations=0)),
+                                                 sidecar_url=pairs["B"]["url"],
+                                                 profile_iterations=0)),
     }
     step = 0
     rows: list[dict[str, Any]] = []
@@ -232,7 +232,7 @@ def summarize(data: dict[str, Any]) -> None:
     # both ranks move in lockstep (collectives); the slower one is the iteration time
     rows = list(zip(*(r["rows"] for r in data["results"]), strict=True))
     per_mode: dict[str, dict[str, list[float]]] = {m: {"seconds": [], "compute": [],
-                                                        "stall": []} for m in MODES}
+                                                       "stall": []} for m in MODES}
     for pair in rows:
         mode = pair[0]["mode"]
         if mode not in per_mode or pair[0].get("first"):

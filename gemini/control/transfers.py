@@ -264,7 +264,7 @@ class CommittedStepsAnswer:
     @classmethod
     def from_json(cls, doc: object) -> CommittedStepsAnswer:
         return cls(Fields(doc, "/committed-steps answer").ranks("steps", required=True,
-                                                                 what="steps"))
+                                                                what="steps"))
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ def setup(local_cluster: LocalCluster, gemini_crd: dict[str, Any], job_namespace
     body = (make_job(JOB, job_namespace).with_nodes(4).with_replicas(2)
             .set("persistence", {"bucketURI": "s3://checkpoints/train"}).obj())
     job: Any = custom.create_namespaced_custom_object(naming.GROUP, naming.VERSION, job_namespace,
-                                                 naming.PLURAL, body)
+                                                      naming.PLURAL, body)
     for rank in range(4):
         pod: Any = _worker_pod(job, rank, f"node-{rank}")
         core.create_namespaced_pod(job_namespace, pod)

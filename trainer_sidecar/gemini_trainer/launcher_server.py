@@ -47,7 +47,7 @@ def authorized(config: LauncherConfig, header: str | None, method: str = "GET") 
         return True
     given = (header or "").encode("utf-8", "surrogateescape")
     return auth.may_call(given, config.token.encode(), config.control_sha256,
-                            job_token_allowed=method == "GET")
+                         job_token_allowed=method == "GET")
 
 
 def read_body(rfile: io.BufferedIOBase, content_length: str | None) -> object:

@@ -64,4 +64,4 @@ class StandbyPool:
         if not self.armed:
             return None
         return launcher.StandbyState(self.armed[0].proc.pid,
-                                    all(standby.ready() for standby in self.armed))
+                                     all(standby.ready() for standby in self.armed))

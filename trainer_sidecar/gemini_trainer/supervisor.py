@@ -61,7 +61,7 @@ class Supervisor:
         self._record = LaunchRecord(
             int(self._base_env.get("GEMINI_RESTART_EPOCH", "0") or 0),
             launcher.RestoreOrder(self._base_env.get("GEMINI_RESTORE_VERSION") or None,
-                                 self._base_env.get("GEMINI_RESTORE_SOURCE") or "local"))
+                                  self._base_env.get("GEMINI_RESTORE_SOURCE") or "local"))
         self._parking: int | None = None  # the pid that said it is on its way to park
         # (reset before each SIGUSR1; compared with the asked child's pid)
         self._memory = oom.MemoryCgroup.of_this_process()

@@ -103,8 +103,8 @@ def _hold_spares(
     current = current_pods(observed, draft.status.restart_attempt)
     placed = len(current) == spec.num_nodes and all(p.node_name for p in current.values())
     held = spares.decide_spares(observed.job.ref, spec, config.render, observed.spares,
-                              observed.nodes, active=active, workers_placed=placed,
-                              old=draft.status.spares)
+                                observed.nodes, active=active, workers_placed=placed,
+                                old=draft.status.spares)
     if held.action is not None:
         draft.actions.append(held.action)
     draft.status = draft.status.with_changes(spares=held.status)
@@ -212,7 +212,7 @@ def _children(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft:
             _worker(observed, spec, config, rank, attempt) for rank in missing
         )))
         draft.events.append(Event.of(EventReason.CREATED_WORKERS,
-                                      f"created worker pods for {_ranks(missing)}"))
+                                     f"created worker pods for {_ranks(missing)}"))
     waiting = [r for r in range(spec.num_nodes) if r in observed.foreign_ranks
                or (r in observed.pods and observed.pods[r].attempt != attempt)]
     if not waiting:

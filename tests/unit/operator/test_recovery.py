@@ -41,7 +41,7 @@ def test_a_trainer_restart_after_the_launch_is_a_software_failure_with_its_exit_
 
 def test_a_replacement_pod_starts_from_a_zero_baseline() -> None:
     launch = launch_record(1, 0, {**PODS, 1: replace(PODS[1], trainer_restarts=3)},
-                             RenderConfig())
+                           RenderConfig())
     fresh = {**PODS, 1: replace(PODS[1], uid="new")}
     assert trainer_exits(fresh, launch, 0) == {}
     fresh[1] = replace(fresh[1], trainer_restarts=1)
@@ -112,7 +112,7 @@ def test_inventories_become_a_plan_document() -> None:
 def test_breakdown_turns_cumulative_marks_into_phase_seconds() -> None:
     marks = {"planning": 0.5, "replacing": 4.0, "fetching": 5.0, "restarting": 5.5}
     assert breakdown(marks) == {"planning": 0.5, "replacing": 3.5, "fetching": 1.0,
-                                 "restarting": 0.5}
+                                "restarting": 0.5}
 
 
 def test_a_recovery_planned_again_reports_the_superseded_time_apart_from_its_phases() -> None:

@@ -205,7 +205,7 @@ def play(model: Model, actions: list[tuple[str, int]]) -> None:
 @settings(max_examples=150, deadline=None)
 @given(shape=st.sampled_from([(4, 2), (5, 2), (6, 3), (3, 1), (7, 3)]), actions=ACTIONS)
 def test_a_common_version_survives_any_m_minus_1_losses_per_group(tmp_path_factory, shape,
-                                                                   actions):
+                                                                  actions):
     model = Model(tmp_path_factory.mktemp("slots"), *shape)
     try:
         play(model, actions)
