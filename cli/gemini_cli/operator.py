@@ -44,7 +44,8 @@ def register(subparsers: Any) -> None:
                             "each pod its own, e.g. its name and uid (default: "
                             f"${IDENTITY_ENV}, else host name, pid and a random suffix)")
     run_parser.add_argument("--metrics-port", type=int, default=None,
-                            help="serve Prometheus metrics on this port")
+                            help="serve Prometheus metrics (GET /metrics) and the probes' "
+                            "GET /healthz and /readyz on this port")
     run_parser.add_argument("--hint-port", type=int, default=None,
                             help="serve launchers' failure hints on this port, so a failed "
                             "trainer is acted on at once, not at the next poll (default: none)")

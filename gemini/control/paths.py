@@ -83,7 +83,7 @@ SIDECAR_TRAINER_PATHS = frozenset({NOTIFY_PATH, COMMITTED_PATH, PROFILE_PATH})
 STATUS_PATH = "/status"  # GET -> LauncherStatus
 RESTART_PATH = "/restart"  # POST RestartRequest -> RestartAnswer
 STOP_PATH = "/stop"  # POST (any object) -> LauncherStatus; the launcher then exits
-LAUNCHER_OPEN_PATHS = frozenset({METRICS_PATH})
+LAUNCHER_OPEN_PATHS = frozenset({HEALTHZ_PATH, METRICS_PATH})
 # The operator's hint server (gemini_operator.calls.hints), called by launchers.
 FAILURE_HINT_PATH = "/v1/hints/failure"  # POST FailureHint -> HintAnswer (202)
 MAX_HINT_BYTES = 4096

@@ -2,9 +2,10 @@
 
 One GeminiJob (examples/train_fsdp.py on 2 workers, tiny model, S3 persistence) on the local
 cluster; one trainer crash. Scraped: the operator's endpoint (served from its registry the way
-`gemini operator run --metrics-port` does) and every sidecar's (pod IP, the `sidecar-api`
-port of the pod spec, as pod discovery finds it) and every launcher's (the trainer container's
-`launcher` port).
+`gemini operator run --metrics-port` does, with its /healthz and /readyz) and every sidecar's
+(pod IP, the `sidecar-api` port of the pod spec, as pod discovery finds it) and every
+launcher's (the trainer container's `launcher` port). Every per-job series names the job by
+`geminijob_namespace` and `geminijob`.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from prometheus_client import start_http_server
 from prometheus_client.parser import text_string_to_metric_families
 
 from gemini_local import faults
+from gemini_operator.runtime.health import start_metrics_server
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.cluster.test_operator_recovery import newest_step
 from tests.fixtures.operator import OperatorThread
@@ -78,8 +79,9 @@ def dashboard_metrics() -> set[str]:
 @pytest.fixture
 def operator_metrics_url(gemini_operator: OperatorThread) -> Iterator[str]:
     """The in-process operator's registry served over HTTP, as main.py serves it."""
-    server, thread = start_http_server(0, addr="127.0.0.1",
-                                       registry=gemini_operator.runtime.metrics.registry)
+    runtime = gemini_operator.runtime
+    server, thread = start_metrics_server(0, runtime.metrics.registry, runtime.health,
+                                          addr="127.0.0.1")
     try:
         yield f"http://127.0.0.1:{server.server_port}/metrics"
     finally:
@@ -181,9 +183,27 @@ def test_live_scrapes_count_one_recovery_and_cover_the_dashboard(
     assert delta("gemini_operator_steps_lost_total") == last["stepsLost"]
     for phase in last["breakdown"]:
         assert delta("gemini_operator_recovery_phase_seconds_count", phase=phase) == 1, phase
-    job = f"{job_namespace}/{NAME}"
-    assert operator_after.value("gemini_operator_persisted_checkpoint_age_seconds", job=job) >= 0
-    assert len(operator_after.samples["gemini_operator_persisted_checkpoint_age_seconds"]) >= 1
+    job = {"geminijob_namespace": job_namespace, "geminijob": NAME}
+    persisted = operator_after.value("gemini_operator_persisted_checkpoint_timestamp_seconds",
+                                     **job)
+    assert time.time() - 600 < persisted <= time.time()
+    assert operator_after.value("gemini_operator_persist_interval_seconds", **job) == 30
+    states = [labels["state"] for labels, _ in operator_after.samples["gemini_operator_job_state"]
+              if labels.items() >= job.items()]
+    assert len(states) == 1, states  # one series per job: its status.state
+    assert operator_after.value("gemini_operator_build_info") == 1
+    for path in ("/healthz", "/readyz"):
+        with urllib.request.urlopen(operator_metrics_url.replace("/metrics", path),
+                                    timeout=10) as answer:
+            assert answer.status == 200, path
+    # Every gemini_* series of the job's pods names its job and rank, never a target label.
+    for pod, scrape in [*sidecars_after.items(), *launchers.items()]:
+        assert scrape.value("process_resident_memory_bytes") > 0, pod
+        for name, series in scrape.samples.items():
+            for labels, _ in series:
+                if name.startswith("gemini_"):
+                    assert labels.items() >= job.items() and "rank" in labels, (pod, name)
+                assert not labels.keys() & {"job", "namespace", "pod"}, (pod, name)
 
     for pod, after in sidecars_after.items():
         before = sidecars_before[pod]

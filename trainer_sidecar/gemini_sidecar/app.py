@@ -41,7 +41,7 @@ class Sidecar:
     def __init__(self, cfg: SidecarConfig) -> None:
         self.cfg = cfg
         self.placement: Placement = cfg.placement
-        self.metrics: SidecarMetrics = make_metrics(cfg.job, cfg.rank)
+        self.metrics: SidecarMetrics = make_metrics(cfg.namespace, cfg.job, cfg.rank)
         self.metrics.memory_budget.set(cfg.memory_budget_bytes)
         self.store = ReplicaStore(cfg.memory_budget_bytes)
         self.local = LocalShard(cfg.shm_dir, cfg.rank, cfg.job)

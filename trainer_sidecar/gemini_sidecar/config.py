@@ -8,6 +8,7 @@ holders, targets) can change at run time through the control API, so it is its o
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +16,9 @@ from pathlib import Path
 from typing import Literal
 
 from gemini.control.auth import control_digest_setting
+from gemini.metric_labels import DEFAULT_NAMESPACE
+
+log = logging.getLogger(__name__)
 
 TrafficMode = Literal["interleaved", "immediate"]
 
@@ -103,9 +107,10 @@ class SidecarConfig:
     # token only reads and makes the trainer's calls (gemini.control.auth.may_call)
     control_sha256: str = ""
     # GEMINI_NAMESPACE and GEMINI_JOB_UID (the GeminiJob's metadata.uid): with the job name,
-    # whose S3 checkpoints these are. The operator always sets both; a sidecar started by
-    # hand without them keeps its checkpoints under namespace "default" and uid "no-uid".
-    namespace: str = "default"
+    # whose S3 checkpoints these are, and the metrics' geminijob_namespace label. The operator
+    # always sets both; a sidecar started by hand without them keeps its checkpoints under
+    # namespace "default" (said in a warning at start) and uid "no-uid".
+    namespace: str = DEFAULT_NAMESPACE
     job_uid: str = ""
     # GEMINI_PEER_ENCRYPTION (on | off): payloads between sidecars encrypted (peer_keys.py);
     # on, this sidecar's peer server also refuses peers that do not encrypt
@@ -240,6 +245,16 @@ def _s3_from_env(env: Mapping[str, str]) -> S3Settings | None:
     )
 
 
+def _namespace(env: Mapping[str, str]) -> str:
+    """GEMINI_NAMESPACE; unset (a sidecar started by hand), "default", said in a warning."""
+    namespace = env.get("GEMINI_NAMESPACE", "").strip()
+    if not namespace:
+        log.warning("GEMINI_NAMESPACE is not set (the operator sets it on every worker pod): "
+                    "S3 keys and the metrics' geminijob_namespace label use %r",
+                    DEFAULT_NAMESPACE)
+    return namespace or DEFAULT_NAMESPACE
+
+
 def _required(env: Mapping[str, str], name: str) -> str:
     value = env.get(name, "").strip()
     if not value:
@@ -294,7 +309,7 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
         limits=_limits_from_env(env),
         check_senders=_sender_check(env),
         control_sha256=_control_digest(env),
-        namespace=env.get("GEMINI_NAMESPACE", "").strip() or "default",
+        namespace=_namespace(env),
         job_uid=env.get("GEMINI_JOB_UID", "").strip(),
         peer_encryption=_peer_encryption(env),
     )

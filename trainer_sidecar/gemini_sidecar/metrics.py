@@ -1,10 +1,23 @@
-"""Prometheus metrics of one sidecar, in their own registry (labels: job and rank only)."""
+"""Prometheus metrics of one sidecar, in their own registry. Every gemini_* series is labelled
+with its GeminiJob (`geminijob_namespace`, `geminijob`) and `rank`, never with a scrape's own
+target labels (gemini.metric_labels); the process collectors' series carry none of ours (join
+them with gemini_sidecar_build_info on the target labels)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from gemini.metric_labels import JOB, JOB_NAMESPACE, RANK, build_labels
 
 _STALL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 _TRANSFER_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
@@ -39,10 +52,16 @@ class SidecarMetrics:
         return generate_latest(self.registry)
 
 
-def make_metrics(job: str, rank: int) -> SidecarMetrics:
+def make_metrics(namespace: str, job: str, rank: int) -> SidecarMetrics:
+    """The metrics of rank `rank`'s sidecar of GeminiJob `namespace`/`job`."""
     reg = CollectorRegistry()
-    labels = {"job": job, "rank": str(rank)}
+    ProcessCollector(registry=reg)
+    PlatformCollector(registry=reg)
+    labels = {JOB_NAMESPACE: namespace, JOB: job, RANK: str(rank)}
     names = list(labels)
+    build = {**labels, **build_labels()}
+    Gauge("gemini_sidecar_build_info", "1, labelled with the running sidecar's version",
+          list(build), registry=reg).labels(**build).set(1)
 
     def counter(name: str, doc: str) -> Counter:
         return Counter(name, doc, names, registry=reg).labels(**labels)  # type: ignore[return-value]

@@ -20,7 +20,9 @@ ErrorAnswer), where the ordering rules of restarts are stated too:
                     older one is refused (409), so a retried request cannot restart twice.
     POST /stop      stops the process; the launcher then exits with 0.
     GET  /metrics   Prometheus text (gemini_launcher_*: restarts, epoch, running, last exit
-                    code, warm start, start-up seconds, heartbeat step and age); no token.
+                    code, warm start, start-up seconds, heartbeat step and time; the
+                    process's process_*); no token.
+    GET  /healthz   {"status": "ok"} while the API answers; no token.
 
 Every other request needs ``Authorization: Bearer <GEMINI_AUTH_TOKEN>`` (compared in constant
 time); others get 401. With GEMINI_CONTROL_TOKEN_SHA256 (the operator renders it) the job

@@ -1,5 +1,7 @@
-"""Prometheus metrics of one launcher, read from its status at scrape time; labels job and
-rank only, as the sidecar's (Prometheus adds the namespace and pod target labels).
+"""Prometheus metrics of one launcher, read from its status at scrape time; every gemini_*
+series is labelled with its GeminiJob (`geminijob_namespace`, `geminijob`) and `rank`, as the
+sidecar's, never with a scrape's own target labels (gemini.metric_labels: Prometheus adds
+`namespace`, `pod`, `job` itself). The process collectors' series carry none of ours.
 
 A collector rather than counters kept beside the state: the status is the one source of truth,
 so a scrape can never disagree with GET /status.
@@ -7,18 +9,27 @@ so a scrape can never disagree with GET /status.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from gemini.metric_labels import DEFAULT_NAMESPACE, JOB, JOB_NAMESPACE, RANK, build_labels
+
+log = logging.getLogger(__name__)
 StatusSource = Callable[[], Mapping[str, Any]]
 
 
-LABELS = ("job", "rank")
+LABELS = (JOB_NAMESPACE, JOB, RANK)
 
 
 def start_seconds(status: Mapping[str, Any]) -> float:
@@ -60,18 +71,24 @@ def gauge_values(s: Mapping[str, Any]) -> dict[str, tuple[str, float]]:
             start_seconds(s)),
         "gemini_launcher_progress_step": ("step of the last heartbeat (NaN: none)",
                                           _or_nan(progress.get("step"))),
-        "gemini_launcher_heartbeat_age_seconds": ("seconds since the last heartbeat (NaN: none)",
-                                                  _or_nan(progress.get("age_s"))),
+        "gemini_launcher_heartbeat_timestamp_seconds": (
+            "Unix time of the last heartbeat (NaN: none)", _or_nan(progress.get("unix"))),
     }
 
 
 class LauncherCollector(Collector):
-    def __init__(self, status: StatusSource, job: str, rank: str) -> None:
+    def __init__(self, status: StatusSource, namespace: str, job: str, rank: str) -> None:
         self._status = status
-        self._labels = [job, rank]
+        self._labels = [namespace, job, rank]
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self._status()
+        build = build_labels()
+        info = GaugeMetricFamily("gemini_launcher_build_info",
+                                 "1, labelled with the running launcher's version",
+                                 labels=[*LABELS, *build])
+        info.add_metric([*self._labels, *build.values()], 1)
+        yield info
         restarts = CounterMetricFamily(
             "gemini_launcher_restarts", "training process starts requested through /restart",
             labels=LABELS)
@@ -88,9 +105,27 @@ class LauncherCollector(Collector):
             yield family
 
 
-def make_registry(status: StatusSource, job: str = "", rank: str = "") -> CollectorRegistry:
+def job_labels(env: Mapping[str, str]) -> tuple[str, str, str]:
+    """(namespace, job, rank) of the launcher's series, from the environment the operator
+    sets. A job without GEMINI_NAMESPACE (started by hand) is in "default", said in a
+    warning, as the sidecar does; a launcher of no job (a local run) names none."""
+    job = env.get("GEMINI_JOB", "")
+    namespace = env.get("GEMINI_NAMESPACE", "").strip()
+    if job and not namespace:
+        log.warning("GEMINI_NAMESPACE is not set (the operator sets it on every worker pod): "
+                    "the metrics' geminijob_namespace label is %r", DEFAULT_NAMESPACE)
+        namespace = DEFAULT_NAMESPACE
+    return namespace, job, env.get("GEMINI_RANK") or env.get("RANK", "")
+
+
+def make_registry(status: StatusSource, namespace: str = "", job: str = "",
+                  rank: str = "") -> CollectorRegistry:
+    """The launcher's registry: its status of GeminiJob `namespace`/`job`, rank `rank`, and
+    its process."""
     registry = CollectorRegistry()
-    registry.register(LauncherCollector(status, job, rank))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    registry.register(LauncherCollector(status, namespace, job, rank))
     return registry
 
 

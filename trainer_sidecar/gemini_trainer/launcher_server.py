@@ -132,6 +132,9 @@ def _handler_for(supervisor: Supervisor, config: LauncherConfig
                 data = launcher_metrics.render(supervisor.metrics)
                 self._send(HTTPStatus.OK, "text/plain; version=0.0.4", data)
                 return
+            if self.path == paths.HEALTHZ_PATH:  # open: the API answers (for a probe)
+                self._reply(HTTPStatus.OK, messages.Health("ok").to_json())
+                return
             if not self._guard():
                 return
             if self.path == paths.STATUS_PATH:

@@ -80,8 +80,7 @@ class Supervisor:
                                     self.heartbeat_file.parent / warm.MODULES_FILE)
         self._link = self._in_process_link(local_world)
         self.metrics = launcher_metrics.make_registry(
-            self.status, self._base_env.get("GEMINI_JOB", ""),
-            self._base_env.get("GEMINI_RANK") or self._base_env.get("RANK", ""))
+            self.status, *launcher_metrics.job_labels(self._base_env))
 
     def _in_process_link(self, local_world: int) -> LinkServer | None:
         if self.config.in_process and local_world == 1:

@@ -194,6 +194,16 @@ def validate_job_name(name: str) -> None:
         )
 
 
+def persist_interval_seconds(spec: Mapping[str, Any]) -> int | None:
+    """spec.persistence.intervalSeconds (its default when unset); None without persistence,
+    or with one `parse_spec` refuses."""
+    try:
+        persistence = _persistence(spec.get("persistence"))
+    except SpecError:
+        return None
+    return None if persistence is None else persistence.interval_seconds
+
+
 def parse_spec(spec: Mapping[str, Any], default_sidecar_image: str | None) -> JobSpec:
     """The typed spec, or a SpecError for what the operator refuses."""
     num_nodes = _int(spec, "numNodes", "spec.numNodes", None, minimum=1)

@@ -20,6 +20,7 @@ from gemini_operator.cluster.cache import ClusterCache, JobKey
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core import naming, queueing
 from gemini_operator.runtime.election import LeaderElector
+from gemini_operator.runtime.health import Health
 from gemini_operator.runtime.metrics import OperatorMetrics
 from gemini_operator.runtime.reconciler import Reconciler
 from gemini_operator.runtime.workqueue import WorkQueue
@@ -45,6 +46,7 @@ class Runtime:
     hint_bind: tuple[str, int] | None = None
     hint_server: HintServer | None = None
     rounds: PollRounds | None = None
+    health: Health = field(default_factory=Health)  # /healthz and /readyz
 
     def queue_all(self) -> None:
         for key in self.cache.job_keys():
@@ -59,15 +61,20 @@ def register(registry: kopf.OperatorRegistry, runtime: Runtime) -> None:
     @kopf.on.startup(registry=registry)
     async def startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         _configure(settings)
+        runtime.tasks = [asyncio.create_task(runtime.health.heartbeat())]
         runtime.queue.start()
         _poll_rounds(runtime)
         if runtime.hint_bind is not None:
             runtime.hint_server = _hint_server(runtime)
             await runtime.hint_server.start(*runtime.hint_bind)
-        runtime.tasks = [
-            asyncio.create_task(_elect(runtime)), asyncio.create_task(_resync(runtime)),
-            asyncio.create_task(_poll(runtime)),
-        ]
+        loops = {"election": _elect(runtime), "resync": _resync(runtime),
+                 "poll": _poll(runtime)}
+        for name, loop in loops.items():
+            runtime.tasks.append(asyncio.create_task(loop))
+            runtime.health.watch(name, runtime.tasks[-1])
+        for i, worker in enumerate(runtime.queue.workers()):
+            runtime.health.watch(f"queue worker {i}", worker)
+        runtime.health.started()
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:
@@ -151,6 +158,7 @@ async def _elect(runtime: Runtime) -> None:
         elif not leads and runtime.leading:
             log.warning("lost the leadership (%s)", runtime.elector.identity)
             runtime.leading = False
+            runtime.metrics.forget_all()  # the new leader exports the jobs' series
         runtime.metrics.leader.set(1 if leads else 0)
         await asyncio.sleep(ELECTION_PERIOD_SECONDS)
 

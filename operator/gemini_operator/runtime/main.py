@@ -10,7 +10,6 @@ import uuid
 from dataclasses import dataclass, field
 
 import kopf
-from prometheus_client import start_http_server
 
 from gemini import rank_detail
 from gemini_operator.cluster.cache import ClusterCache, JobKey
@@ -20,6 +19,7 @@ from gemini_operator.core.render import RenderConfig
 from gemini_operator.core.types import ReconcileConfig
 from gemini_operator.runtime import handlers
 from gemini_operator.runtime.election import LeaderElector
+from gemini_operator.runtime.health import start_metrics_server
 from gemini_operator.runtime.metrics import OperatorMetrics
 from gemini_operator.runtime.wiring import build_reconciler
 from gemini_operator.runtime.workqueue import WorkQueue
@@ -86,7 +86,8 @@ async def run_operator(
         if created:
             log.info("created PriorityClasses %s", ", ".join(created))
     if options.metrics_port is not None:
-        start_http_server(options.metrics_port, registry=runtime.metrics.registry)
+        # /metrics, and the probes' /healthz and /readyz (gemini_operator.runtime.health)
+        start_metrics_server(options.metrics_port, runtime.metrics.registry, runtime.health)
     registry = kopf.OperatorRegistry()
     handlers.register(registry, runtime)
     namespaces = [options.namespace] if options.namespace else []

@@ -1,18 +1,28 @@
 """Prometheus metrics of the operator (served by `gemini operator run --metrics-port`).
 
-A registry of its own, so several operators in one process (tests) do not collide.
+A registry of its own, so several operators in one process (tests) do not collide. Per-job
+series carry `geminijob_namespace` and `geminijob` (gemini.metric_labels), never `namespace` or
+`job`: those are the scrape's own target labels. Only the leader exports per-job series.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
 
+from gemini.metric_labels import JOB, JOB_NAMESPACE, build_labels
 from gemini_operator.core.apitime import parse_api_time
 from gemini_operator.core.conditions import State
 from gemini_operator.core.observed import NodeView, PodView, detection_lags
@@ -20,6 +30,17 @@ from gemini_operator.core.records import LastRecovery
 from gemini_operator.core.status import CheckpointStatus, ReplicaCoverage
 
 JobKey = tuple[str, str]
+PER_JOB = (JOB_NAMESPACE, JOB)
+
+
+@dataclass(frozen=True)
+class JobReport:
+    """What one reconcile of a job left, as the per-job series show it."""
+
+    state: State
+    checkpoint: CheckpointStatus = field(default_factory=CheckpointStatus)
+    recovery_started_unix: float | None = None  # status.recovery.startedUnix, while under way
+    persist_interval_seconds: int | None = None  # spec.persistence.intervalSeconds
 
 
 @dataclass
@@ -28,6 +49,12 @@ class OperatorMetrics:
 
     def __post_init__(self) -> None:
         r = self.registry
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+        self.build_info = Gauge(
+            "gemini_operator_build_info", "1, labelled with the running operator's version",
+            list(build_labels()), registry=r)
+        self.build_info.labels(**build_labels()).set(1)
         self.reconciles = Counter("gemini_operator_reconciles", "Reconciles run", registry=r)
         self.reconcile_errors = Counter(
             "gemini_operator_reconcile_errors", "Reconciles that failed and will be retried",
@@ -76,9 +103,24 @@ class OperatorMetrics:
             "Seconds between detection and every launcher running the new epoch, summed",
             registry=r,
         )
-        self.persist_age = Gauge(
-            "gemini_operator_persisted_checkpoint_age_seconds",
-            "Seconds since the newest committed S3 checkpoint of a job", ["job"], registry=r,
+        self.persisted_time = Gauge(
+            "gemini_operator_persisted_checkpoint_timestamp_seconds",
+            "Unix time of a job's newest committed S3 checkpoint (status.checkpoint.persistedTime)",
+            PER_JOB, registry=r,
+        )
+        self.persist_interval = Gauge(
+            "gemini_operator_persist_interval_seconds",
+            "Seconds between a job's S3 checkpoints (spec.persistence.intervalSeconds); no "
+            "series without persistence", PER_JOB, registry=r,
+        )
+        self.recovery_started = Gauge(
+            "gemini_operator_recovery_started_timestamp_seconds",
+            "Unix time the job's recovery (or resume) under way started "
+            "(status.recovery.startedAt); no series while none is", PER_JOB, registry=r,
+        )
+        self.job_states = Gauge(
+            "gemini_operator_job_state", "1 for each job's status.state (one series per job)",
+            [*PER_JOB, "state"], registry=r,
         )
         self.steps_lost = Counter(
             "gemini_operator_steps_lost", "Training steps redone after recoveries", registry=r
@@ -93,27 +135,27 @@ class OperatorMetrics:
         self.replicas_complete = Gauge(
             "gemini_operator_replica_coverage_complete_shards",
             "Shards with all m in-memory copies complete (status.checkpoint.replicaCoverage)",
-            ["namespace", "job"], registry=r,
+            PER_JOB, registry=r,
         )
         self.replica_shards = Gauge(
             "gemini_operator_replica_coverage_shards",
             "Shards of the job whose replicas are counted (one per rank)",
-            ["namespace", "job"], registry=r,
+            PER_JOB, registry=r,
         )
         self.checkpoint_interval = Gauge(
             "gemini_operator_checkpoint_interval_steps",
             "Steps between a job's last two snapshots: 1 unless replication lags "
-            "(status.checkpoint.effectiveInterval)", ["namespace", "job"], registry=r,
+            "(status.checkpoint.effectiveInterval)", PER_JOB, registry=r,
         )
         self.recoverable_step = Gauge(
             "gemini_operator_recoverable_step",
             "Newest step every holder has of every shard (status.checkpoint.recoverableStep)",
-            ["namespace", "job"], registry=r,
+            PER_JOB, registry=r,
         )
         self.replication_lag = Gauge(
             "gemini_operator_replication_lag_steps",
             "Steps between a job's newest snapshot and its recoverable step",
-            ["namespace", "job"], registry=r,
+            PER_JOB, registry=r,
         )
         self._states: dict[tuple[str, str], str] = {}
         # Reconciles of different jobs run in parallel threads: counting the states walks the
@@ -139,16 +181,15 @@ class OperatorMetrics:
         for cause, lag in detection_lags(failures, pods, nodes, acted).items():
             self.detection_seconds.labels(cause=cause).observe(lag)
 
-    def reconciled(self, key: JobKey, state: State, checkpoint: CheckpointStatus,
-                   clock: Callable[[], datetime], seconds: float) -> None:
+    def reconciled(self, key: JobKey, report: JobReport, seconds: float) -> None:
         """Export what a reconcile of job `key` left, and how long it took."""
-        self.job_state(key, state)
-        self.replica_coverage(key, checkpoint.replica_coverage)
-        self.checkpoint_pace(key, checkpoint)
-        persisted = parse_api_time(checkpoint.persisted_time)
-        if persisted is not None:
-            age = (clock() - persisted).total_seconds()
-            self.persist_age.labels(job=f"{key[0]}/{key[1]}").set(age)
+        self.job_state(key, report.state)
+        self.replica_coverage(key, report.checkpoint.replica_coverage)
+        self.checkpoint_pace(key, report.checkpoint)
+        persisted = parse_api_time(report.checkpoint.persisted_time)
+        _export(self.persisted_time, key, None if persisted is None else persisted.timestamp())
+        _export(self.persist_interval, key, report.persist_interval_seconds)
+        _export(self.recovery_started, key, report.recovery_started_unix)
         self.reconcile_seconds.observe(seconds)
 
     def forget(self, key: JobKey) -> None:
@@ -156,6 +197,15 @@ class OperatorMetrics:
         self.job_state(key, None)
         self.replica_coverage(key, None)
         self.checkpoint_pace(key, None)
+        for gauge in (self.persisted_time, self.persist_interval, self.recovery_started):
+            _export(gauge, key, None)
+
+    def forget_all(self) -> None:
+        """This replica no longer leads: the new leader exports the jobs, not a stale copy."""
+        with self._states_lock:
+            keys = list(self._states)
+        for key in keys:
+            self.forget(key)
 
     def replica_coverage(self, key: JobKey, coverage: ReplicaCoverage | None) -> None:
         """Export a job's replica coverage; None (the job is gone, or nothing is known yet)
@@ -172,12 +222,18 @@ class OperatorMetrics:
         _export(self.replication_lag, key, known.replication_lag_steps)
 
     def job_state(self, key: tuple[str, str], state: State | None) -> None:
-        """Record a job's state (None: the job is gone) and refresh the per-state gauge."""
+        """Record a job's state (None: the job is gone) and refresh the per-state gauges."""
         with self._states_lock:
+            before = self._states.get(key)
             if state is None:
                 self._states.pop(key, None)
             else:
                 self._states[key] = state.value
+            if before is not None and before != self._states.get(key):
+                with contextlib.suppress(KeyError):
+                    self.job_states.remove(*key, before)
+            if state is not None:
+                self.job_states.labels(*key, state.value).set(1)
             for each in State:
                 self.jobs.labels(state=each.value).set(
                     sum(1 for s in self._states.values() if s == each.value)
@@ -190,4 +246,4 @@ def _export(gauge: Gauge, key: JobKey, value: float | None) -> None:
         with contextlib.suppress(KeyError):  # never exported
             gauge.remove(*key)
     else:
-        gauge.labels(namespace=key[0], job=key[1]).set(value)
+        gauge.labels(*key).set(value)

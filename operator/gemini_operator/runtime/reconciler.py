@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
@@ -44,10 +44,12 @@ from gemini_operator.core.actions import (
     SaveBeforeSuspend,
     StartTraining,
 )
+from gemini_operator.core.apitime import parse_api_time
 from gemini_operator.core.conditions import (
     FAILURE_POLICY_FAIL_JOB,
     MAX_RESTARTS_EXCEEDED,
     RECOVERY_NEEDED,
+    Condition,
     state_of,
 )
 from gemini_operator.core.decide import decide
@@ -56,10 +58,12 @@ from gemini_operator.core.observed import PodView
 from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.queueing import queue_name, was_queued
 from gemini_operator.core.spares import HoldSpares
+from gemini_operator.core.spec import persist_interval_seconds
+from gemini_operator.core.status import CheckpointStatus
 from gemini_operator.core.types import JobView, Observed, ReconcileConfig
 from gemini_operator.runtime.children import JobChildren
 from gemini_operator.runtime.deliveries import PlacementDeliveries
-from gemini_operator.runtime.metrics import OperatorMetrics
+from gemini_operator.runtime.metrics import JobReport, OperatorMetrics
 from gemini_operator.runtime.status_writer import JobStatusWriter, StatusSender
 from gemini_operator.steps.recovery import RecoveryExecutor, newly_lost
 from gemini_operator.steps.start import TrainingStarter
@@ -132,8 +136,9 @@ class Reconciler:
         final = writer.write()
         self._send_events(job, [*decision.events, *final.events,
                                 *(e for o in writer.outcomes for e in o.events)])
-        self.metrics.reconciled(key, state_of(final.conditions), decision.status.checkpoint,
-                                self._clock, time.monotonic() - started)
+        self.metrics.reconciled(key, _report(job, final.conditions, final.document,
+                                             decision.status.checkpoint),
+                                time.monotonic() - started)
         return _requeue_after(decision, writer.outcomes, unsettled)
 
     def _forget(self, key: JobKey) -> None:
@@ -341,6 +346,18 @@ def _failures(decision: Decision) -> list[tuple[int, str]]:
     """(rank, cause) of every failure a recovery decision is about."""
     return [(f.rank, f.reason.value) for a in decision.actions if isinstance(a, Recover)
             for f in a.failures]
+
+
+def _report(job: JobView, conditions: Sequence[Condition], written: Mapping[str, Any],
+            checkpoint: CheckpointStatus) -> JobReport:
+    """What the per-job metrics show of a reconcile that wrote status `written`."""
+    recovery = written.get("recovery") or {}
+    started = recovery.get("startedUnix") or None
+    if started is None and recovery:
+        at = parse_api_time(recovery.get("startedAt"))
+        started = None if at is None else at.timestamp()
+    return JobReport(state_of(conditions), checkpoint, started,
+                     persist_interval_seconds(job.spec))
 
 
 def _unsettled(job: JobView) -> bool:

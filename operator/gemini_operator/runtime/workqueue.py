@@ -51,6 +51,10 @@ class WorkQueue:
         self._loop = asyncio.get_running_loop()
         self._tasks = [asyncio.create_task(self._worker()) for _ in range(self._workers)]
 
+    def workers(self) -> list[asyncio.Task[None]]:
+        """The worker tasks (started by `start`): they run until `stop`."""
+        return list(self._tasks)
+
     async def stop(self) -> None:
         for task in self._tasks:
             task.cancel()

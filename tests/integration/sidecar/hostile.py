@@ -130,5 +130,5 @@ async def fetch_bytes(cfg: SidecarConfig, rank: int, version: int, holder: PeerA
 
     req = FetchRequest(cfg.job, cfg.auth_token, cfg.max_frame_bytes, rank, version, [holder],
                        chunk_bytes=cfg.chunk_bytes)
-    result = await fetch(req, allocate, make_metrics(cfg.job, 99))
+    result = await fetch(req, allocate, make_metrics(cfg.namespace, cfg.job, 99))
     return result, bytes(got[-1])

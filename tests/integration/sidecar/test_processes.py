@@ -73,7 +73,8 @@ async def test_two_sidecar_processes_replicate_and_a_replacement_fetches_back(tm
             async with http.get(procs[0].url + "/metrics") as resp:
                 text = await resp.text()
             sent = next(line for line in text.splitlines()
-                        if line.startswith('gemini_replication_bytes_total{job="job-a",rank="0"}'))
+                        if line.startswith('gemini_replication_bytes_total{geminijob="job-a",'
+                                        'geminijob_namespace="default",rank="0"}'))
             assert float(sent.rsplit(" ", 1)[1]) == SIZE
 
             # rank 0 loses its pod: trainer, sidecar and memory

@@ -140,7 +140,8 @@ async def test_a_version_over_the_memory_budget_is_refused_and_the_last_one_kept
         assert bytes(b.store.get(0, 1)[1]) == first
         assert b.store.used_bytes <= b.cfg.memory_budget_bytes
         body = b.metrics.render().decode()
-        assert 'gemini_memory_budget_refusals_total{job="job-a",rank="1"} 1.0' in body
+        assert ('gemini_memory_budget_refusals_total{geminijob="job-a",'
+                'geminijob_namespace="default",rank="1"} 1.0') in body
     finally:
         await a.stop()
         await b.stop()

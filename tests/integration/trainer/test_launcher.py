@@ -212,7 +212,7 @@ def test_progress_comes_from_the_heartbeat_file(start: Any) -> None:
 
 
 def test_metrics_are_served_without_a_token_and_follow_restarts(start: Any) -> None:
-    running = start("-1", "42", GEMINI_JOB="train", GEMINI_RANK="1")
+    running = start("-1", "42", GEMINI_NAMESPACE="team", GEMINI_JOB="train", GEMINI_RANK="1")
     running.until(lambda s: s["progress"] is not None)
     assert running.call("POST", "/restart", {"epoch": 2})[0] == 200
     running.until(lambda s: s["epoch"] == 2 and s["progress"] is not None)
@@ -225,7 +225,12 @@ def test_metrics_are_served_without_a_token_and_follow_restarts(start: Any) -> N
     assert samples["gemini_launcher_training_running"].value == 1
     assert samples["gemini_launcher_progress_step"].value == 42
     assert samples["gemini_launcher_start_seconds"].value >= 0
-    assert samples["gemini_launcher_epoch"].labels == {"job": "train", "rank": "1"}
+    assert samples["gemini_launcher_epoch"].labels == {
+        "geminijob_namespace": "team", "geminijob": "train", "rank": "1"}
+    assert samples["process_resident_memory_bytes"].value > 0
+    health = f"http://127.0.0.1:{running.launcher.port}/healthz"
+    with urllib.request.urlopen(health, timeout=10) as resp:  # open too, for a probe
+        assert json.loads(resp.read()) == {"status": "ok"}
 
 
 def test_the_cli_runs_the_command_and_exits_with_its_code_when_asked(tmp_path: Path) -> None:

@@ -3,24 +3,27 @@ and the metrics both feed; placement delivery to sidecars that do not answer."""
 
 from __future__ import annotations
 
+import platform
 import socket
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
+from gemini import metric_labels
 from gemini.control.inventory import Inventory
 from gemini.domain.placement import Placement
 from gemini_operator.calls.poller import replica_coverage
 from gemini_operator.calls.sidecars import DeliveryError, SidecarAddress, deliver_placement
+from gemini_operator.core.conditions import State
 from gemini_operator.core.observed import (
     detection_lags,
     failure_visible_at,
     node_view,
     pod_view,
 )
-from gemini_operator.core.status import JobStatus, ReplicaCoverage
-from gemini_operator.runtime.metrics import OperatorMetrics
+from gemini_operator.core.status import CheckpointStatus, JobStatus, ReplicaCoverage
+from gemini_operator.runtime.metrics import JobReport, OperatorMetrics
 from tests.unit.operator.builders import inventory
 
 ACTED = datetime(2026, 11, 29, 18, 0, 10, tzinfo=UTC)
@@ -143,20 +146,67 @@ def test_detection_lag_is_per_cause_from_its_earliest_failure() -> None:
         2026, 11, 29, 18, 0, 1, tzinfo=UTC)) == {"Error": 0.0}
 
 
+JOB = {"geminijob_namespace": "ns", "geminijob": "job"}
+
+
 def test_coverage_and_detection_metrics_are_exported_per_job_and_cause() -> None:
     metrics = OperatorMetrics()
     metrics.replica_coverage(("ns", "job"), ReplicaCoverage(3, 4, 7))
     metrics.detection_seconds.labels(cause="NodeLost").observe(1.5)
     value = metrics.registry.get_sample_value
-    assert value("gemini_operator_replica_coverage_complete_shards",
-                 {"namespace": "ns", "job": "job"}) == 3
-    assert value("gemini_operator_replica_coverage_shards",
-                 {"namespace": "ns", "job": "job"}) == 4
+    assert value("gemini_operator_replica_coverage_complete_shards", JOB) == 3
+    assert value("gemini_operator_replica_coverage_shards", JOB) == 4
     assert value("gemini_operator_failure_detection_seconds_count", {"cause": "NodeLost"}) == 1
     metrics.replica_coverage(("ns", "job"), None)
     metrics.replica_coverage(("ns", "never"), None)
-    assert value("gemini_operator_replica_coverage_complete_shards",
-                 {"namespace": "ns", "job": "job"}) is None
+    assert value("gemini_operator_replica_coverage_complete_shards", JOB) is None
+
+
+def test_a_reconcile_exports_the_job_with_timestamps_not_ages() -> None:
+    metrics = OperatorMetrics()
+    value = metrics.registry.get_sample_value
+    checkpoint = CheckpointStatus(persisted_time="2026-11-29T18:00:00Z",
+                                  replica_coverage=ReplicaCoverage(4, 4, 7),
+                                  recoverable_step=7, effective_interval=1,
+                                  replication_lag_steps=2)
+    metrics.reconciled(("ns", "job"), JobReport(State.RECOVERING, checkpoint, 1.5e9, 600), 0.2)
+    assert value("gemini_operator_persisted_checkpoint_timestamp_seconds", JOB) == datetime(
+        2026, 11, 29, 18, 0, tzinfo=UTC).timestamp()
+    assert value("gemini_operator_persist_interval_seconds", JOB) == 600
+    assert value("gemini_operator_recovery_started_timestamp_seconds", JOB) == 1.5e9
+    assert value("gemini_operator_replication_lag_steps", JOB) == 2
+    assert value("gemini_operator_job_state", {**JOB, "state": "Recovering"}) == 1
+    assert value("gemini_operator_jobs", {"state": "Recovering"}) == 1
+    # Recovered: no recovery under way, one state series, the other states' counts move.
+    metrics.reconciled(("ns", "job"), JobReport(State.RUNNING, checkpoint), 0.1)
+    assert value("gemini_operator_recovery_started_timestamp_seconds", JOB) is None
+    assert value("gemini_operator_persist_interval_seconds", JOB) is None
+    assert value("gemini_operator_job_state", {**JOB, "state": "Recovering"}) is None
+    assert value("gemini_operator_job_state", {**JOB, "state": "Running"}) == 1
+    assert value("gemini_operator_jobs", {"state": "Recovering"}) == 0
+    metrics.forget(("ns", "job"))
+    names = {s.name for f in metrics.registry.collect() for s in f.samples}
+    assert not [s for f in metrics.registry.collect() for s in f.samples
+                if s.labels.get("geminijob") == "job"], names
+
+
+def test_a_replica_that_stops_leading_exports_no_job() -> None:
+    metrics = OperatorMetrics()
+    for name in ("a", "b"):
+        metrics.reconciled(("ns", name), JobReport(State.RUNNING, CheckpointStatus(
+            persisted_time="2026-11-29T18:00:00Z", replica_coverage=ReplicaCoverage(1, 2))),
+            0.1)
+    metrics.forget_all()
+    assert not [s for f in metrics.registry.collect() for s in f.samples if "geminijob" in
+                s.labels]
+    assert metrics.registry.get_sample_value("gemini_operator_jobs", {"state": "Running"}) == 0
+
+
+def test_the_operator_exports_its_process_and_build() -> None:
+    value = OperatorMetrics().registry.get_sample_value
+    assert value("process_resident_memory_bytes") > 0
+    labels = {"version": metric_labels.version(), "python_version": platform.python_version()}
+    assert value("gemini_operator_build_info", labels) == 1
 
 
 @pytest.fixture

@@ -23,13 +23,20 @@ SHIPPED = (ROOT / "gemini", ROOT / "operator", ROOT / "trainer_sidecar", ROOT / 
 def _sidecar() -> CollectorRegistry:
     from gemini_sidecar.metrics import make_metrics
 
-    return make_metrics(job="job", rank=0).registry
+    return make_metrics(namespace="ns", job="job", rank=0).registry
 
 
 def _operator() -> CollectorRegistry:
-    from gemini_operator.runtime.metrics import OperatorMetrics
+    from gemini_operator.core.conditions import State
+    from gemini_operator.core.status import CheckpointStatus, ReplicaCoverage
+    from gemini_operator.runtime.metrics import JobReport, OperatorMetrics
 
-    return OperatorMetrics().registry
+    metrics = OperatorMetrics()  # a job known in every per-job series, so each has samples
+    checkpoint = CheckpointStatus(persisted_time="2026-01-01T00:00:00Z",
+                                  replica_coverage=ReplicaCoverage(3, 4, 7), recoverable_step=7,
+                                  effective_interval=1, replication_lag_steps=0)
+    metrics.reconciled(("ns", "job"), JobReport(State.RECOVERING, checkpoint, 1.0e9, 3600), 0.1)
+    return metrics.registry
 
 
 def _launcher() -> CollectorRegistry:
@@ -37,7 +44,7 @@ def _launcher() -> CollectorRegistry:
 
     status = {"state": "running", "epoch": 2, "restarts": 2, "exit_code": 1, "warm": True,
               "started_at": 10.0, "progress": {"step": 3, "unix": 12.0, "age_s": 0.5}}
-    return make_registry(lambda: status, job="job", rank="0")
+    return make_registry(lambda: status, namespace="ns", job="job", rank="0")
 
 
 # Module (as a path under the repository) -> how its component builds its registry.
@@ -61,6 +68,11 @@ _SUFFIXES = {
 }
 
 
+# prometheus_client's own collectors (ProcessCollector, PlatformCollector), which every
+# component registers: standard names, not the project's.
+STANDARD_PREFIXES = ("process_", "python_")
+
+
 @dataclass(frozen=True)
 class Family:
     name: str  # as prometheus_client names the family (counters without _total)
@@ -70,6 +82,11 @@ class Family:
 
     def sample_names(self) -> set[str]:
         return {self.name + suffix for suffix in _SUFFIXES[self.type]}
+
+    @property
+    def standard(self) -> bool:
+        """A family of prometheus_client's own collectors, not one of the project's."""
+        return self.name.startswith(STANDARD_PREFIXES)
 
 
 _METRIC_TYPES = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}

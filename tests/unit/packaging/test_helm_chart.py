@@ -14,13 +14,16 @@ from typing import Any
 import pytest
 import yaml
 
+from gemini.metric_labels import TARGET_LABELS
 from gemini_cli.operator import IDENTITY_ENV
 from gemini_operator.core import naming, render
 from gemini_operator.core.spec import parse_spec
+from gemini_operator.runtime import health
 from tests.fixtures.helm import CHART, Helm, RenderError, by_kind, one
 from tests.unit.operator.builders import make_job
 from tests.unit.packaging import dockerfile
 from tests.unit.packaging.commands import unknown_part
+from tests.unit.packaging.test_dashboard import selectors
 
 ROOT = Path(__file__).resolve().parents[3]
 MONITORING = "monitoring.coreos.com/v1"
@@ -112,6 +115,10 @@ def test_the_operator_container_is_non_root_read_only_and_probed(helm: Helm):
     ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert operator[probe]["httpGet"]["port"] in ports, f"{probe} names an undeclared port"
+    # The health endpoints served beside /metrics (gemini_operator.runtime.health), not it.
+    assert operator["startupProbe"]["httpGet"]["path"] == health.HEALTHZ_PATH
+    assert operator["livenessProbe"]["httpGet"]["path"] == health.HEALTHZ_PATH
+    assert operator["readinessProbe"]["httpGet"]["path"] == health.READYZ_PATH
     writable = {m["mountPath"] for m in operator["volumeMounts"]}
     env = {e["name"]: e.get("value") for e in operator["env"]}
     assert env["TMPDIR"] in writable
@@ -332,7 +339,8 @@ def test_rbac_can_be_left_to_the_cluster_admin(helm: Helm):
 # --- monitoring ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("key, kind", [("serviceMonitor", "ServiceMonitor"),
-                                       ("podMonitor", "PodMonitor")])
+                                       ("podMonitor", "PodMonitor"),
+                                       ("prometheusRule", "PrometheusRule")])
 def test_monitors_are_refused_with_a_clear_message_without_their_api(helm: Helm, key, kind):
     with pytest.raises(RenderError) as err:
         helm.template("--set", f"{key}.enabled=true")
@@ -355,6 +363,8 @@ def test_the_service_monitor_scrapes_the_metrics_service(helm: Helm):
     assert selector.items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": ["gemini-system"]}
+    # The target's `job` and `namespace` win: the operator's per-job series use other names.
+    assert all("honorLabels" not in e for e in monitor["spec"]["endpoints"])
 
 
 def test_the_service_monitor_needs_the_metrics_service(helm: Helm):
@@ -373,10 +383,83 @@ def test_the_pod_monitor_scrapes_the_sidecar_of_every_worker_pod_the_operator_re
                    if c["name"] == naming.SIDECAR_CONTAINER)
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
-    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
-    assert endpoint["port"] in {p["name"] for p in sidecar["ports"]}
-    assert endpoint["path"] == "/metrics"
-    assert endpoint["honorLabels"] is True  # the sidecar's `job` label is the GeminiJob's name
+    endpoints = monitor["spec"]["podMetricsEndpoints"]
+    trainer = next(c for c in pod["spec"]["containers"] if c["name"] == naming.TRAINER_CONTAINER)
+    assert [e["port"] for e in endpoints] == [
+        next(p["name"] for p in sidecar["ports"] if p["name"] == endpoints[0]["port"]),
+        next(p["name"] for p in trainer["ports"] if p["name"] == endpoints[1]["port"])]
+    assert all(e["path"] == "/metrics" for e in endpoints)
+    # A pod's own labels never override the scrape's (namespace, pod, job, ...): a pod could
+    # forge them. Its series name their GeminiJob by geminijob_namespace and geminijob.
+    assert all("honorLabels" not in e for e in endpoints)
+
+
+RULE_API = ["--api-versions", f"{MONITORING}/PrometheusRule"]
+ALERTS = {"GeminiJobNotRecoverableFromMemory", "GeminiJobRecoveryTooLong",
+          "GeminiJobS3PersistenceStale", "GeminiJobS3PersistenceFailing",
+          "GeminiSidecarMemoryNearBudget", "GeminiJobReplicationLagging", "GeminiOperatorDown",
+          "GeminiOperatorReconcileErrors"}
+
+
+def alerts_of(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    rule = one(objects, "PrometheusRule")
+    return {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+def test_the_prometheus_rule_alerts_with_runbooks_and_severities(helm: Helm):
+    objects = helm.template("--set", "prometheusRule.enabled=true,serviceMonitor.enabled=true",
+                            "--set", "prometheusRule.labels.release=kps",
+                            "--set", "prometheusRule.alertLabels.team=training",
+                            *RULE_API, "--api-versions", f"{MONITORING}/ServiceMonitor")
+    rule = one(objects, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    assert rule["metadata"]["namespace"] == "gemini-system"
+    alerts = alerts_of(objects)
+    assert set(alerts) == ALERTS
+    headings = re.findall(r"^#+ `?(\w+)`?$", (ROOT / "docs" / "troubleshooting.md").read_text(),
+                          re.MULTILINE)
+    # The operator's series are this release's Service's scrape (the ServiceMonitor's job).
+    service = service_of(objects, "metrics")["metadata"]["name"]
+    scrape = {"job": f'="{service}"', "namespace": '="gemini-system"'}
+    for name, alert in alerts.items():
+        assert alert["labels"]["severity"] in {"critical", "warning"}, name
+        assert alert["labels"]["team"] == "training", name
+        notes = alert["annotations"]
+        assert notes["summary"] and notes["description"], name
+        assert notes["runbook_url"] == f"docs/troubleshooting.md#{name.lower()}", name
+        assert name in headings, f"docs/troubleshooting.md has no runbook section for {name}"
+        # A target label selects only the operator's scrape; jobs go by their own labels.
+        for metric, matchers in selectors(alert["expr"]):
+            targets = {k: v for k, v in matchers.items() if k in TARGET_LABELS}
+            assert targets in ({}, scrape), (name, metric, matchers)
+            assert targets or not metric.startswith(("gemini_operator_", "up")), (name, metric)
+
+
+def test_the_prometheus_rule_takes_its_thresholds_from_values(helm: Helm):
+    alerts = alerts_of(helm.template(
+        "--set", "prometheusRule.enabled=true",
+        "--set", "prometheusRule.alerts.recoveryTooLong.seconds=30",
+        "--set", "prometheusRule.alerts.recoveryTooLong.for=0",
+        "--set", "prometheusRule.alerts.replicationLagging.steps=3",
+        "--set-json", "prometheusRule.alerts.sidecarMemoryNearBudget.ratio=0.5",
+        "--set", "prometheusRule.alerts.s3PersistenceStale.intervals=3",
+        "--set", "prometheusRule.alerts.s3PersistenceFailing.enabled=false",
+        "--set", "prometheusRule.alerts.reconcileErrors.severity=info",
+        "--set", "prometheusRule.runbookURL=https://docs.example/troubleshooting",
+        *RULE_API))
+    assert "> 30\n" in alerts["GeminiJobRecoveryTooLong"]["expr"]
+    assert alerts["GeminiJobRecoveryTooLong"]["for"] == "0"
+    assert alerts["GeminiJobReplicationLagging"]["for"] == "10m"
+    assert "> 3\n" in alerts["GeminiJobReplicationLagging"]["expr"]
+    assert alerts["GeminiSidecarMemoryNearBudget"]["expr"].endswith("> 0.5")
+    assert "> 3 * gemini_operator_persist_interval_seconds" in alerts[
+        "GeminiJobS3PersistenceStale"]["expr"]
+    assert alerts["GeminiOperatorReconcileErrors"]["labels"]["severity"] == "info"
+    assert alerts["GeminiJobNotRecoverableFromMemory"]["annotations"]["runbook_url"] == (
+        "https://docs.example/troubleshooting#geminijobnotrecoverablefrommemory")
+    # Off: that alert; without the ServiceMonitor: the one that reads its `up`.
+    assert "GeminiJobS3PersistenceFailing" not in alerts
+    assert "GeminiOperatorDown" not in alerts
 
 
 # --- dashboard and CRD --------------------------------------------------------------------------
@@ -423,6 +506,14 @@ BAD_VALUES = [
     pytest.param(["--set", "serviceMonitor.interval=30 seconds"], "interval",
                  id="intervals are Prometheus durations"),
     pytest.param(["--set", "operator.logLevel=verbose"], "logLevel", id="log level enum"),
+    pytest.param(["--set", "prometheusRule.alerts.operatorDown.for=5 minutes"], "for",
+                 id="an alert's for is a Prometheus duration"),
+    pytest.param(["--set", "prometheusRule.alerts.sidecarMemoryNearBudget.ratio=2"], "ratio",
+                 id="a memory ratio is at most 1"),
+    pytest.param(["--set", "prometheusRule.alerts.operatorDown.for=5"], "for",
+                 id="a bare number is no duration (but 0 is)"),
+    pytest.param(["--set", "prometheusRule.alerts.typo.for=1m"], "additional properties",
+                 id="unknown alerts are refused"),
     pytest.param(["--set", "crds.install=yes please"], "install", id="booleans are booleans"),
     pytest.param(["--set", "fullnameOverride=Not_A_DNS_Label"], "fullnameOverride",
                  id="names are DNS labels"),

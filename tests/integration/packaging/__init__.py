@@ -1,0 +1,1 @@
+"""The chart, checked with the real tools of its consumers (promtool)."""
