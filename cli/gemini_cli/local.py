@@ -110,7 +110,8 @@ def _render_up(info: dict[str, Any]) -> str:
 
 
 def _monitoring_line(monitoring: dict[str, Any]) -> str:
-    state = "" if monitoring.get("running", True) else "  (NOT RUNNING: `gemini local down`, then up)"
+    state = "" if monitoring.get("running", True) \
+        else "  (NOT RUNNING: `gemini local down`, then up)"
     return (f"  Prometheus:  {monitoring['url']}  (Prometheus {monitoring['prometheus']}; "
             f"curl {monitoring['url']}/api/v1/targets){state}")
 

@@ -106,7 +106,8 @@ def up(state_dir: Path, topology: Topology, with_s3: bool = False,
         "images": {t: images_mod.image_name(t) for t in images},
         "imageArchives": {t: str(a) for t, a in archives.items()}, "s3": s3,
         "hostFromPods": pods_reach_host_at,
-        "kueue": queue, "monitoring": monitoring, "startupSeconds": round(time.monotonic() - started, 2),
+        "kueue": queue, "monitoring": monitoring,
+        "startupSeconds": round(time.monotonic() - started, 2),
     }
     (state_dir / "cluster.json").write_text(json.dumps(info, indent=2))
     return info

@@ -66,7 +66,7 @@ def promtool() -> Path:
 
 def prometheus_resource(scrape_interval: str, evaluation_interval: str) -> dict[str, Any]:
     """The Prometheus resource: everything selected, everywhere, no pod (see the module)."""
-    everything = {f"{kind}{part}": {}
+    everything: dict[str, Any] = {f"{kind}{part}": {}
                   for kind in ("serviceMonitor", "podMonitor", "rule", "probe", "scrapeConfig")
                   for part in ("Selector", "NamespaceSelector")}
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gzip
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +44,11 @@ def host_config(text: str, kubeconfig: Path, etc_dir: Path,
     /etc/prometheus moved under `etc_dir` (where the reloader writes what the pod mounts), and
     Kubernetes service discovery given `kubeconfig` wherever it would use the pod's in-cluster
     access (no `api_server` of its own)."""
-    config = yaml.safe_load(_expand(text, variables)) or {}
+    config = yaml.safe_load(text) or {}
     if not isinstance(config, dict):
         raise ConfigError("the generated configuration is not a mapping")
-    config = _moved(config, etc_dir)
+    # In the strings, after parsing: `regex: $(SHARD)` must stay the string "0", not become 0.
+    config = _rewritten(config, lambda s: _moved(_expand(s, variables), etc_dir))
     for job in config.get("scrape_configs") or []:
         for sd in job.get("kubernetes_sd_configs") or []:
             if "api_server" not in sd:
@@ -65,15 +66,20 @@ def _expand(text: str, variables: Mapping[str, str]) -> str:
     return _VARIABLE.sub(value, text)
 
 
-def _moved(node: Any, etc_dir: Path) -> Any:
-    """`node` with every string that is a path under /etc/prometheus moved under `etc_dir`."""
+def _rewritten(node: Any, rewrite: Callable[[str], str]) -> Any:
+    """`node` with `rewrite` applied to every string value (not to keys)."""
     if isinstance(node, dict):
-        return {key: _moved(value, etc_dir) for key, value in node.items()}
+        return {key: _rewritten(value, rewrite) for key, value in node.items()}
     if isinstance(node, list):
-        return [_moved(value, etc_dir) for value in node]
-    if isinstance(node, str) and (node == POD_ETC or node.startswith(POD_ETC + "/")):
-        return str(etc_dir) + node[len(POD_ETC):]
-    return node
+        return [_rewritten(value, rewrite) for value in node]
+    return rewrite(node) if isinstance(node, str) else node
+
+
+def _moved(path: str, etc_dir: Path) -> str:
+    """`path` moved under `etc_dir` if it is under /etc/prometheus."""
+    if path == POD_ETC or path.startswith(POD_ETC + "/"):
+        return str(etc_dir) + path[len(POD_ETC):]
+    return path
 
 
 def rule_dir(etc_dir: Path, configmap: str) -> Path:

@@ -59,14 +59,19 @@ def read_generated(core: client.CoreV1Api, namespace: str, prometheus: str) -> G
             return None
         raise
     text = promconfig.decode(base64.b64decode((secret.data or {})[promconfig.CONFIG_KEY]))
-    maps = core.list_namespaced_config_map(namespace, label_selector=f"prometheus-name={prometheus}")
-    rules = {cm.metadata.name: {k: v.encode() for k, v in (cm.data or {}).items()}
-             for cm in maps.items if cm.metadata.name.startswith(f"{prefix}-rulefiles-")}
+    maps = core.list_namespaced_config_map(namespace,
+                                           label_selector=f"prometheus-name={prometheus}")
+    rules = {_name(cm): {k: v.encode() for k, v in (cm.data or {}).items()}
+             for cm in maps.items if _name(cm).startswith(f"{prefix}-rulefiles-")}
     certs: Files = {}
     for s in core.list_namespaced_secret(namespace).items:
-        if s.metadata.name.startswith(f"{prefix}-tls-assets"):
+        if _name(s).startswith(f"{prefix}-tls-assets"):
             certs.update({k: base64.b64decode(v) for k, v in (s.data or {}).items()})
     return Generated(text, rules, certs)
+
+
+def _name(obj: client.V1ConfigMap | client.V1Secret) -> str:
+    return str(obj.metadata.name) if obj.metadata and obj.metadata.name else ""
 
 
 def write_files(generated: Generated, etc_dir: Path) -> None:
