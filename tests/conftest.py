@@ -19,6 +19,7 @@ pytest_plugins: list[str] = [
     "tests.fixtures.helm",
     "tests.fixtures.kwok",
     "tests.fixtures.isolated_nodes",
+    "tests.fixtures.monitoring",
     "tests.proofs",
 ]
 

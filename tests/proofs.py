@@ -68,6 +68,8 @@ CAPABILITIES: tuple[Kind, ...] = (
     Kind("repeated-crashes", "one job recovers crash after crash in place", True),
     Kind("live-metrics", "live scrapes of operator and sidecars count a recovery", False),
     Kind("warm-standby", "a crashed rank's new epoch runs in its launcher's warm standby", True),
+    Kind("prometheus-scrape", "a real Prometheus, configured by the Prometheus Operator, scrapes "
+         "a ServiceMonitor's and a PodMonitor's pod and fires a PrometheusRule's alert", False),
     Kind("refused-pod-template", "a pod template the API server refuses fails the job, naming "
          "the field", False),
 )

@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     up.add_argument("--with-kueue", action="store_true",
                     help="also start Kueue with a queue `local` holding every node's CPU and "
                     "memory (label jobs kueue.x-k8s.io/queue-name: local)")
+    up.add_argument("--with-monitoring", action="store_true",
+                    help="also start Prometheus, configured by the Prometheus Operator from every "
+                    "ServiceMonitor, PodMonitor and PrometheusRule (its URL is printed)")
     up.add_argument("--kubelet", action="store_true",
                     help="real kubelet nodes (kubelet, containerd, runc, bridge CNI; root, at "
                     "most 16, one such cluster per machine) instead of node agents")
@@ -70,7 +73,8 @@ def _up(args: argparse.Namespace) -> int:
         topology = cluster.Topology(nodes=args.nodes, zones=zones, racks=racks)
         info = cluster.up(_state_dir(args), topology, with_s3=args.with_s3,
                           with_kueue=args.with_kueue, kubelet=args.kubelet,
-                          images=tuple(t for t in args.images.split(",") if t))
+                          images=tuple(t for t in args.images.split(",") if t),
+                          with_monitoring=args.with_monitoring)
     except (ValueError, ControlPlaneError, KueueError) as err:
         raise CliError(str(err)) from err
     emit(args, info, _render_up)
@@ -99,8 +103,17 @@ def _render_up(info: dict[str, Any]) -> str:
         memory = int(queue["quota"]["memory"]) / 2**30
         lines.append(f"  Kueue:       LocalQueue {queue['localQueue']}, quota "
                      f"{queue['quota']['cpu']} CPUs, {memory:g} GiB of memory")
+    if info.get("monitoring"):
+        lines.append(_monitoring_line(info["monitoring"]))
     lines.append("  next:        kubectl get nodes -L topology.kubernetes.io/zone")
     return "\n".join(lines)
+
+
+def _monitoring_line(monitoring: dict[str, Any]) -> str:
+    state = "" if monitoring.get("running", True) \
+        else "  (NOT RUNNING: `gemini local down`, then up)"
+    return (f"  Prometheus:  {monitoring['url']}  (Prometheus {monitoring['prometheus']}; "
+            f"curl {monitoring['url']}/api/v1/targets){state}")
 
 
 def _down(args: argparse.Namespace) -> int:
@@ -125,6 +138,8 @@ def _render_status(info: dict[str, Any]) -> str:
         [[n, "yes" if c["running"] else "no", c["pid"] or "-"]
          for n, c in info["components"].items()],
     )
+    if info.get("monitoring"):
+        comps += "\n" + _monitoring_line(info["monitoring"]).strip()
     if not info["nodes"]:
         return comps + "\n\nno nodes (the API server is not running)"
     nodes = format_table(

@@ -1,5 +1,6 @@
 """The whole local cluster: control plane, nodes (process-running node agents, or real
-kubelets with `kubelet=True`) and (optionally) S3 and Kueue.
+kubelets with `kubelet=True`) and (optionally) S3, Kueue and monitoring (Prometheus and the
+Prometheus Operator).
 
 `up`, `down` and `status` are what `gemini local ...` and the test fixtures call. All state lives
 in one directory (default ~/.gemini/local, or $GEMINI_LOCAL_DIR).
@@ -61,12 +62,14 @@ class Topology:
 
 def up(state_dir: Path, topology: Topology, with_s3: bool = False,
        timeout: float = 60.0, with_kueue: bool = False, kubelet: bool = False,
-       images: tuple[str, ...] = ()) -> dict[str, Any]:
+       images: tuple[str, ...] = (), with_monitoring: bool = False) -> dict[str, Any]:
     """Start everything and wait until every node is Ready; return the cluster's description.
 
     `kubelet`: the nodes are real kubelets with containerd and runc (root only, one such
     cluster per machine) instead of node agents; `images`: the Dockerfile's targets (e.g.
-    operator, sidecar) built (or taken from the cache) and imported into every kubelet node."""
+    operator, sidecar) built (or taken from the cache) and imported into every kubelet node;
+    `with_monitoring`: Prometheus, configured by the Prometheus Operator (gemini_local.monitoring).
+    """
     if kubelet:
         _check_kubelet_nodes(topology)
     elif images:
@@ -92,6 +95,7 @@ def up(state_dir: Path, topology: Topology, with_s3: bool = False,
         pods_reach_host_at = _host_from_pods(state_dir, kubelet)
         s3 = _start_s3(state_dir, pods_reach_host_at) if with_s3 else None
         queue = _start_kueue(plane, state_dir) if with_kueue else None
+        monitoring = _start_monitoring(plane, state_dir) if with_monitoring else None
     except BaseException:
         down(state_dir)
         raise
@@ -102,7 +106,8 @@ def up(state_dir: Path, topology: Topology, with_s3: bool = False,
         "images": {t: images_mod.image_name(t) for t in images},
         "imageArchives": {t: str(a) for t, a in archives.items()}, "s3": s3,
         "hostFromPods": pods_reach_host_at,
-        "kueue": queue, "startupSeconds": round(time.monotonic() - started, 2),
+        "kueue": queue, "monitoring": monitoring,
+        "startupSeconds": round(time.monotonic() - started, 2),
     }
     (state_dir / "cluster.json").write_text(json.dumps(info, indent=2))
     return info
@@ -279,6 +284,15 @@ def _start_kueue(plane: ControlPlane, state_dir: Path) -> dict[str, Any]:
     return {"localQueue": f"default/{LOCAL_QUEUE}", "quota": quota}
 
 
+def _start_monitoring(plane: ControlPlane, state_dir: Path) -> dict[str, Any]:
+    from gemini_local import monitoring
+
+    try:
+        return monitoring.start_monitoring(plane, state_dir / "monitoring")
+    except monitoring.MonitoringError as err:
+        raise ControlPlaneError(str(err)) from err
+
+
 def attach(state_dir: Path, name: str, pid: int, executable: str) -> None:
     """Have `down` stop a process that uses the cluster (e.g. a demo's operator left running
     by `gemini demo --keep`) before the cluster itself. It must lead its own session."""
@@ -295,11 +309,13 @@ def _stop_attached(state_dir: Path) -> list[str]:
 def down(state_dir: Path) -> list[str]:
     """Stop everything started in `state_dir` (and the processes attached to it); return what
     was running (empty: nothing was)."""
-    from gemini_local import kueue, nodes, s3
+    from gemini_local import kueue, monitoring, nodes, s3
 
     stopped = _stop_attached(state_dir)
     if kueue.stop_kueue(state_dir / "kueue"):
         stopped.append("kueue")
+    if monitoring.stop_monitoring(state_dir / "monitoring"):
+        stopped.append("monitoring")
     stopped += [f"node-agent {n}" for n in nodes.stop_all_node_agents(state_dir) or []]
     stopped += _stop_kubelet_nodes(state_dir)
     if (state_dir / "s3").exists() and s3.stop_s3(state_dir / "s3"):
@@ -327,7 +343,18 @@ def status(state_dir: Path) -> dict[str, Any]:
     if meta.exists():
         recorded = json.loads(meta.read_text())
         result.update({k: recorded.get(k) for k in ("s3", "kueue", "hostFromPods")})
+        result["monitoring"] = _monitoring_status(state_dir, recorded.get("monitoring"))
     return result
+
+
+def _monitoring_status(state_dir: Path, recorded: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What `up` recorded of monitoring, with which of its processes still run."""
+    from gemini_local import monitoring
+
+    if recorded is None:
+        return None
+    pids = monitoring.running(state_dir / "monitoring")
+    return {**recorded, "pids": pids, "running": all(p is not None for p in pids.values())}
 
 
 def _core_api(plane: ControlPlane) -> Any:
