@@ -340,6 +340,7 @@ def test_rbac_can_be_left_to_the_cluster_admin(helm: Helm):
 
 @pytest.mark.parametrize("key, kind", [("serviceMonitor", "ServiceMonitor"),
                                        ("podMonitor", "PodMonitor"),
+                                       ("operatorPodMonitor", "PodMonitor"),
                                        ("prometheusRule", "PrometheusRule")])
 def test_monitors_are_refused_with_a_clear_message_without_their_api(helm: Helm, key, kind):
     with pytest.raises(RenderError) as err:
@@ -370,6 +371,32 @@ def test_the_service_monitor_scrapes_the_metrics_service(helm: Helm):
 def test_the_service_monitor_needs_the_metrics_service(helm: Helm):
     with pytest.raises(RenderError, match=r"metrics\.service\.enabled"):
         helm.template("--set", "serviceMonitor.enabled=true,metrics.service.enabled=false",
+                      "--api-versions", f"{MONITORING}/ServiceMonitor")
+
+
+def test_the_operator_pod_monitor_scrapes_the_operator_pods_under_the_services_job(helm: Helm):
+    objects = helm.template("--set", "operatorPodMonitor.enabled=true,prometheusRule.enabled=true",
+                            "--api-versions", f"{MONITORING}/PodMonitor", *RULE_API)
+    (monitor,) = [o for o in by_kind(objects, "PodMonitor")
+                  if o["metadata"]["name"] == "gemini-gemini-operator"]
+    pod = one(objects, "Deployment")["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    ports = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+    assert endpoint["port"] in ports and "honorLabels" not in endpoint
+    # The same `job` as the ServiceMonitor's scrape (the metrics Service's name): the rules
+    # select the operator's series by it, and GeminiOperatorDown is rendered.
+    service = service_of(helm.template(), "metrics")["metadata"]["name"]
+    assert endpoint["relabelings"] == [
+        {"action": "replace", "targetLabel": "job", "replacement": service}]
+    down = alerts_of(objects)["GeminiOperatorDown"]["expr"]
+    assert f'job="{service}"' in down
+
+
+def test_one_monitor_of_the_operator_at_a_time(helm: Helm):
+    with pytest.raises(RenderError, match="enable one of them"):
+        helm.template("--set", "operatorPodMonitor.enabled=true,serviceMonitor.enabled=true",
+                      "--api-versions", f"{MONITORING}/PodMonitor",
                       "--api-versions", f"{MONITORING}/ServiceMonitor")
 
 
