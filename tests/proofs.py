@@ -70,6 +70,9 @@ CAPABILITIES: tuple[Kind, ...] = (
     Kind("warm-standby", "a crashed rank's new epoch runs in its launcher's warm standby", True),
     Kind("prometheus-scrape", "a real Prometheus, configured by the Prometheus Operator, scrapes "
          "a ServiceMonitor's and a PodMonitor's pod and fires a PrometheusRule's alert", False),
+    Kind("prometheus-dashboards", "the chart's monitors and rules in a real Prometheus: every "
+         "dashboard panel answers for a job through a crash and a node loss, an alert fires and "
+         "clears", True),
     Kind("refused-pod-template", "a pod template the API server refuses fails the job, naming "
          "the field", False),
 )

@@ -61,6 +61,7 @@ from gemini_local.s3 import S3Endpoint
 from gemini_operator.core import naming
 from gemini_sidecar.s3 import JobIdentity, S3Store, committed_steps
 from tests.cluster.test_operator import Jobs
+from tests.e2e import kubelet_monitoring as monitored
 from tests.e2e import test_lagging_replication as lag
 from tests.e2e.kubelet_soak import (
     FAILURES,
@@ -141,7 +142,7 @@ def kubelet_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[s
     try:
         info = cluster.up(state_dir, cluster.Topology(nodes=4, zones=1, racks=1), kubelet=True,
                           images=("operator", "sidecar", "examples"), timeout=120,
-                          with_kueue=True, with_s3=True)
+                          with_kueue=True, with_s3=True, with_monitoring=True)
         print(f"images built or cached, 4 kubelet nodes up with them imported, S3: "
               f"{time.monotonic() - started:.1f} s")
         plane = ControlPlane.load(state_dir)
@@ -253,7 +254,7 @@ def installed_operator(kubelet_cluster: dict[str, Any], helm: Helm) -> Iterator[
                        "--timeout", "120s", "--set", "hostNetwork=true",
                        "--set", "image.pullPolicy=Never", "--set", f"failureHints.url={hints}",
                        "--set", f"failureHints.port={HINT_PORT}",
-                       "--set-json", f"operator.extraEnv={env}"],
+                       "--set-json", f"operator.extraEnv={env}", *monitored.HELM_VALUES],
                       kubeconfig=plane.kubeconfig, timeout=180)
     assert result.returncode == 0, result.stderr
     (operator_pod,) = core.list_namespaced_pod(SYSTEM).items
@@ -865,19 +866,25 @@ def test_node_losses_while_replication_lags_over_slowed_kubelet_links_restore_fr
     retire(state_dir, core, added)  # seven kubelets fewer to run beside the next tests
 
 
-@pytest.mark.proves("s3-outage", "suspend-resume", "group-loss-s3")
+@pytest.mark.proves("s3-outage", "suspend-resume", "group-loss-s3", "prometheus-dashboards")
 def test_one_s3_job_rides_out_an_outage_suspends_resumes_and_restores_a_lost_shard_from_s3(
         kubelet_cluster: dict[str, Any], installed_operator: str, training_nodes: None,
         shared_references: SharedReferences) -> None:
     """A job with one in-memory copy per shard (m = 1) persisting to the local S3 over the pod
-    network (the first step, then on request). The S3 gateway stops while a persist is due:
-    the persist fails with a Warning and status.checkpoint.persistError, training goes on, and
-    once the gateway is back (on the bridge address too) the request is retried and a later
-    step committed. Then the job is suspended: its newest in-memory step is saved to S3 before
-    the pods go, and the resume restores that step from S3 in new pods. Last, a worker's node
-    is lost, its shard's only copy with it: both workers restore the step committed to S3 (the
-    replacement on a free node). Every restore is followed by the restored step + 1 in the
-    trainers' own logs, and the kept rank printed an uninterrupted run's losses."""
+    network (the first step, then on request). A training process crash is restored in place.
+    The S3 gateway stops while a persist is due: the persist fails with a Warning and
+    status.checkpoint.persistError, training goes on, and once the gateway is back (on the
+    bridge address too) the request is retried and a later step committed. Then the job is
+    suspended: its newest in-memory step is saved to S3 before the pods go, and the resume
+    restores that step from S3 in new pods. Last, a worker's node is lost, its shard's only
+    copy with it: both workers restore the step committed to S3 (the replacement on a free
+    node). Every restore is followed by the restored step + 1 in the
+    trainers' own logs, and the kept rank printed an uninterrupted run's losses.
+
+    Throughout, the cluster's Prometheus scrapes the operator, the sidecars and the launchers
+    through the chart's monitors: the chart's S3-failing alert fires during the outage and
+    clears after it, every dashboard panel returns series for the job after the node loss, and
+    the recovery counters count the crash, the resume and the loss."""
     state_dir: Path = kubelet_cluster["state_dir"]
     api = kubelet_cluster["api"]
     core, custom, jobs = client.CoreV1Api(api), client.CustomObjectsApi(api), Jobs(api, "default")
@@ -893,6 +900,13 @@ def test_one_s3_job_rides_out_an_outage_suspends_resumes_and_restores_a_lost_sha
     rank0 = f"{DURABLE}-worker-0"
     first = wait_until(lambda: checkpoint(jobs, DURABLE).get("persistedStep"), 240,
                        "the first step persisted to S3", interval=0.5)
+    prometheus = monitored.prometheus_of(kubelet_cluster["info"])
+    kill_training_process(state_dir, "default", rank0)
+    crash = wait_until(lambda: recovery_after(custom, 0, DURABLE), 90, "the crash recovered",
+                       interval=0.5)
+    assert crash["cause"] == "software" and crash["source"] == "Local", crash
+    wait_until(lambda: resumed_at(trainer_log(core, rank0), crash["restoredStep"]), 60,
+               f"{rank0} to step on from the restored step")
     s3_server.pause_s3(state_dir / "s3")  # the gateway process ends: requests are refused
     try:
         down_at = newest_step(core, rank0)
@@ -901,6 +915,7 @@ def test_one_s3_job_rides_out_an_outage_suspends_resumes_and_restores_a_lost_sha
                            "status.checkpoint.persistError", interval=0.5)
         wait_until(lambda: newest_step(core, rank0) > down_at, 60,
                    "a step trained while S3 is down", interval=0.5)
+        alert = monitored.wait_firing(prometheus, monitored.S3_FAILING, DURABLE)
         assert status_of(custom, DURABLE)["state"] == "Running"
         assert checkpoint(jobs, DURABLE)["persistedStep"] == first
     finally:
@@ -922,7 +937,7 @@ def test_one_s3_job_rides_out_an_outage_suspends_resumes_and_restores_a_lost_sha
                            >= persisted + 2 and step, 120, "two newer steps in memory",
                            interval=0.5)
     unasked = status_of(custom, DURABLE).get("lastRecovery")
-    assert unasked is None, f"a recovery no failure asked for: {unasked}"
+    assert unasked["epoch"] == crash["epoch"], f"a recovery no failure asked for: {unasked}"
     jobs.patch(DURABLE, {"suspend": True})
     wait_until(lambda: status_of(custom, DURABLE).get("state") == "Suspended"
                and not jobs.pods(DURABLE), 180, "the suspended job's pods to be gone")
@@ -931,7 +946,7 @@ def test_one_s3_job_rides_out_an_outage_suspends_resumes_and_restores_a_lost_sha
     assert saved in committed_steps(store, owner)
     assert "SuspendCheckpointSaved" in {e.reason for e in jobs.events(DURABLE)}
     jobs.patch(DURABLE, {"suspend": False})
-    resumed = wait_until(lambda: recovery_after(custom, 0, DURABLE), 240,
+    resumed = wait_until(lambda: recovery_after(custom, crash["epoch"], DURABLE), 240,
                          "the resume to restore", interval=0.5)
     assert resumed["cause"] == "resume" and resumed["source"] == "S3", resumed
     assert resumed["restoredStep"] >= saved, resumed
@@ -952,6 +967,15 @@ def test_one_s3_job_rides_out_an_outage_suspends_resumes_and_restores_a_lost_sha
     print(f"on kubelet nodes, from S3: committed step {committed}, restored step "
           f"{recovery['restoredStep']} in {recovery['durationSeconds']} s "
           f"({recovery['breakdown']})")
+    time.sleep(4)  # two scrapes of the replacement's sidecar and launcher
+    panels = monitored.panels_answer(prometheus, "default", DURABLE)
+    counted = monitored.recoveries_counted(prometheus)
+    assert {("software", "Local"), ("resume", "S3"), ("hardware", "S3")} <= set(counted), counted
+    monitored.wait_cleared(prometheus, monitored.S3_FAILING, DURABLE)
+    print(f"Prometheus: {monitored.S3_FAILING} fired during the outage "
+          f"({alert['annotations']['summary']}) and cleared after; recoveries by cause and "
+          f"source {counted}; every dashboard query answered:\n  "
+          + "\n  ".join(r.summary() for r in panels))
     final = finished(custom, DURABLE)
     assert final["state"] == "Succeeded", final
     # The suspended pods' logs went with them: the kept rank's pod printed every step after
