@@ -247,3 +247,13 @@ def test_every_component_exports_its_process_and_build(module):
         mine), sorted(mine)
     info = mine[_BUILD_INFO[module]]
     assert info.type == "gauge" and info.labels >= _BUILD_LABELS
+
+
+def test_every_query_expands_as_grafana_sends_it():
+    """The e2e case runs each query through tests/fixtures/prometheus.expand: no variable may
+    be left for Prometheus to refuse."""
+    from tests.fixtures.prometheus import expand
+
+    for where, expr in queries():
+        sent = expand(expr, {"namespace": "default", "job": "train"}, "2m")
+        assert "$" not in sent and "[2m]" in sent or "[" not in expr, (where, sent)
