@@ -148,14 +148,19 @@ def failure_visible_at(cause: str, pod: PodView | None, node: NodeView | None
 
 
 def detection_lags(failures: Iterable[tuple[int, str]], pods: Mapping[int, PodView],
-                   nodes: Mapping[str, NodeView], acted: datetime) -> dict[str, float]:
-    """Seconds from the earliest API-visible failure of each cause among `failures` ((rank,
-    cause) pairs) to `acted`; causes without a time in the API are left out. Never negative
-    (the API's times are whole seconds)."""
+                   nodes: Mapping[str, NodeView], acted: datetime,
+                   parked_at: Mapping[int, datetime] | None = None) -> dict[str, float]:
+    """Seconds from the earliest visible failure of each cause among `failures` ((rank,
+    cause) pairs) to `acted`: in the API, or else when the rank's launcher parked the failed
+    epoch (`parked_at`: a process that failed without its container stopping shows in no API
+    time). Causes without a time are left out. Never negative (the API's times are whole
+    seconds)."""
     first: dict[str, datetime] = {}
+    parked = parked_at or {}
     for rank, cause in failures:
         pod = pods.get(rank)
         seen = failure_visible_at(cause, pod, nodes.get(pod.node_name) if pod else None)
+        seen = seen or parked.get(rank)
         if seen is not None and (cause not in first or seen < first[cause]):
             first[cause] = seen
     return {cause: max(0.0, (acted - seen).total_seconds()) for cause, seen in first.items()}

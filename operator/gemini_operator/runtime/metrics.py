@@ -173,12 +173,14 @@ class OperatorMetrics:
 
     def recovery_detected(self, kind: str, failures: Iterable[tuple[int, str]],
                           pods: Mapping[int, PodView], nodes: Mapping[str, NodeView],
-                          acted: datetime) -> None:
-        """Count a recovery the operator starts, and how long after the API showed each
-        cause of its (rank, cause) `failures` it acted."""
+                          acted: datetime, parked_at: Mapping[int, datetime] | None = None
+                          ) -> None:
+        """Count a recovery the operator starts, and how long after the API (or a launcher
+        that parked the failed epoch) showed each cause of its (rank, cause) `failures` it
+        acted."""
         self.recoveries.labels(kind=kind).inc()
         self.detections.inc()
-        for cause, lag in detection_lags(failures, pods, nodes, acted).items():
+        for cause, lag in detection_lags(failures, pods, nodes, acted, parked_at).items():
             self.detection_seconds.labels(cause=cause).observe(lag)
 
     def reconciled(self, key: JobKey, report: JobReport, seconds: float) -> None:

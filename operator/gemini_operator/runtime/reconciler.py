@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from gemini_operator.calls.poller import CheckpointPoller
@@ -173,11 +173,17 @@ class Reconciler:
         for action in decision.actions:
             if isinstance(action, Recover) and detected:
                 self.metrics.recovery_detected(action.kind.value, _failures(decision),
-                                               _own(job, snap), snap.nodes, self._clock())
+                                               _own(job, snap), snap.nodes, self._clock(),
+                                               self._parked_at(job))
             self._handlers[type(action)](writer, job, snap, action)
         for outcome in writer.outcomes:
             if outcome.finished is not None:
                 self.metrics.observe_recovery(outcome.finished)
+
+    def _parked_at(self, job: JobView) -> dict[int, datetime]:
+        found = self.poller.findings((job.namespace, job.name))
+        return {rank: datetime.fromtimestamp(unix, UTC)
+                for rank, unix in (found.parked_at if found else {}).items()}
 
     def _observe(self, key: JobKey, job: JobView, snap: Snapshot) -> Observed:
         own = _own(job, snap)

@@ -146,6 +146,21 @@ def test_detection_lag_is_per_cause_from_its_earliest_failure() -> None:
         2026, 11, 29, 18, 0, 1, tzinfo=UTC)) == {"Error": 0.0}
 
 
+
+def test_a_failure_no_container_showed_is_timed_by_its_launchers_parking() -> None:
+    """A training process restarted in place stops no container: the API has no time for
+    it, the launcher's parked epoch has (and an API time, when there is one, comes first)."""
+    running = pod_view(_pod(phase="Running"))
+    stopped = pod_view(_pod(phase="Failed", containerStatuses=[
+        _terminated("2026-11-29T18:00:02Z")]))
+    assert running is not None and stopped is not None
+    parked = {0: datetime(2026, 11, 29, 18, 0, 8, 500000, tzinfo=UTC),
+              1: datetime(2026, 11, 29, 18, 0, 8, tzinfo=UTC)}
+    assert detection_lags([(0, "Error")], {0: running}, {}, ACTED) == {}
+    assert detection_lags([(0, "Error")], {0: running}, {}, ACTED, parked) == {"Error": 1.5}
+    assert detection_lags([(1, "Error")], {1: stopped}, {}, ACTED, parked) == {"Error": 8.0}
+
+
 JOB = {"geminijob_namespace": "ns", "geminijob": "job"}
 
 
