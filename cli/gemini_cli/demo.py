@@ -62,6 +62,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         help="real kubelet nodes (containerd, runc; root) running the images "
                         "built from the Dockerfile (sidecar, examples; built once, cached) "
                         "instead of node agents running this checkout")
+    parser.add_argument("--with-monitoring", action="store_true",
+                        help="also run Prometheus, configured by the Prometheus Operator from "
+                        "the chart's monitors and alert rules (built once, cached); the report "
+                        "says where it is")
     parser.add_argument("--keep", action="store_true",
                         help="leave the cluster, operator and job running afterwards")
     parser.add_argument("--reference-cache", action=argparse.BooleanOptionalAction,
@@ -85,7 +89,8 @@ def config_of(args: argparse.Namespace) -> DemoConfig:
                           model_size=args.model_size, steps=args.steps, failures=failures,
                           step_sleep=args.step_sleep, warm_standby=args.warm_standby,
                           procs_per_node=args.procs_per_node, engine=args.engine,
-                          persist_interval=args.persist_interval, kubelet=args.kubelet)
+                          persist_interval=args.persist_interval, kubelet=args.kubelet,
+                          monitoring=args.with_monitoring)
     except ValueError as err:
         raise CliError(str(err), exit_code=2) from err
 

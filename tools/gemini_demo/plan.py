@@ -57,6 +57,7 @@ class DemoConfig:
     engine: str = "deepspeed"
     persist_interval: int = PERSIST_INTERVAL_SECONDS  # persistence.intervalSeconds
     kubelet: bool = False  # real kubelet nodes running the Dockerfile's images
+    monitoring: bool = False  # Prometheus and the chart's monitors and rules (monitors.py)
 
     def __post_init__(self) -> None:
         unknown = [f for f in self.failures if f not in FAILURE_KINDS]

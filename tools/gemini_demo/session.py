@@ -274,13 +274,14 @@ class Demo:
         try:
             info = cluster.up(self.state_dir, cluster.Topology(nodes=nodes, zones=2, racks=2),
                               with_s3=True, timeout=120, kubelet=self.config.kubelet,
-                              images=self.pods.images)
+                              images=self.pods.images, with_monitoring=self.config.monitoring)
             self.cluster_started = True  # from here on, teardown owns it
         except DemoInterrupted:
             # up stops what it started when interrupted; the teardown makes sure (and says so)
             self.cluster_started = True
             raise
         self.s3 = info["s3"]
+        self.prometheus_url = (info.get("monitoring") or {}).get("url")
         self.host_from_pods = info["hostFromPods"]
         self.kubeconfig = Path(info["kubeconfig"])
         self.api = config.new_client_from_config(str(self.kubeconfig))
@@ -345,6 +346,9 @@ class Demo:
         hint_port = free_port()
         command += ["--hint-port", str(hint_port),
                     "--hint-url", f"http://{self.host_from_pods}:{hint_port}"]
+        metrics_port = free_port() if self.prometheus_url else None
+        if metrics_port is not None:
+            command += ["--metrics-port", str(metrics_port)]
         # a signal now would lose the operator's handle: it waits until the handle is kept
         with self.guard.shielded(), open(log, "wb") as out:
             self.operator = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
@@ -353,6 +357,18 @@ class Demo:
         # `gemini local down` stops it too (after --keep, or a demo killed with SIGKILL)
         cluster.attach(self.state_dir, "demo-operator", self.operator.pid, sys.executable)
         self.say(f"operator started (pid {self.operator.pid}, log {log})")
+        if metrics_port is not None:
+            self.apply_monitors(metrics_port)
+
+    def apply_monitors(self, operator_port: int) -> None:
+        from gemini_demo import monitors
+
+        try:
+            made = monitors.apply(self.custom, monitors.objects_for(plan.NAMESPACE, operator_port))
+        except monitors.MonitorsError as err:
+            raise DemoError(str(err)) from err
+        self.say(f"Prometheus {self.prometheus_url} scrapes and evaluates the chart's "
+                 f"{', '.join(made)}")
 
     def submit(self) -> None:
         body = plan.job_manifest(self.config, self.pods.script, self.s3["podURL"],
@@ -570,6 +586,10 @@ class Demo:
                 "bytes": costs[2]},
             "state_dir": str(self.state_dir),
         }
+        if self.prometheus_url:
+            from gemini_demo import monitors
+
+            report["monitoring"] = monitors.scraped(self.prometheus_url)
         if self.options.plot is not None:
             from gemini_demo.report import plot
 
