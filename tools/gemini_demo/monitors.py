@@ -95,19 +95,18 @@ def apply(custom: Any, objects: list[dict[str, Any]]) -> list[str]:
 
 
 def scraped(url: str) -> dict[str, Any]:
-    """What the demo's Prometheus holds of the run: targets up by job, recoveries counted."""
+    """What the demo's Prometheus holds of the run: the targets it scraped by job, the
+    recoveries it counted."""
     def query(path: str, **params: str) -> Any:
         full = f"{url}{path}?{urllib.parse.urlencode(params)}"
         with urllib.request.urlopen(full, timeout=10) as response:
             return json.loads(response.read())["data"]
 
-    targets = query("/api/v1/targets", state="active")["activeTargets"]
-    up: dict[str, int] = {}
-    for target in targets:
-        if target["health"] == "up":
-            up[target["labels"]["job"]] = up.get(target["labels"]["job"], 0) + 1
+    # Over the run, not now: a finished job's pods are no longer targets.
+    up = {r["metric"].get("job", ""): int(float(r["value"][1])) for r in query(
+        "/api/v1/query", query="count by (job) (max_over_time(up[1h]) == 1)")["result"]}
     recoveries = query("/api/v1/query", query="sum by (cause, source) "
                        "(gemini_operator_recoveries_finished_total)")["result"]
-    return {"url": url, "targets_up": up,
+    return {"url": url, "targets_scraped": up,
             "recoveries": {f"{r['metric'].get('cause')}/{r['metric'].get('source')}":
                            float(r["value"][1]) for r in recoveries}}

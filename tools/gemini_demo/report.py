@@ -146,9 +146,9 @@ def render_text(report: Mapping[str, Any]) -> str:
         lines.append(f"also recovered (no failure injected): epoch {extra['epoch']}, "
                      f"from {extra['source'] or '?'}: {extra['message']}")
     if monitoring := report.get("monitoring"):
-        up = ", ".join(f"{job} {n}" for job, n in sorted(monitoring["targets_up"].items()))
+        up = ", ".join(f"{job} {n}" for job, n in sorted(monitoring["targets_scraped"].items()))
         counted = ", ".join(f"{k} {v:g}" for k, v in sorted(monitoring["recoveries"].items()))
-        lines += ["", f"Prometheus {monitoring['url']}: targets up: {up or 'none'}; "
+        lines += ["", f"Prometheus {monitoring['url']}: targets scraped: {up or 'none'}; "
                   f"recoveries it counted (cause/source): {counted or 'none'}; try "
                   f"{monitoring['url']}/api/v1/alerts (with --keep it stays up)"]
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -92,6 +93,8 @@ def start_monitoring(plane: ControlPlane, state_dir: Path, scrape_interval: str 
         kubectl(plane, "apply", "--server-side", "-f", "-", stdin=json.dumps(obj))
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / APPLIED).unlink(missing_ok=True)
+    # A new cluster (cluster.up starts etcd afresh): an earlier one's series would mix in.
+    shutil.rmtree(state_dir / "data", ignore_errors=True)
     try:
         pids, urls = _start_processes(plane, state_dir, bins, scrape_interval,
                                       evaluation_interval)
@@ -169,7 +172,7 @@ def running(state_dir: Path) -> dict[str, int | None]:
 
 def stop_monitoring(state_dir: Path) -> bool:
     """Stop the reloader, Prometheus and the operator; False if none was running. The CRDs,
-    the Prometheus resource and Prometheus' data stay."""
+    the Prometheus resource and Prometheus' data stay (until the next start)."""
     pid_dir = state_dir / "pids"
     return any([processes.stop(name, pid_dir) for name in (_RELOADER, _PROMETHEUS, _OPERATOR)])
 
