@@ -65,6 +65,13 @@ def panels_answer(prometheus: Prometheus, namespace: str, job: str) -> list[Pane
     return results
 
 
+def panel_value(results: list[PanelResult], title: str, **labels: str) -> float:
+    """The value of the one series of panel `title` that carries `labels`."""
+    (value,) = [float(s["value"][1]) for r in results if r.where == f"panel {title!r}"
+                for s in r.series if labels.items() <= s["metric"].items()]
+    return value
+
+
 def recoveries_counted(prometheus: Prometheus) -> dict[tuple[str, str], float]:
     """The operator's finished recoveries by (cause, source), as Prometheus scraped them."""
     series = prometheus.query(

@@ -969,6 +969,8 @@ def test_one_s3_job_rides_out_an_outage_suspends_resumes_and_restores_a_lost_sha
           f"({recovery['breakdown']})")
     time.sleep(4)  # two scrapes of the replacement's sidecar and launcher
     panels = monitored.panels_answer(prometheus, "default", DURABLE)
+    # The recovery just finished shows on the dashboard (not lost as a series' first sample).
+    assert monitored.panel_value(panels, "Recoveries by source", source="S3") > 0, panels
     counted = monitored.recoveries_counted(prometheus)
     assert {("software", "Local"), ("resume", "S3"), ("hardware", "S3")} <= set(counted), counted
     monitored.wait_cleared(prometheus, monitored.S3_FAILING, DURABLE)

@@ -18,6 +18,7 @@ from gemini.domain.recovery import MODE_S3, RankSource, RecoveryPlan
 
 MODE_FRESH = "fresh"  # nothing to restore (training never started or never checkpointed)
 RESUME = "resume"  # status.recovery.kind and lastRecovery.cause of a resume after suspend
+RECOVERY_SOURCES = ("Local", "Peers", "S3")  # lastRecovery.source (PlanRecord.source_word)
 # The breakdown entry of a recovery planned again: the time before the new plan began.
 SUPERSEDED = "superseded"
 
@@ -89,9 +90,10 @@ class PlanRecord:
     @property
     def source_word(self) -> str:
         """lastRecovery.source: S3, Peers (some rank loaded from a peer) or Local."""
+        local, peers, s3 = RECOVERY_SOURCES
         if self.mode == MODE_S3:
-            return "S3"
-        return "Peers" if self.peer_sources() else "Local"
+            return s3
+        return peers if self.peer_sources() else local
 
     def peer_sources(self) -> dict[int, int]:
         """rank -> the peer it loads its shard from, for the ranks that load from a peer."""

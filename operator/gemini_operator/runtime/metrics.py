@@ -22,11 +22,12 @@ from prometheus_client import (
     ProcessCollector,
 )
 
+from gemini.domain.recovery import FailureKind
 from gemini.metric_labels import JOB, JOB_NAMESPACE, build_labels
 from gemini_operator.core.apitime import parse_api_time
 from gemini_operator.core.conditions import State
 from gemini_operator.core.observed import NodeView, PodView, detection_lags
-from gemini_operator.core.records import LastRecovery
+from gemini_operator.core.records import RECOVERY_SOURCES, RESUME, LastRecovery
 from gemini_operator.core.status import CheckpointStatus, ReplicaCoverage
 
 JobKey = tuple[str, str]
@@ -157,10 +158,21 @@ class OperatorMetrics:
             "Steps between a job's newest snapshot and its recoverable step",
             PER_JOB, registry=r,
         )
+        self._known_at_zero()
         self._states: dict[tuple[str, str], str] = {}
         # Reconciles of different jobs run in parallel threads: counting the states walks the
         # dict while another job's first (or last) reconcile may add (or remove) its entry.
         self._states_lock = threading.Lock()
+
+    def _known_at_zero(self) -> None:
+        """Every recovery counter's known label values from the start, at 0: a series born
+        with its first increment shows none in increase() (the dashboard's panels), and a
+        missing series is not a 0."""
+        for kind in FailureKind:
+            self.recoveries.labels(kind=kind.value)
+        for cause in (*(kind.value for kind in FailureKind), RESUME):
+            for source in RECOVERY_SOURCES:
+                self.recoveries_done.labels(cause=cause, source=source)
 
     def observe_recovery(self, last: LastRecovery) -> None:
         """Count a finished recovery (status.lastRecovery)."""

@@ -260,3 +260,14 @@ def test_a_re_list_of_some_ranks_replaces_only_those_ranks_in_the_cache() -> Non
     snap = cache.snapshot(("ns", "train"))
     assert snap is not None
     assert {r: p.uid for r, p in snap.pods.items()} == {0: "old0", 1: "new1"}
+
+
+def test_recovery_counters_exist_at_zero_before_the_first_recovery() -> None:
+    """increase() cannot see a counter's first increment when the series is born with it: a
+    job's first recovery from S3 would read 0 on the dashboard."""
+    value = OperatorMetrics().registry.get_sample_value
+    assert value("gemini_operator_recoveries_finished_total",
+                 {"cause": "hardware", "source": "S3"}) == 0
+    assert value("gemini_operator_recoveries_finished_total",
+                 {"cause": "resume", "source": "S3"}) == 0
+    assert value("gemini_operator_recoveries_total", {"kind": "hang"}) == 0
