@@ -170,7 +170,7 @@ def test_legends_and_variables_name_the_geminijob_labels():
             legend = target.get("legendFormat", "")
             assert not re.search(r"\{\{\s*(job|namespace)\s*\}\}", legend), (
                 f"panel {panel['title']!r}: legend {legend!r}")
-    variables = {v["name"]: v["definition"] for v in DASHBOARD["templating"]["list"]
+    variables = {v["name"]: v["query"]["query"] for v in DASHBOARD["templating"]["list"]
                  if v["type"] == "query"}
     assert variables["namespace"].endswith(f", {JOB_NAMESPACE})")
     assert variables["job"].endswith(f", {JOB})")
