@@ -95,6 +95,29 @@ def binaries_dir() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
+def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None,
+            error: type[Exception] = ControlPlaneError) -> str:
+    """kubectl against `plane`: its output, or `error` naming the command and kubectl's own
+    words."""
+    argv = [str(binaries_dir() / "kubectl"), f"--kubeconfig={plane.kubeconfig}", *args]
+    result = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False,
+                            timeout=120)
+    if result.returncode != 0:
+        raise error(f"kubectl {' '.join(args[:2])} failed: {result.stderr.strip()}")
+    return result.stdout
+
+
+def install_crds(plane: ControlPlane, crds: Path,
+                 error: type[Exception] = ControlPlaneError) -> None:
+    """Every CRD in `crds` (files named <group>_<plural>.yaml, as controller-gen writes
+    them), established before this returns."""
+    # Server-side: large CRDs do not fit client-side apply's last-applied annotation.
+    kubectl(plane, "apply", "--server-side", "--force-conflicts", "-f", str(crds), error=error)
+    names = [".".join(reversed(p.stem.split("_", 1))) for p in sorted(crds.glob("*.yaml"))]
+    kubectl(plane, "wait", "--for=condition=Established", "--timeout=60s",
+            *(f"crd/{name}" for name in names), error=error)
+
+
 def _cached_bin_dir_hint() -> bool:
     return any(p.joinpath("kube-apiserver").exists()
                for p in (cache_root() / "bin").glob("k8s-*"))

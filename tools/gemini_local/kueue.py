@@ -23,8 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gemini_local import processes
-from gemini_local.controlplane import REPO_ROOT, ControlPlane, binaries_dir
+from gemini_local import controlplane, processes
+from gemini_local.controlplane import REPO_ROOT, ControlPlane
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-kueue.sh"
 _NAME = "kueue"
@@ -76,10 +76,7 @@ def start_kueue(plane: ControlPlane, state_dir: Path, timeout: float = 90.0,
     if processes.running_pid(_NAME, pid_dir) is not None:
         raise KueueError(f"Kueue is already running for {state_dir}; stop_kueue() it first")
     bin_dir = kueue_bin_dir()
-    kubectl(plane, "apply", "--server-side", "--force-conflicts", "-f", str(bin_dir / "crds"))
-    kubectl(plane, "wait", "--for=condition=Established", "--timeout=60s",
-            *(f"crd/{p.name.split('_', 1)[1].removesuffix('.yaml')}.kueue.x-k8s.io"
-              for p in sorted((bin_dir / "crds").glob("*.yaml"))))
+    controlplane.install_crds(plane, bin_dir / "crds", KueueError)
     kubectl_apply(plane, {"apiVersion": "v1", "kind": "Namespace",
                           "metadata": {"name": "kueue-system"}})
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -168,12 +165,7 @@ def kubectl_apply(plane: ControlPlane, obj: Mapping[str, Any]) -> None:
 
 
 def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> str:
-    argv = [str(binaries_dir() / "kubectl"), f"--kubeconfig={plane.kubeconfig}", *args]
-    result = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False,
-                            timeout=120)
-    if result.returncode != 0:
-        raise KueueError(f"kubectl {' '.join(args[:2])} failed: {result.stderr.strip()}")
-    return result.stdout
+    return controlplane.kubectl(plane, *args, stdin=stdin, error=KueueError)
 
 
 def _ready(port: int) -> bool:

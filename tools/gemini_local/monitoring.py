@@ -34,8 +34,8 @@ from typing import Any
 
 import yaml
 
-from gemini_local import processes
-from gemini_local.controlplane import REPO_ROOT, ControlPlane, binaries_dir
+from gemini_local import controlplane, processes
+from gemini_local.controlplane import REPO_ROOT, ControlPlane
 
 BUILD_SCRIPT = REPO_ROOT / "hack" / "build-monitoring.sh"
 NAMESPACE = "monitoring"
@@ -87,7 +87,7 @@ def start_monitoring(plane: ControlPlane, state_dir: Path, scrape_interval: str 
     if processes.running_pid(_PROMETHEUS, pid_dir) is not None:
         raise MonitoringError(f"monitoring already runs for {state_dir}; stop_monitoring() it")
     bins = bin_dir()
-    _install_crds(plane, bins / "crds")
+    controlplane.install_crds(plane, bins / "crds", MonitoringError)
     for obj in ({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
                 prometheus_resource(scrape_interval, evaluation_interval)):
         kubectl(plane, "apply", "--server-side", "-f", "-", stdin=json.dumps(obj))
@@ -106,15 +106,6 @@ def start_monitoring(plane: ControlPlane, state_dir: Path, scrape_interval: str 
     return {"url": urls[_PROMETHEUS], "operatorURL": urls[_OPERATOR],
             "prometheus": f"{NAMESPACE}/{PROMETHEUS}", "stateDir": str(state_dir),
             "pids": pids}
-
-
-def _install_crds(plane: ControlPlane, crds: Path) -> None:
-    # Server-side: the CRDs are too large for client-side apply's last-applied annotation.
-    kubectl(plane, "apply", "--server-side", "--force-conflicts", "-f", str(crds))
-    # monitoring.coreos.com_servicemonitors.yaml holds servicemonitors.monitoring.coreos.com
-    names = [".".join(reversed(p.stem.split("_", 1))) for p in sorted(crds.glob("*.yaml"))]
-    kubectl(plane, "wait", "--for=condition=Established", "--timeout=60s",
-            *(f"crd/{name}" for name in names))
 
 
 def _start_processes(plane: ControlPlane, state_dir: Path, bins: Path, scrape_interval: str,
@@ -178,12 +169,7 @@ def stop_monitoring(state_dir: Path) -> bool:
 
 
 def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None) -> str:
-    argv = [str(binaries_dir() / "kubectl"), f"--kubeconfig={plane.kubeconfig}", *args]
-    result = subprocess.run(argv, input=stdin, capture_output=True, text=True, check=False,
-                            timeout=120)
-    if result.returncode != 0:
-        raise MonitoringError(f"kubectl {' '.join(args[:2])} failed: {result.stderr.strip()}")
-    return result.stdout
+    return controlplane.kubectl(plane, *args, stdin=stdin, error=MonitoringError)
 
 
 def query(url: str, path: str, timeout: float = 5.0) -> Any:
