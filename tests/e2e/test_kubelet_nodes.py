@@ -24,7 +24,9 @@ lose a whole zone and restore from the other. Four workers whose links are slowe
 replication lags lose a node at a seeded moment (three in `./dev long`), restored from peer
 memory within the effective interval + 1 steps. One job with one copy per shard rides out an
 S3 outage while a persist is due, is suspended to S3 and resumed from it, then loses a node
-and restores the step committed to S3. Every kept rank's losses equal an uninterrupted run's.
+and restores the step committed to S3; the cluster's Prometheus, configured by the Prometheus
+Operator from the chart's monitors and rules, fires and clears the S3 alert and answers every
+dashboard panel for it. Every kept rank's losses equal an uninterrupted run's.
 Last (`./dev long`, `./dev soak`), a soak of failures of every kind in a random order
 (tests/e2e/kubelet_soak.py), spare kubelet nodes added as it goes. `helm uninstall` removes
 the operator.
