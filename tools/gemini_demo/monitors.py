@@ -11,7 +11,6 @@ the dashboard read the same series as in a cluster.
 
 from __future__ import annotations
 
-import json
 import subprocess
 import urllib.parse
 import urllib.request
@@ -19,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from gemini_local.controlplane import built
+from gemini_local.monitoring import query
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "gemini-operator"
@@ -34,11 +36,7 @@ class MonitorsError(RuntimeError):
 
 
 def _helm() -> Path:
-    built = subprocess.run(["bash", str(HELM_BUILD)], stdout=subprocess.PIPE, text=True,
-                           check=False)
-    if built.returncode != 0:
-        raise MonitorsError(f"building helm failed (exit {built.returncode}); run {HELM_BUILD}")
-    return Path(built.stdout.strip().splitlines()[-1])
+    return built(HELM_BUILD, "helm", MonitorsError)
 
 
 def rendered(namespace: str) -> list[dict[str, Any]]:
@@ -97,16 +95,15 @@ def apply(custom: Any, objects: list[dict[str, Any]]) -> list[str]:
 def scraped(url: str) -> dict[str, Any]:
     """What the demo's Prometheus holds of the run: the targets it scraped by job, the
     recoveries it counted."""
-    def query(path: str, **params: str) -> Any:
-        full = f"{url}{path}?{urllib.parse.urlencode(params)}"
-        with urllib.request.urlopen(full, timeout=10) as response:
-            return json.loads(response.read())["data"]
+    def instant(expr: str) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = query(
+            url, f"/api/v1/query?{urllib.parse.urlencode({'query': expr})}", timeout=10)["result"]
+        return result
 
     # Over the run, not now: a finished job's pods are no longer targets.
-    up = {r["metric"].get("job", ""): int(float(r["value"][1])) for r in query(
-        "/api/v1/query", query="count by (job) (max_over_time(up[1h]) == 1)")["result"]}
-    recoveries = query("/api/v1/query", query="sum by (cause, source) "
-                       "(gemini_operator_recoveries_finished_total)")["result"]
+    up = {r["metric"].get("job", ""): int(float(r["value"][1]))
+          for r in instant("count by (job) (max_over_time(up[1h]) == 1)")}
+    recoveries = instant("sum by (cause, source) (gemini_operator_recoveries_finished_total)")
     return {"url": url, "targets_scraped": up,
             "recoveries": {f"{r['metric'].get('cause')}/{r['metric'].get('source')}":
                            float(r["value"][1]) for r in recoveries}}

@@ -79,6 +79,18 @@ class ControlPlane:
         return ControlPlane(state_dir, ports, state_dir / "kubeconfig", Pki(state_dir / "pki"))
 
 
+def built(script: Path, what: str, error: type[Exception] = ControlPlaneError) -> Path:
+    """What a hack/build-*.sh script prints on its last line (the cached build's path),
+    running it first: it builds when the cache lacks the build (minutes, cold), else returns
+    at once. Its progress goes to stderr as it runs."""
+    result = subprocess.run(["bash", str(script)], stdout=subprocess.PIPE, text=True,
+                            check=False)
+    if result.returncode != 0:
+        raise error(f"building {what} failed (exit {result.returncode}); see the output above, "
+                    f"or run {script} directly (needs Go >= 1.26)")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
 def binaries_dir() -> Path:
     """Directory of the cached binaries, building them first when missing (minutes, cold)."""
     if shutil.which("go") is None and not _cached_bin_dir_hint():
@@ -86,13 +98,7 @@ def binaries_dir() -> Path:
             "the control-plane binaries are not built and Go is not installed: "
             "install Go >= 1.25 (e.g. apt-get install golang-go) and run ./dev setup"
         )
-    result = subprocess.run(
-        ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True, check=False
-    )
-    if result.returncode != 0:
-        raise ControlPlaneError(f"building the control plane failed (exit {result.returncode}); "
-                                f"see the output above, or run {BUILD_SCRIPT} directly")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return built(BUILD_SCRIPT, "the control plane")
 
 
 def kubectl(plane: ControlPlane, *args: str, stdin: str | None = None,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -38,12 +37,7 @@ class KueueError(RuntimeError):
 
 def kueue_bin_dir() -> Path:
     """Directory of the cached Kueue binary and CRDs, building them first when missing."""
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True,
-                            check=False)
-    if result.returncode != 0:
-        raise KueueError(f"building Kueue failed (exit {result.returncode}); see the output "
-                         f"above, or run {BUILD_SCRIPT} directly (needs Go >= 1.26)")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return controlplane.built(BUILD_SCRIPT, "Kueue", KueueError)
 
 
 def kueue_config(webhook_port: int, health_port: int, cert_dir: Path,

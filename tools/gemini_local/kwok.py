@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +26,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gemini_local import processes
+from gemini_local import controlplane, processes
 from gemini_local.controlplane import REPO_ROOT, ControlPlane, cache_root
 from gemini_local.nodeagent.config import GPU_RESOURCE, RACK_LABEL, ZONE_LABEL
 
@@ -111,12 +110,7 @@ def kwok_bin_dir() -> Path:
     if shutil.which("go") is None and not _cached_kwok():
         raise KwokError("kwok is not built and Go is not installed: install Go >= 1.26 "
                         f"(e.g. apt-get install golang-go), then run {BUILD_SCRIPT}")
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True,
-                            check=False)
-    if result.returncode != 0:
-        raise KwokError(f"building kwok failed (exit {result.returncode}); see the output "
-                        f"above, or run {BUILD_SCRIPT} directly")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return controlplane.built(BUILD_SCRIPT, "kwok", KwokError)
 
 
 def _cached_kwok() -> bool:

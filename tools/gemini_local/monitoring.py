@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 import urllib.error
@@ -52,12 +51,7 @@ class MonitoringError(RuntimeError):
 def bin_dir() -> Path:
     """Directory of the cached prometheus, promtool, prometheus-operator and crds/, building
     them first when missing."""
-    result = subprocess.run(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, text=True,
-                            check=False)
-    if result.returncode != 0:
-        raise MonitoringError(f"building Prometheus failed (exit {result.returncode}); see the "
-                              f"output above, or run {BUILD_SCRIPT} directly (needs Go >= 1.26)")
-    return Path(result.stdout.strip().splitlines()[-1])
+    return controlplane.built(BUILD_SCRIPT, "Prometheus", MonitoringError)
 
 
 def promtool() -> Path:
