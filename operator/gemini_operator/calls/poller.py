@@ -82,9 +82,9 @@ class Findings:
     # whose process exited, with its code (the others are alive, parked).
     parked: Mapping[int, str] = field(default_factory=dict)
     exits: Mapping[int, int] = field(default_factory=dict)
-    # When each parked rank's launcher recorded the failure (Unix seconds, its node's clock,
-    # as the API's finishedAt is): the failure's time when no container stopped.
-    parked_at: Mapping[int, float] = field(default_factory=dict)
+    # When each parked rank's launcher recorded the failure (its node's clock, as the API's
+    # finishedAt is): the failure's time when no container stopped.
+    parked_at: Mapping[int, datetime] = field(default_factory=dict)
 
 
 def workers_to_poll(job_uid: str, status: JobStatus, pods: Mapping[int, PodView]
@@ -242,7 +242,8 @@ class CheckpointPoller:
                         parked={r: p.error for r, p in down.items()},
                         exits={r: p.exit_code or 1 for r, p in down.items()
                                if p.exit_code is not None},
-                        parked_at={r: p.unix for r, p in down.items()})
+                        parked_at={r: datetime.fromtimestamp(p.unix, UTC)
+                                   for r, p in down.items()})
 
     def _progress(self, pods: Mapping[int, PodView], inventories: Mapping[int, Inventory],
                   token: Bearer, previous: Progress | None) -> Progress | None:

@@ -15,6 +15,7 @@ from typing import Any
 from gemini.control.strict import Fields, is_int
 from gemini.domain.placement import Placement
 from gemini.domain.recovery import MODE_S3, RankSource, RecoveryPlan
+from gemini_operator.core.apitime import parse_api_time
 
 MODE_FRESH = "fresh"  # nothing to restore (training never started or never checkpointed)
 RESUME = "resume"  # status.recovery.kind and lastRecovery.cause of a resume after suspend
@@ -182,6 +183,16 @@ class RecoveryRecord:
             "marks": dict(self.marks),
             "plan": {**plan, "lostRanks": list(self.lost_ranks)},
         }
+
+    @staticmethod
+    def started_timestamp(raw: Mapping[str, Any]) -> float | None:
+        """Unix time the stored recovery `raw` started: startedUnix, else (a record written
+        before it was kept) startedAt; None when neither is known. Reads only those two
+        fields, so that the metrics never fail a reconcile over the rest of the record."""
+        if unix := raw.get("startedUnix"):
+            return float(unix)
+        at = parse_api_time(raw.get("startedAt"))
+        return None if at is None else at.timestamp()
 
     @staticmethod
     def from_dict(raw: Mapping[str, Any]) -> RecoveryRecord:

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from gemini_operator.calls.poller import CheckpointPoller
@@ -44,7 +44,6 @@ from gemini_operator.core.actions import (
     SaveBeforeSuspend,
     StartTraining,
 )
-from gemini_operator.core.apitime import parse_api_time
 from gemini_operator.core.conditions import (
     FAILURE_POLICY_FAIL_JOB,
     MAX_RESTARTS_EXCEEDED,
@@ -57,6 +56,7 @@ from gemini_operator.core.events import Event
 from gemini_operator.core.observed import PodView
 from gemini_operator.core.outcome import Outcome
 from gemini_operator.core.queueing import queue_name, was_queued
+from gemini_operator.core.records import RecoveryRecord
 from gemini_operator.core.spares import HoldSpares
 from gemini_operator.core.spec import persist_interval_seconds
 from gemini_operator.core.status import CheckpointStatus
@@ -180,10 +180,9 @@ class Reconciler:
             if outcome.finished is not None:
                 self.metrics.observe_recovery(outcome.finished)
 
-    def _parked_at(self, job: JobView) -> dict[int, datetime]:
+    def _parked_at(self, job: JobView) -> Mapping[int, datetime]:
         found = self.poller.findings((job.namespace, job.name))
-        return {rank: datetime.fromtimestamp(unix, UTC)
-                for rank, unix in (found.parked_at if found else {}).items()}
+        return found.parked_at if found else {}
 
     def _observe(self, key: JobKey, job: JobView, snap: Snapshot) -> Observed:
         own = _own(job, snap)
@@ -357,11 +356,8 @@ def _failures(decision: Decision) -> list[tuple[int, str]]:
 def _report(job: JobView, conditions: Sequence[Condition], written: Mapping[str, Any],
             checkpoint: CheckpointStatus) -> JobReport:
     """What the per-job metrics show of a reconcile that wrote status `written`."""
-    recovery = written.get("recovery") or {}
-    started = recovery.get("startedUnix") or None
-    if started is None and recovery:
-        at = parse_api_time(recovery.get("startedAt"))
-        started = None if at is None else at.timestamp()
+    recovery = written.get("recovery")
+    started = RecoveryRecord.started_timestamp(recovery) if recovery else None
     return JobReport(state_of(conditions), checkpoint, started,
                      persist_interval_seconds(job.spec))
 
