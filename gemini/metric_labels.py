@@ -9,7 +9,9 @@ docs/metrics.md.
 
 from __future__ import annotations
 
+import logging
 import platform
+from collections.abc import Mapping
 from importlib import metadata
 
 import gemini
@@ -23,6 +25,18 @@ TARGET_LABELS = frozenset({"job", "instance", "namespace", "pod", "container", "
 # Where GEMINI_NAMESPACE is not set (a sidecar or launcher started by hand, not by the
 # operator): the namespace its metrics and S3 keys name.
 DEFAULT_NAMESPACE = "default"
+
+
+def namespace_from_env(env: Mapping[str, str], what: str) -> str:
+    """GEMINI_NAMESPACE, the GeminiJob's namespace the operator sets on every worker
+    container; unset (started by hand): DEFAULT_NAMESPACE, said in a warning naming `what`
+    uses it."""
+    namespace = env.get("GEMINI_NAMESPACE", "").strip()
+    if not namespace:
+        logging.getLogger(__name__).warning(
+            "GEMINI_NAMESPACE is not set (the operator sets it on every worker pod): %s use %r",
+            what, DEFAULT_NAMESPACE)
+    return namespace or DEFAULT_NAMESPACE
 
 
 def build_labels() -> dict[str, str]:

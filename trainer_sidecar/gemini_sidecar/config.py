@@ -8,7 +8,6 @@ holders, targets) can change at run time through the control API, so it is its o
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,9 +15,7 @@ from pathlib import Path
 from typing import Literal
 
 from gemini.control.auth import control_digest_setting
-from gemini.metric_labels import DEFAULT_NAMESPACE
-
-log = logging.getLogger(__name__)
+from gemini.metric_labels import DEFAULT_NAMESPACE, namespace_from_env
 
 TrafficMode = Literal["interleaved", "immediate"]
 
@@ -245,16 +242,6 @@ def _s3_from_env(env: Mapping[str, str]) -> S3Settings | None:
     )
 
 
-def _namespace(env: Mapping[str, str]) -> str:
-    """GEMINI_NAMESPACE; unset (a sidecar started by hand), "default", said in a warning."""
-    namespace = env.get("GEMINI_NAMESPACE", "").strip()
-    if not namespace:
-        log.warning("GEMINI_NAMESPACE is not set (the operator sets it on every worker pod): "
-                    "S3 keys and the metrics' geminijob_namespace label use %r",
-                    DEFAULT_NAMESPACE)
-    return namespace or DEFAULT_NAMESPACE
-
-
 def _required(env: Mapping[str, str], name: str) -> str:
     value = env.get(name, "").strip()
     if not value:
@@ -309,7 +296,7 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
         limits=_limits_from_env(env),
         check_senders=_sender_check(env),
         control_sha256=_control_digest(env),
-        namespace=_namespace(env),
+        namespace=namespace_from_env(env, "S3 keys and the metrics' geminijob_namespace label"),
         job_uid=env.get("GEMINI_JOB_UID", "").strip(),
         peer_encryption=_peer_encryption(env),
     )

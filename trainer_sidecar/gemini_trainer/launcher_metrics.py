@@ -9,7 +9,6 @@ so a scrape can never disagree with GET /status.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -23,9 +22,8 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gemini.metric_labels import DEFAULT_NAMESPACE, JOB, JOB_NAMESPACE, RANK, build_labels
+from gemini.metric_labels import JOB, JOB_NAMESPACE, RANK, build_labels, namespace_from_env
 
-log = logging.getLogger(__name__)
 StatusSource = Callable[[], Mapping[str, Any]]
 
 
@@ -80,10 +78,11 @@ class LauncherCollector(Collector):
     def __init__(self, status: StatusSource, namespace: str, job: str, rank: str) -> None:
         self._status = status
         self._labels = [namespace, job, rank]
+        self._build = build_labels()  # the installed package's metadata: read once
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         s = self._status()
-        build = build_labels()
+        build = self._build
         info = GaugeMetricFamily("gemini_launcher_build_info",
                                  "1, labelled with the running launcher's version",
                                  labels=[*LABELS, *build])
@@ -110,11 +109,7 @@ def job_labels(env: Mapping[str, str]) -> tuple[str, str, str]:
     sets. A job without GEMINI_NAMESPACE (started by hand) is in "default", said in a
     warning, as the sidecar does; a launcher of no job (a local run) names none."""
     job = env.get("GEMINI_JOB", "")
-    namespace = env.get("GEMINI_NAMESPACE", "").strip()
-    if job and not namespace:
-        log.warning("GEMINI_NAMESPACE is not set (the operator sets it on every worker pod): "
-                    "the metrics' geminijob_namespace label is %r", DEFAULT_NAMESPACE)
-        namespace = DEFAULT_NAMESPACE
+    namespace = namespace_from_env(env, "the metrics' geminijob_namespace label") if job else ""
     return namespace, job, env.get("GEMINI_RANK") or env.get("RANK", "")
 
 
