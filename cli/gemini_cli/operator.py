@@ -46,6 +46,10 @@ def register(subparsers: Any) -> None:
     run_parser.add_argument("--metrics-port", type=int, default=None,
                             help="serve Prometheus metrics (GET /metrics) and the probes' "
                             "GET /healthz and /readyz on this port")
+    run_parser.add_argument("--health-port", type=int, default=None,
+                            help="also serve the probes' GET /healthz and /readyz alone on "
+                            "this port, where a flood of connections to the others cannot "
+                            "starve them (the Helm chart's probes use it; default: none)")
     run_parser.add_argument("--hint-port", type=int, default=None,
                             help="serve launchers' failure hints on this port, so a failed "
                             "trainer is acted on at once, not at the next poll (default: none)")
@@ -118,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         lease_namespace=args.lease_namespace or args.namespace or "default",
         identity=args.identity,
         metrics_port=args.metrics_port,
+        health_port=args.health_port,
         render=RenderConfig(worker_priority_class=args.worker_priority_class,
                             spare_priority_class=args.spare_priority_class,
                             network_policy=args.worker_network_policy,

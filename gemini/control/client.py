@@ -274,7 +274,10 @@ class ControlClient:
 
     # -- the operator's hint server -----------------------------------------------------
     def failure_hint(self, hint: FailureHint) -> HintAnswer:
-        return self._typed(FAILURE_HINT_PATH, hint.to_json(), HintAnswer.from_json)
+        # the job in the query too: the operator checks the token before reading the body
+        query = urllib.parse.urlencode({"namespace": hint.namespace, "job": hint.job,
+                                        "uid": hint.uid})
+        return self._typed(f"{FAILURE_HINT_PATH}?{query}", hint.to_json(), HintAnswer.from_json)
 
     # -- any call ------------------------------------------------------------------------
     def call_json(self, path: str, body: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -80,14 +80,12 @@ def dashboard_metrics() -> set[str]:
 def operator_metrics_url(gemini_operator: OperatorThread) -> Iterator[str]:
     """The in-process operator's registry served over HTTP, as main.py serves it."""
     runtime = gemini_operator.runtime
-    server, thread = start_metrics_server(0, runtime.metrics.registry, runtime.health,
-                                          addr="127.0.0.1")
+    server = start_metrics_server(0, runtime.metrics.registry, runtime.health,
+                                  addr="127.0.0.1")
     try:
-        yield f"http://127.0.0.1:{server.server_port}/metrics"
+        yield f"http://127.0.0.1:{server.port}/metrics"
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
+        server.stop()
 
 
 def sidecar_urls(jobs: Jobs, port: str = "sidecar-api") -> dict[str, str]:

@@ -53,6 +53,7 @@ from gemini.control.transfers import (
     TransferRunning,
 )
 from gemini.domain.traffic import IterationTimeline
+from gemini.serving.gate import address_of
 from gemini.slots.layout import SlotBusy
 from gemini_sidecar.config import (
     ConfigError,
@@ -66,7 +67,7 @@ from gemini_sidecar.metrics import SidecarMetrics
 from gemini_sidecar.pacing import Profile
 from gemini_sidecar.peer_client import FetchFailed
 from gemini_sidecar.peer_frames import PeerRefused
-from gemini_sidecar.peer_server import ListenerHealth, address_of
+from gemini_sidecar.peer_server import ListenerHealth
 from gemini_sidecar.pulls import Pulls
 from gemini_sidecar.relay import relay_inventories
 from gemini_sidecar.replicator import Replicator
@@ -181,12 +182,18 @@ def _check_version(value: int | None) -> None:
         raise ValueError(f"'version' must be between 0 and 2^63-1, got {value}")
 
 
-async def healthz(request: web.Request) -> web.Response:
-    """Every listener's real state; 503 when one is dead (or cannot accept for long)."""
-    listeners = request.app[SIDECAR_KEY].listener_health()
+def health_of(sidecar: SidecarParts) -> tuple[bool, dict[str, Any]]:
+    """Every listener's real state; unhealthy when one is dead (or cannot accept for long)."""
+    listeners = sidecar.listener_health()
     healthy = all(h.healthy for h in listeners.values())
     doc = Health("ok" if healthy else "failing").to_json()
     doc["listeners"] = {name: h.to_json() for name, h in listeners.items()}
+    return healthy, doc
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """health_of, 503 when unhealthy (also served on the probe port: app.py)."""
+    healthy, doc = health_of(request.app[SIDECAR_KEY])
     return web.json_response(doc, status=200 if healthy else 503)
 
 

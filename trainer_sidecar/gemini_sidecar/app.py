@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import resource
 import signal
-import time
-from typing import Any
 
 from aiohttp import web
 
-from gemini_sidecar.api import make_app
+from gemini.control import paths
+from gemini.serving.fds import log_accept_errors_once, raise_fd_limit
+from gemini.serving.probes import ProbeListener
+from gemini_sidecar.api import health_of, make_app
 from gemini_sidecar.api_listener import ApiListener
 from gemini_sidecar.config import Placement, SidecarConfig
 from gemini_sidecar.local import LocalShard
@@ -27,10 +27,6 @@ from gemini_sidecar.store import ReplicaStore
 from gemini_sidecar.transfers import Transfers
 
 log = logging.getLogger(__name__)
-# File descriptors this process asks for (up to the hard limit): each peer connection takes
-# two, so the default soft limit of 1024 is near the connection limits of both listeners.
-WANTED_FDS = 65536
-ACCEPT_ERROR_QUIET_S = 60.0
 
 
 class Sidecar:
@@ -55,6 +51,7 @@ class Sidecar:
                 max_payload=cfg.max_frame_bytes, store=self.store, local=self.local,
                 metrics=self.metrics, hold_ranks=lambda: self.placement.hold_ranks,
                 peer_of=lambda rank: self.placement.peers.get(rank),
+                peers=lambda: self.placement.peers,
                 on_change=self._refresh_gauges, limits=cfg.limits,
                 check_senders=cfg.check_senders, encrypt=cfg.peer_encryption,
             )
@@ -65,6 +62,8 @@ class Sidecar:
         self.transfers = Transfers()
         self.peer_port = 0
         self.api_port = 0
+        self.probe_port: int | None = None
+        self._probes: ProbeListener | None = None
         self._runner: web.AppRunner | None = None
         self._api: ApiListener | None = None
 
@@ -77,8 +76,13 @@ class Sidecar:
         self._runner = web.AppRunner(make_app(self), access_log=None,
                                      keepalive_timeout=self.cfg.limits.header_timeout_s)
         await self._runner.setup()
-        self._api = ApiListener(self._runner, self.cfg.limits, self.metrics)
+        self._api = ApiListener(self._runner, self.cfg.limits, self.metrics,
+                                trusted=self.server.known.has)
         self.api_port = await self._api.start(self.cfg.bind_host, self.cfg.api_port)
+        if self.cfg.probe_port is not None:
+            self._probes = ProbeListener({paths.HEALTHZ_PATH: lambda: health_of(self)},
+                                         "probes", self.metrics.api_refused)
+            self.probe_port = await self._probes.start(self.cfg.bind_host, self.cfg.probe_port)
         log.info("sidecar rank %d of job %s: peers on %s:%d (%s), API on %s:%d", self.cfg.rank,
                  self.cfg.job, self.cfg.bind_host, self.peer_port,
                  "encrypted" if self.cfg.peer_encryption else "not encrypted",
@@ -91,6 +95,8 @@ class Sidecar:
         await self.server.stop()
         if self._api is not None:
             await self._api.stop()
+        if self._probes is not None:
+            await self._probes.stop()
         if self._runner is not None:
             await self._runner.cleanup()
         if uploads_ended:  # else an upload may still read the slot file's mapping
@@ -126,6 +132,7 @@ class Sidecar:
                 self.store.drop(rank)
         self.placement = placement
         self.replicator.placement_changed()
+        self.server.known.changed()
         self._refresh_gauges()
 
     def _refresh_gauges(self) -> None:
@@ -148,10 +155,11 @@ async def serve_forever(cfg: SidecarConfig) -> None:
     sidecar = Sidecar(cfg)
     await sidecar.start()
     print(json.dumps({"event": "ready", "rank": cfg.rank, "peer_port": sidecar.peer_port,
-                      "api_port": sidecar.api_port}), flush=True)
+                      "api_port": sidecar.api_port, "probe_port": sidecar.probe_port}),
+          flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    log_accept_errors_once(loop)
+    log_accept_errors_once(loop, "sidecar")
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
@@ -159,31 +167,3 @@ async def serve_forever(cfg: SidecarConfig) -> None:
     finally:
         await sidecar.stop()
         log.info("sidecar rank %d stopped", cfg.rank)
-
-
-def raise_fd_limit() -> None:
-    """Raise the soft file descriptor limit towards the hard one (WANTED_FDS at most)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = WANTED_FDS if hard == resource.RLIM_INFINITY else min(WANTED_FDS, hard)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
-
-
-def log_accept_errors_once(loop: asyncio.AbstractEventLoop) -> None:
-    """asyncio's servers (the API's) retry a failed accept (out of file descriptors) every
-    second and report each failure to the loop: log the first of a run only, like the peer
-    server, instead of a line a second while it lasts."""
-    last_logged = -ACCEPT_ERROR_QUIET_S
-
-    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-        nonlocal last_logged
-        if context.get("message") != "socket.accept() out of system resource":
-            loop.default_exception_handler(context)
-            return
-        if time.monotonic() - last_logged >= ACCEPT_ERROR_QUIET_S:
-            last_logged = time.monotonic()
-            log.error("API: cannot accept connections (%s); retrying every second, logged "
-                      "again after %g s at the earliest", context.get("exception"),
-                      ACCEPT_ERROR_QUIET_S)
-
-    loop.set_exception_handler(handler)

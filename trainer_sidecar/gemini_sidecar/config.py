@@ -112,6 +112,10 @@ class SidecarConfig:
     # GEMINI_PEER_ENCRYPTION (on | off): payloads between sidecars encrypted (peer_keys.py);
     # on, this sidecar's peer server also refuses peers that do not encrypt
     peer_encryption: bool = False
+    # GEMINI_SIDECAR_PROBE_PORT: /healthz alone, on a listener of its own that connections held
+    # to the API cannot starve (gemini.serving.probes; the operator sets it for the kubelet's
+    # probes). None (unset): /healthz on the API port only.
+    probe_port: int | None = None
 
 
 def _control_digest(env: Mapping[str, str]) -> str:
@@ -281,6 +285,8 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
         peer_port=peer_port,
         api_port=_int("GEMINI_SIDECAR_API_PORT",
                       env.get("GEMINI_SIDECAR_API_PORT", api_default), 0, 65535),
+        probe_port=_int("GEMINI_SIDECAR_PROBE_PORT", env["GEMINI_SIDECAR_PROBE_PORT"], 0, 65535)
+        if env.get("GEMINI_SIDECAR_PROBE_PORT") else None,
         placement=placement,
         memory_budget_bytes=_int("GEMINI_MEMORY_BUDGET_BYTES",
                                  _required(env, "GEMINI_MEMORY_BUDGET_BYTES"), 0),

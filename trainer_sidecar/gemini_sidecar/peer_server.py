@@ -13,14 +13,13 @@ from __future__ import annotations
 import asyncio
 import errno
 import logging
-import math
 import socket
 import time
-from collections import Counter as Tally
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
+from gemini.serving.gate import ConnectionGate, RefusalLog, address_of, host_of
+from gemini.serving.http import LISTEN_BACKLOG
 from gemini_sidecar.checksum import crc32
 from gemini_sidecar.config import PeerAddress, ServerLimits
 from gemini_sidecar.local import LocalShard, LocalShardError
@@ -36,7 +35,7 @@ from gemini_sidecar.peer_frames import (
     ProtocolError,
 )
 from gemini_sidecar.protocol import Channel
-from gemini_sidecar.senders import SenderCheck
+from gemini_sidecar.senders import KnownPeers, SenderCheck
 from gemini_sidecar.store import (
     BudgetExceeded,
     ReplicaStore,
@@ -58,91 +57,11 @@ BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 1.0
 # accepting has failed for this long without a break: as good as dead (/healthz: 503)
 FAILING_UNHEALTHY_S = 60.0
-REFUSAL_FOLD_S = 10.0
-# Connections the kernel queues before accept(): a deep queue rides out a burst (a flood, or a
-# pause while out of descriptors) instead of dropping SYNs, which cost a 1 s retransmit each.
-LISTEN_BACKLOG = 1024
-
-
-class RefusalLog:
-    """Logs each refused connection or call once, with the peer's address and the reason
-    (never what it sent: it may hold a token). A flood is folded: after a line for a host
-    and reason, more of the same within REFUSAL_FOLD_S are counted and reported as a count in
-    the next line for them (or at stop). Every refusal is counted in `counter` at once."""
-
-    def __init__(self, listener: str, counter: Any) -> None:  # a prometheus Counter
-        self.listener = listener
-        self._counter = counter
-        self._last: dict[tuple[str, str], tuple[float, int]] = {}  # -> (logged at, folded)
-
-    def refuse(self, peer: str, reason: str) -> None:
-        self._counter.inc()
-        key = (host_of(peer), reason)
-        now = time.monotonic()
-        logged_at, folded = self._last.get(key, (-math.inf, 0))
-        if now - logged_at < REFUSAL_FOLD_S:
-            self._last[key] = (logged_at, folded + 1)
-            return
-        more = f" (and {folded} more from {key[0]} since the last line)" if folded else ""
-        log.warning("%s: refused %s: %s%s", self.listener, peer, reason, more)
-        self._forget_old(now)
-        self._last[key] = (now, 0)
-
-    def flush(self, older_than: float = math.inf) -> None:
-        """Log the folded counts (of lines logged before `older_than`) and forget them."""
-        for key, (logged_at, folded) in list(self._last.items()):
-            if logged_at < older_than:
-                if folded:
-                    log.warning("%s: refused %d more from %s: %s", self.listener, folded, *key)
-                del self._last[key]
-
-    def _forget_old(self, now: float) -> None:
-        if len(self._last) > 1024:  # many hosts: keep only the ones inside their fold window
-            self.flush(older_than=now - REFUSAL_FOLD_S)
 
 
 def _listener_gone(err: Exception) -> bool:
     return isinstance(err, ValueError) or (isinstance(err, OSError)
                                            and err.errno in LISTENER_GONE)
-
-
-def host_of(peer: str) -> str:
-    """The host of a host:port address (IPv6 too: the port is after the last colon)."""
-    return peer.rsplit(":", 1)[0]
-
-
-def address_of(addr: Any) -> str:
-    """host:port of a socket address (IPv4 or IPv6), for logs."""
-    if isinstance(addr, tuple) and len(addr) >= 2:
-        return f"{addr[0]}:{addr[1]}"
-    return str(addr)
-
-
-class ConnectionGate:
-    """Open connections of one listener, within a total and a per-host limit."""
-
-    def __init__(self, limits: ServerLimits) -> None:
-        self.limits = limits
-        self.open = 0
-        self._per_host: Tally[str] = Tally()
-
-    def admit(self, host: str) -> str | None:
-        """Counts the connection in, or returns why it is refused."""
-        if self.open >= self.limits.max_connections:
-            return (f"{self.open} connections open, the limit "
-                    f"(GEMINI_MAX_CONNECTIONS={self.limits.max_connections})")
-        if self._per_host[host] >= self.limits.max_connections_per_host:
-            return (f"{self._per_host[host]} connections open from {host}, the limit "
-                    f"(GEMINI_MAX_CONNECTIONS_PER_HOST={self.limits.max_connections_per_host})")
-        self._per_host[host] += 1
-        self.open += 1
-        return None
-
-    def release(self, host: str) -> None:
-        self.open -= 1
-        self._per_host[host] -= 1
-        if self._per_host[host] <= 0:
-            del self._per_host[host]
 
 
 @dataclass(frozen=True)
@@ -174,6 +93,9 @@ class ServerContext:
     hold_ranks: Callable[[], tuple[int, ...]]  # current placement (it can change)
     peer_of: Callable[[int], PeerAddress | None]  # a rank's address in the current placement
     on_change: Callable[[], None]  # the replica store changed (refresh gauges)
+    # the placement's peers (rank -> address): their addresses are not held to the total
+    # limit, so addresses outside the job that fill it cannot keep the job's peers out
+    peers: Callable[[], Mapping[int, PeerAddress]] = dict
     limits: ServerLimits = field(default_factory=ServerLimits)
     check_senders: bool = True  # a rank's replica only from that rank's address (senders.py)
     encrypt: bool = False  # GEMINI_PEER_ENCRYPTION: refuse peers that do not encrypt
@@ -185,9 +107,10 @@ class PeerServer:
         self._listener: socket.socket | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._accept: asyncio.Task[None] | None = None
-        self._gate = ConnectionGate(ctx.limits)
-        self._refusals = RefusalLog("peer server", ctx.metrics.refused_frames)
         self._senders = SenderCheck(ctx.peer_of)
+        self.known = KnownPeers(ctx.peers, self._senders)
+        self._gate = ConnectionGate(ctx.limits, trusted=self.known.has)
+        self._refusals = RefusalLog("peer server", ctx.metrics.refused_frames)
         # a connection holds at most one thread of each pool: none can starve another
         self._pools = ChannelPools.sized(ctx.limits.max_connections, "peer")
         self._failing_since: float | None = None  # accept has failed since then
@@ -206,10 +129,12 @@ class PeerServer:
         lsock.setblocking(False)
         self._listener = lsock
         self._accept = asyncio.create_task(self._accept_loop())
+        self.known.start()
         return int(lsock.getsockname()[1])
 
     async def stop(self) -> None:
         self._stopped = True
+        self.known.stop()
         for task in [self._accept, *self._tasks]:
             if task is not None:
                 task.cancel()

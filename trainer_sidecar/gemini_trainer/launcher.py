@@ -95,6 +95,7 @@ from pathlib import Path
 from typing import Any
 
 from gemini.control import launcher
+from gemini.serving.fds import raise_fd_limit
 from gemini_trainer.launch_config import LauncherConfig, check_token
 from gemini_trainer.launcher_server import LauncherServer
 from gemini_trainer.supervisor import Supervisor
@@ -126,6 +127,7 @@ class Launcher:
 
     def run(self) -> int:
         """Serve the API and supervise until /stop, a success, or a signal; the exit code."""
+        raise_fd_limit()  # the training processes inherit it (data loaders like many)
         self._server.start()
         self.supervisor.supervise()
         self._server.close()

@@ -10,11 +10,13 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gemini.control import auth, client, messages, paths, strict
+from gemini.serving.gate import ConnectionGate, RefusalLog, address_of, host_of
 from gemini_trainer import launcher_metrics
 from gemini_trainer.launch_config import LauncherConfig
 from gemini_trainer.launch_state import LauncherError, RestartConflict, RestartRequest
@@ -66,14 +68,63 @@ def read_body(rfile: io.BufferedIOBase, content_length: str | None) -> object:
     return body
 
 
+@dataclass(frozen=True)
+class LauncherLimits:
+    """Connections to the launcher's API (a thread each, REQUEST_TIMEOUT_S at most): the
+    operator's calls, Prometheus, the kubelet."""
+
+    max_connections: int = 256  # open in total (GEMINI_LAUNCHER_MAX_CONNECTIONS)
+    max_connections_per_host: int = 32  # from one address (..._PER_HOST)
+
+
+class _GatedServer(ThreadingHTTPServer):
+    """A thread per connection, admitted by a connection gate (gemini.serving.gate) first: a
+    connection over the limits is closed at once and logged, never given a thread."""
+
+    daemon_threads = True
+    # a flood queued in the kernel instead of dropped SYNs (1 s retransmits for the operator)
+    request_queue_size = 1024
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 limits: LauncherLimits) -> None:
+        super().__init__(address, handler)
+        self.gate = ConnectionGate(limits, env_prefix="GEMINI_LAUNCHER")
+        self.refusals = RefusalLog("launcher API", _Uncounted())
+        self._hosts: dict[Any, str] = {}  # admitted connection -> its host
+        self._hosts_lock = threading.Lock()
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        peer = address_of(client_address)
+        refusal = self.gate.admit(host_of(peer))
+        if refusal is not None:
+            self.refusals.refuse(peer, refusal)
+            return False
+        with self._hosts_lock:
+            self._hosts[request] = host_of(peer)
+        return True
+
+    def shutdown_request(self, request: Any) -> None:
+        """Every connection ends here, admitted or not."""
+        with self._hosts_lock:
+            host = self._hosts.pop(request, None)
+        super().shutdown_request(request)
+        if host is not None:
+            self.gate.release(host)
+
+
+class _Uncounted:
+    def inc(self) -> None:
+        pass
+
+
 class LauncherServer:
     """The API's listening server, bound at construction (OSError: the address is taken);
     ``start`` serves it on a thread of its own, ``close`` ends it."""
 
-    def __init__(self, supervisor: Supervisor, config: LauncherConfig) -> None:
+    def __init__(self, supervisor: Supervisor, config: LauncherConfig,
+                 limits: LauncherLimits = LauncherLimits()) -> None:
         handler = _handler_for(supervisor, config)
-        self._server = ThreadingHTTPServer((config.host, config.port), handler)
-        self._server.daemon_threads = True
+        self._server = _GatedServer((config.host, config.port), handler, limits)
 
     @property
     def port(self) -> int:

@@ -1,13 +1,18 @@
 """The operator's hint server: a launcher whose training failed says so at once, so the
 operator polls that job now instead of at its next round (up to POLL_SECONDS later).
 
-``POST /v1/hints/failure`` (gemini.control.launcher.FailureHint) with the job's own token,
-which every pod of the job holds. A hint is only "poll this job now": what failed, and
-whether anything did, still comes from the operator's own poll of the job's launchers and
-sidecars, so a forged or repeated hint costs a poll of the sender's own job, at most one per
-`min_interval_s`.
-Answers: 202 HintAnswer; 400 a malformed body; 401 not that job's token; 404 no such job
-(or another job of that name: the uid differs); 503 this replica is not the leader (the
+``POST /v1/hints/failure?namespace=..&job=..&uid=..`` (gemini.control.launcher.FailureHint)
+with the job's own token, which every pod of the job holds. The job is named in the query, so
+the token is checked before any body byte is read; the body (the same hint) must then come
+within READ_TIMEOUT_SECONDS and name the same job. Any pod of the cluster can reach this port:
+connections are gated (gemini.serving: per address and in total), a connection must send its
+request header within HEADER_TIMEOUT_SECONDS, and refusals are logged folded and counted.
+
+A hint is only "poll this job now": what failed, and whether anything did, still comes from
+the operator's own poll of the job's launchers and sidecars, so a forged or repeated hint
+costs a poll of the sender's own job, at most one per `min_interval_s`.
+Answers: 202 HintAnswer; 400 a malformed query or body; 401 not that job's token; 404 no such
+job (or another job of that name: the uid differs); 503 this replica is not the leader (the
 launcher tries again, and a Service in front of several replicas may pick the leader).
 """
 
@@ -17,6 +22,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -25,12 +31,25 @@ from gemini.control.auth import may_call
 from gemini.control.launcher import FailureHint, HintAnswer
 from gemini.control.paths import FAILURE_HINT_PATH, MAX_HINT_BYTES
 from gemini.control.strict import parse_json
+from gemini.serving.fds import log_accept_errors_once
+from gemini.serving.gate import ConnectionGate
+from gemini.serving.http import GatedHttpListener
 from gemini_operator.cluster.cache import JobKey
 from gemini_operator.core.render import JobRef
 
 log = logging.getLogger(__name__)
 MIN_INTERVAL_SECONDS = 0.25
 HEADER_TIMEOUT_SECONDS = 5.0  # a connection must send its request by then (aiohttp keep-alive)
+READ_TIMEOUT_SECONDS = 5.0  # the body (a few hundred bytes) after the token was checked
+
+
+@dataclass(frozen=True)
+class HintLimits:
+    """Connections to the hint server. Launchers send one hint at a time, from their pod's
+    address (every pod of a host-network node shares one)."""
+
+    max_connections: int = 1024  # open in total (GEMINI_OPERATOR_MAX_CONNECTIONS)
+    max_connections_per_host: int = 64  # from one address (..._PER_HOST)
 TOKEN_LOOKUPS = 2  # at once: random tokens are read from the job's Secret
 
 
@@ -63,13 +82,17 @@ class HintServer:
                  job_token: Callable[[JobRef], str | None],
                  poll_now: Callable[[JobKey], None], leading: Callable[[], bool],
                  gate: HintGate | None = None,
-                 observe: Callable[[str], None] = lambda result: None) -> None:
+                 observe: Callable[[str], None] = lambda result: None,
+                 refused: Any = None, limits: HintLimits = HintLimits()) -> None:
         self._job_uid, self._job_token = job_uid, job_token
         self._poll_now, self._leading = poll_now, leading
         self._gate = gate or HintGate()
         self._observe = observe  # counts each hint by result (metrics)
         self._lookups = asyncio.Semaphore(TOKEN_LOOKUPS)
+        self._refused = refused or _Uncounted()  # connections refused (a Counter)
+        self._limits = limits
         self._runner: web.AppRunner | None = None
+        self.listener: GatedHttpListener | None = None
         self.port = 0
 
     def app(self) -> web.Application:
@@ -78,37 +101,49 @@ class HintServer:
         return app
 
     async def start(self, host: str, port: int) -> int:
+        # lingering_time 0: a refused request's unread body is never read (aiohttp would read
+        # it for 10 s after the answer to keep the connection)
         self._runner = web.AppRunner(self.app(), access_log=None,
-                                     keepalive_timeout=HEADER_TIMEOUT_SECONDS)
+                                     keepalive_timeout=HEADER_TIMEOUT_SECONDS, lingering_time=0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, host, port)
-        await site.start()
-        addresses = self._runner.addresses  # the bound port, when 0 asked for any
-        self.port = int(addresses[0][1]) if addresses else port
+        self.listener = GatedHttpListener(
+            self._runner, ConnectionGate(self._limits, env_prefix="GEMINI_OPERATOR"),
+            "hint server", self._refused)
+        log_accept_errors_once(asyncio.get_running_loop(), "hint server")
+        self.port = await self.listener.start(host, port)
         log.info("hint server on %s:%d%s", host, self.port, FAILURE_HINT_PATH)
         return self.port
 
     async def stop(self) -> None:
+        if self.listener is not None:
+            await self.listener.stop()
         if self._runner is not None:
             await self._runner.cleanup()
 
     async def _failure(self, request: web.Request) -> web.Response:
         try:
-            hint = FailureHint.from_json(parse_json(await request.read()))
-        except (ValueError, web.HTTPRequestEntityTooLarge) as err:
+            named = _named_job(request.query)
+        except ValueError as err:
             return self._answer("malformed", 400, {"error": str(err)[:500]})
-        key = (hint.namespace, hint.job)
+        key = (named.namespace, named.name)
         uid = self._job_uid(key)
-        if uid is None or uid != hint.uid:
+        if uid is None or uid != named.uid:
             return self._answer("unknown", 404, {
-                "error": f"no GeminiJob {hint.namespace}/{hint.job} with uid {hint.uid}"})
+                "error": f"no GeminiJob {named.namespace}/{named.name} with uid {named.uid}"})
         async with self._lookups:
-            token = await asyncio.to_thread(self._job_token,
-                                            JobRef(hint.job, hint.namespace, hint.uid))
+            token = await asyncio.to_thread(self._job_token, named)
         sent = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
         # no control digest: the job token is the credential here, as in the pods' own APIs
         if not token or not may_call(sent, token.encode(), "", job_token_allowed=True):
             return self._answer("unauthorized", 401, {"error": "not this job's token"})
+        try:
+            async with asyncio.timeout(READ_TIMEOUT_SECONDS):
+                body = await request.read()
+            hint = FailureHint.from_json(parse_json(body))
+        except (ValueError, web.HTTPRequestEntityTooLarge, TimeoutError) as err:
+            return self._answer("malformed", 400, {"error": str(err)[:500] or "no body in time"})
+        if (hint.namespace, hint.job, hint.uid) != (named.namespace, named.name, named.uid):
+            return self._answer("malformed", 400, {"error": "the body names another job"})
         if not self._leading():
             return self._answer("not-leader", 503, {"error": "not the leader; try again"})
         polling = self._gate.admit(key)
@@ -122,3 +157,18 @@ class HintServer:
     def _answer(self, result: str, status: int, body: Mapping[str, Any]) -> web.Response:
         self._observe(result)
         return web.json_response(dict(body), status=status)
+
+
+def _named_job(query: Mapping[str, str]) -> JobRef:
+    """The job a hint's query names (namespace, job, uid); ValueError naming what is missing."""
+    missing = [k for k in ("namespace", "job", "uid") if not query.get(k)]
+    if missing:
+        raise ValueError(f"the query must name the job ({', '.join(missing)} missing): "
+                         "a launcher older than this operator sends none; its failures are "
+                         "still found by the next poll")
+    return JobRef(query["job"], query["namespace"], query["uid"])
+
+
+class _Uncounted:
+    def inc(self) -> None:
+        pass

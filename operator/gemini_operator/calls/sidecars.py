@@ -14,8 +14,11 @@ so a job's own images can cost the operator no more than that job's calls.
 
 from __future__ import annotations
 
+import errno
+import logging
 import math
 import socket
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
@@ -50,6 +53,7 @@ from gemini.domain.placement import Placement
 from gemini_operator.core.observed import PodView
 from gemini_operator.core.render import RenderConfig
 
+log = logging.getLogger(__name__)
 TIMEOUT_SECONDS = 5.0
 # POST /peers is answered at once by a live sidecar; a silent one (a cut-off node) must not
 # hold up the reconcile that delivers to the others for long. Delivery is retried.
@@ -210,21 +214,42 @@ def worker_ports(pods: Mapping[int, PodView], ports: RenderConfig) -> dict[int, 
 
 def refusing(targets: Mapping[int, Sequence[Target]], timeout: float) -> set[int]:
     """The ranks none of whose ports accept a TCP connection within `timeout` (refused or
-    timed out; the kernel accepts for a process that is only slow or stopped)."""
+    timed out; the kernel accepts for a process that is only slow or stopped). A port this
+    process could not even try (out of descriptors, memory or local ports) says nothing of the
+    pod, so a rank with one is never counted: the operator's own exhaustion must not read as
+    a lost node."""
     ranks = sorted(targets)
 
     def down(rank: int) -> bool:
-        return not any(_accepts(ip, port, timeout) for ip, port in targets[rank])
+        answers = [_accepts(ip, port, timeout) for ip, port in targets[rank]]
+        return all(answer is False for answer in answers)
 
     with ThreadPoolExecutor(max_workers=min(32, max(1, len(ranks)))) as pool:
         return {r for r, gone in zip(ranks, pool.map(down, ranks), strict=True) if gone}
 
 
-def _accepts(ip: str, port: int, timeout: float) -> bool:
+# Errors of this process, not of the connection: out of descriptors, memory, buffers or local
+# ports to connect from.
+LOCAL_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS,
+                          errno.EADDRNOTAVAIL, errno.EAGAIN})
+LOCAL_ERROR_QUIET_S = 60.0
+_local_error_logged = [-LOCAL_ERROR_QUIET_S]  # when the last such line was written
+
+
+def _accepts(ip: str, port: int, timeout: float) -> bool | None:
+    """True: it accepted; False: it refused, reset or was silent; None: this process could not
+    try (LOCAL_ERRORS), so nothing is known."""
     try:
         with socket.create_connection((ip, port), timeout=timeout):
             return True
-    except OSError:
+    except OSError as err:
+        if err.errno in LOCAL_ERRORS:
+            if time.monotonic() - _local_error_logged[0] >= LOCAL_ERROR_QUIET_S:
+                _local_error_logged[0] = time.monotonic()
+                log.warning("cannot probe %s:%d from here: %s (not counted against the pod; "
+                            "logged again after %g s at the earliest)", ip, port, err,
+                            LOCAL_ERROR_QUIET_S)
+            return None
         return False
 
 

@@ -70,6 +70,11 @@ class RenderConfig:
     def sidecar_api_port(self) -> int:
         return self.sidecar_port + 1
 
+    @property
+    def sidecar_probe_port(self) -> int:
+        """The kubelet's probes alone (gemini.serving.probes): a flood cannot starve them."""
+        return self.sidecar_port + 2
+
 
 @dataclass(frozen=True)
 class PeerAssignment:
@@ -154,11 +159,12 @@ def trainer_security_context(template: TrainerTemplate) -> Manifest:
 
 
 def sidecar_probes(config: RenderConfig) -> Manifest:
-    """The sidecar's /healthz (503 when a listener is dead) on its API port. Startup: up to
+    """The sidecar's /healthz (503 when a listener is dead) on its probe port, a listener
+    of its own that connections held to the API port cannot starve. Startup: up to
     30 s for the API to listen (the trainer starts after it); liveness: a restart after about
     30 s of a dead listener or no answer; readiness: out of Ready after two bad answers."""
     def probe(period: int, timeout: int, failures: int) -> Manifest:
-        return {"httpGet": {"path": HEALTHZ_PATH, "port": "sidecar-api"},
+        return {"httpGet": {"path": HEALTHZ_PATH, "port": "sidecar-probe"},
                 "periodSeconds": period, "timeoutSeconds": timeout, "failureThreshold": failures}
 
     return {"startupProbe": probe(1, 1, 30), "livenessProbe": probe(10, 3, 3),
@@ -256,6 +262,7 @@ def _sidecar(
         "ports": [
             _container_port("peer", config.sidecar_port),
             _container_port("sidecar-api", config.sidecar_api_port),
+            _container_port("sidecar-probe", config.sidecar_probe_port),
         ],
         "volumeMounts": [{"name": naming.SHM_VOLUME, "mountPath": config.shm_mount_path}],
         "securityContext": container_security_context(),
@@ -283,6 +290,7 @@ def _common_env(job: JobRef, spec: JobSpec, rank: int, config: RenderConfig) -> 
         {"name": "GEMINI_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
         _value("GEMINI_SIDECAR_PORT", config.sidecar_port),
         _value("GEMINI_SIDECAR_API_PORT", config.sidecar_api_port),
+        _value("GEMINI_SIDECAR_PROBE_PORT", config.sidecar_probe_port),
         _value("GEMINI_SHM_DIR", config.shm_mount_path),
         # The trainer checks its first snapshot against the budget; the sidecar holds to it.
         _value("GEMINI_MEMORY_BUDGET_BYTES", spec.checkpoint.memory_budget_bytes),

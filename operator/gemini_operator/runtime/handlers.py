@@ -197,7 +197,8 @@ def _hint_server(runtime: Runtime) -> HintServer:
 
     return HintServer(job_uid, runtime.reconciler.poller.tokens.job_token, poll_now,
                       lambda: runtime.leading,
-                      observe=lambda result: runtime.metrics.hints.labels(result).inc())
+                      observe=lambda result: runtime.metrics.hints.labels(result).inc(),
+                      refused=runtime.metrics.connections_refused.labels("hints"))
 
 
 async def _resync(runtime: Runtime) -> None:

@@ -8,30 +8,38 @@ nothing else. GET /readyz (readiness): the same, and the start-up handler has fi
 loops and the hint server are started). A replica that does not lead is live and ready: it is
 a stand-by. Every other path is the Prometheus exposition, as before.
 
-The server is prometheus_client's (a thread per request in a daemon thread); only the routing
-of these two paths is added.
+Both are served on an event loop of its own (a daemon thread) behind a connection gate
+(gemini.serving: per address and in total; a request header within HEADER_TIMEOUT_SECONDS).
+With `--health-port` the two probe paths also get a listener of their own that a flood of
+connections cannot starve (gemini.serving.probes): the chart's probes use it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
+import gzip
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
-from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+
+from gemini.serving.fds import log_accept_errors_once
+from gemini.serving.gate import ConnectionGate
+from gemini.serving.http import GatedHttpListener
+from gemini.serving.probes import Check as ProbeCheck
+from gemini.serving.probes import ProbeListener
 
 HEALTHZ_PATH = "/healthz"
 READYZ_PATH = "/readyz"
 BEAT_SECONDS = 1.0
 # The event loop may be busy for a while (a large list answered at start-up), never this long.
 LOOP_STALL_SECONDS = 60.0
+HEADER_TIMEOUT_SECONDS = 5.0  # a connection must send its request header by then
 
 
 @dataclass(frozen=True)
@@ -98,38 +106,113 @@ class Health:
         return Check(True, "started")
 
 
-def make_app(registry: CollectorRegistry, health: Health) -> WSGIApplication:
-    """/healthz and /readyz from `health`; any other path: the metrics of `registry`."""
-    metrics: WSGIApplication = make_wsgi_app(registry)
-    checks = {HEALTHZ_PATH: health.live, READYZ_PATH: health.ready}
+@dataclass(frozen=True)
+class MetricsLimits:
+    """Connections to the metrics port: Prometheus holds one or two per replica."""
 
-    def app(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
-        check = checks.get(environ.get("PATH_INFO", ""))
-        if check is None:
-            return metrics(environ, start_response)
-        result = check()
-        body = json.dumps(result.to_json()).encode()
-        start_response("200 OK" if result.ok else "503 Service Unavailable",
-                       [("Content-Type", "application/json"),
-                        ("Content-Length", str(len(body)))])
-        return [body]
+    max_connections: int = 256  # open in total (GEMINI_OPERATOR_MAX_CONNECTIONS)
+    max_connections_per_host: int = 16  # from one address (..._PER_HOST)
 
+
+def make_app(registry: CollectorRegistry, health: Health) -> web.Application:
+    """/healthz and /readyz from `health`; any other path: the metrics of `registry` (in the
+    format the scraper asks for, gzipped when it accepts that)."""
+    async def metrics(request: web.Request) -> web.Response:
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = await asyncio.to_thread(encoder, registry)
+        headers = {"Content-Type": content_type}
+        if "gzip" in request.headers.get("Accept-Encoding", ""):
+            body, headers["Content-Encoding"] = gzip.compress(body), "gzip"
+        return web.Response(body=body, headers=headers)
+
+    def probe(check: Callable[[], Check]) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def answer(request: web.Request) -> web.Response:
+            result = check()
+            return web.json_response(result.to_json(), status=200 if result.ok else 503)
+        return answer
+
+    app = web.Application(client_max_size=4096)
+    app.router.add_get(HEALTHZ_PATH, probe(health.live))
+    app.router.add_get(READYZ_PATH, probe(health.ready))
+    app.router.add_get("/{tail:.*}", metrics)
     return app
 
 
-class _QuietHandler(WSGIRequestHandler):
-    """No log line per request (probes come every few seconds)."""
+def probe_checks(health: Health) -> dict[str, ProbeCheck]:
+    """The probe listener's paths (gemini.serving.probes)."""
+    def check(of: Callable[[], Check]) -> ProbeCheck:
+        def run() -> tuple[bool, dict[str, str]]:
+            result = of()
+            return result.ok, result.to_json()
+        return run
 
-    def log_message(self, format: str, *args: Any) -> None:
+    return {HEALTHZ_PATH: check(health.live), READYZ_PATH: check(health.ready)}
+
+
+class MetricsServer:
+    """The metrics port (and the probes' own port, when given) served on an event loop of
+    their own in a daemon thread, so a busy operator loop neither delays a scrape nor hides
+    itself from /healthz (the loop's beat says that)."""
+
+    def __init__(self, registry: CollectorRegistry, health: Health, refused: Any = None,
+                 limits: MetricsLimits = MetricsLimits()) -> None:
+        self._registry, self._health = registry, health
+        self._refused = refused or (lambda listener: _Uncounted())
+        self._limits = limits
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="metrics-server",
+                                        daemon=True)
+        self._stops: list[Callable[[], Awaitable[None]]] = []
+        self.port = 0
+        self.probe_port: int | None = None
+
+    def start(self, addr: str, port: int | None, probe_port: int | None = None
+              ) -> MetricsServer:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(addr, port, probe_port),
+                                         self._loop).result(30)
+        return self
+
+    async def _start(self, addr: str, port: int | None, probe_port: int | None) -> None:
+        log_accept_errors_once(asyncio.get_running_loop(), "metrics server")
+        if port is not None:
+            await self._start_metrics(addr, port)
+        if probe_port is not None:
+            probes = ProbeListener(probe_checks(self._health), "probe server",
+                                   self._refused("probes"))
+            self.probe_port = await probes.start(addr, probe_port)
+            self._stops.append(probes.stop)
+
+    async def _start_metrics(self, addr: str, port: int) -> None:
+        runner = web.AppRunner(make_app(self._registry, self._health), access_log=None,
+                               keepalive_timeout=HEADER_TIMEOUT_SECONDS, lingering_time=0)
+        await runner.setup()
+        listener = GatedHttpListener(
+            runner, ConnectionGate(self._limits, env_prefix="GEMINI_OPERATOR"),
+            "metrics server", self._refused("metrics"))
+        self.port = await listener.start(addr, port)
+        self._stops += [listener.stop, runner.cleanup]
+
+    def stop(self) -> None:
+        async def stop_all() -> None:
+            for stop in self._stops:
+                await stop()
+
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(stop_all(), self._loop).result(10)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+
+
+class _Uncounted:
+    def inc(self) -> None:
         pass
 
 
-def start_metrics_server(port: int, registry: CollectorRegistry, health: Health,
-                         addr: str = "0.0.0.0") -> tuple[WSGIServer, threading.Thread]:
-    """Serve `make_app` on `port` as prometheus_client's start_http_server serves the metrics:
-    a thread per request, in a daemon thread."""
-    server = make_server(addr, port, make_app(registry, health), ThreadingWSGIServer,
-                         handler_class=_QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, name="metrics-server", daemon=True)
-    thread.start()
-    return server, thread
+def start_metrics_server(port: int | None, registry: CollectorRegistry, health: Health,
+                         addr: str = "0.0.0.0", probe_port: int | None = None,
+                         refused: Any = None) -> MetricsServer:
+    """Serve `make_app` on `port` and the probes alone on `probe_port` (None: not that one);
+    `refused(listener)`:
+    the counter of refused connections of a listener."""
+    return MetricsServer(registry, health, refused).start(addr, port, probe_port)

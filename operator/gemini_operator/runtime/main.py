@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import kopf
 
 from gemini import rank_detail
+from gemini.serving.fds import raise_fd_limit
 from gemini_operator.cluster.cache import ClusterCache, JobKey
 from gemini_operator.cluster.kube import KubeClient
 from gemini_operator.core import spares
@@ -36,6 +37,9 @@ class OperatorOptions:
     lease_name: str = "gemini-operator"
     identity: str = ""  # default: host name, pid and a random suffix
     metrics_port: int | None = None
+    # The probes' /healthz and /readyz alone on a listener a flood cannot starve (also served
+    # on the metrics port). None: only there.
+    health_port: int | None = None
     workers: int = 4
     render: RenderConfig = field(default_factory=RenderConfig)
     # Create the worker and spare PriorityClasses the pods name when missing (needs the right
@@ -85,9 +89,12 @@ async def run_operator(
                                           runtime.kube.create_priority_class, options.render)
         if created:
             log.info("created PriorityClasses %s", ", ".join(created))
-    if options.metrics_port is not None:
+    log.info("file descriptor limit: %d", raise_fd_limit())
+    if options.metrics_port is not None or options.health_port is not None:
         # /metrics, and the probes' /healthz and /readyz (gemini_operator.runtime.health)
-        start_metrics_server(options.metrics_port, runtime.metrics.registry, runtime.health)
+        start_metrics_server(options.metrics_port, runtime.metrics.registry, runtime.health,
+                             probe_port=options.health_port,
+                             refused=runtime.metrics.connections_refused.labels)
     registry = kopf.OperatorRegistry()
     handlers.register(registry, runtime)
     namespaces = [options.namespace] if options.namespace else []

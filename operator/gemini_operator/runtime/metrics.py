@@ -44,6 +44,9 @@ class JobReport:
     persist_interval_seconds: int | None = None  # spec.persistence.intervalSeconds
 
 
+LISTENERS = ("hints", "metrics", "probes")  # the listeners whose refusals are counted
+
+
 @dataclass
 class OperatorMetrics:
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
@@ -74,6 +77,11 @@ class OperatorMetrics:
             "gemini_operator_failure_hints", "Failure hints from launchers, by result "
             "(polled, throttled, unauthorized, unknown, malformed, not-leader)", ["result"],
             registry=r,
+        )
+        self.connections_refused = Counter(
+            "gemini_operator_connections_refused", "Connections the operator's listeners "
+            "closed unanswered, by listener (hints, metrics, probes): over a per-address or "
+            "total limit, or no complete request in time", ["listener"], registry=r,
         )
         self.status_writes = Counter(
             "gemini_operator_status_writes", "Status subresource writes", registry=r
@@ -173,6 +181,8 @@ class OperatorMetrics:
         for cause in (*(kind.value for kind in FailureKind), RESUME):
             for source in RECOVERY_SOURCES:
                 self.recoveries_done.labels(cause=cause, source=source)
+        for listener in LISTENERS:
+            self.connections_refused.labels(listener)
 
     def observe_recovery(self, last: LastRecovery) -> None:
         """Count a finished recovery (status.lastRecovery)."""

@@ -134,7 +134,8 @@ async def test_malformed_or_oversized_hints_are_refused(operator: Operator, body
         import http.client
 
         conn = http.client.HTTPConnection("127.0.0.1", operator.server.port, timeout=5)
-        conn.request("POST", paths.FAILURE_HINT_PATH, body=body,
+        conn.request("POST", f"{paths.FAILURE_HINT_PATH}?namespace=team&job=llm&uid={UID}",
+                     body=body,
                      headers={"Authorization": f"Bearer {TOKEN}"})
         status = conn.getresponse().status
         conn.close()

@@ -68,9 +68,11 @@ def ensure_fds(wanted: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
 
 
-def stalled(port: int, first_bytes: bytes) -> socket.socket:
-    """A connection that sends the start of a request and then nothing."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+def stalled(port: int, first_bytes: bytes, source: str = "127.0.0.1") -> socket.socket:
+    """A connection (from `source`, a loopback address) that sends the start of a request and
+    then nothing."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10,
+                                    source_address=(source, 0))
     sock.sendall(first_bytes)
     return sock
 

@@ -212,3 +212,35 @@ async def test_connections_over_the_per_host_limit_are_refused_and_logged_once(
     assert any("refused 4 more from 127.0.0.1" in m for m in over), lines
     assert sum("without a token that may make it" in m for m in lines) == 2, lines  # + count
     assert not any("not-the-token" in m or TOKEN.decode() in m for m in lines)
+
+
+async def test_strangers_filling_the_total_limit_do_not_keep_the_jobs_own_peers_out(tmp_path):
+    """Issue 45, item 4: eight addresses outside the job fill the total limit of both
+    listeners; a peer of the placement (127.0.0.1 here) still fetches and calls the API, and
+    the kubelet (another address) still gets its /healthz from the probe port."""
+    limits = ServerLimits(header_timeout_s=30, max_connections=8, max_connections_per_host=2)
+    ports = {0: free_port(), 1: free_port()}
+    cfg = make_config(0, 2, tmp_path, ports, limits=limits, probe_port=0)
+    data = payload(VERSION, SIZE)
+    write_local(cfg, VERSION, data)
+    strangers = [f"127.0.0.{i}" for i in range(2, 10)]
+    async with started(cfg) as (car,):
+        held = []
+        for port, stall in ((car.peer_port, PEER_STALL), (car.api_port, API_STALL)):
+            socks = await asyncio.to_thread(
+                lambda p=port, b=stall: [stalled(p, b, src) for src in strangers for _ in "ab"])
+            closed = [await asyncio.to_thread(closed_by_peer, s, 0.3) for s in socks]
+            assert closed == [False] * 8 + [True] * 8  # four addresses filled the total
+            held += socks
+        got, fetched = await asyncio.wait_for(
+            fetch_bytes(cfg, 0, VERSION, PeerAddress("127.0.0.1", ports[0])), 5)
+        assert (got.version, fetched) == (VERSION, data)
+        url = f"http://127.0.0.1:{car.api_port}/inventory"
+        async with aiohttp.ClientSession() as http, http.get(url, headers=AUTH) as resp:
+            assert resp.status == 200
+        kubelet = await asyncio.to_thread(stalled, car.probe_port, b"GET /healthz HTTP/1.1\r\n"
+                                          b"Host: x\r\n\r\n", "127.0.0.10")
+        answer = await asyncio.to_thread(kubelet.recv, 4096)
+        kubelet.close()
+        assert answer.startswith(b"HTTP/1.1 200 ") and b'"api": {"state": "accepting"' in answer
+        close_all(held)

@@ -1,5 +1,5 @@
 """A scripted HTTP server on loopback for the client tests: it answers each path with what a
-test set, and records every request it got (method, path, headers, body)."""
+test set, and records every request it got (method, path, headers, body, query)."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ class Seen:
     path: str
     headers: dict[str, str]
     body: bytes
+    query: str = ""  # after the path's "?"
 
 
 @dataclass
@@ -45,8 +46,9 @@ def serve(script: Scripted) -> tuple[ThreadingHTTPServer, int]:
         def _handle(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else b""
-            script.seen.append(Seen(self.command, self.path, dict(self.headers.items()), body))
-            status, raw = script.answers.get(self.path, (404, b'{"error": "no such path"}'))
+            path, _, query = self.path.partition("?")
+            script.seen.append(Seen(self.command, path, dict(self.headers.items()), body, query))
+            status, raw = script.answers.get(path, (404, b'{"error": "no such path"}'))
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(raw)))

@@ -86,6 +86,8 @@ def test_each_call_sends_its_body_to_its_path_and_returns_the_typed_answer(
     assert seen.headers["Content-Type"] == "application/json"
     if request_ is not None:
         assert script.bodies(path)[-1] == request_.to_json()
+    # the hint names its job in the query too: the operator checks the token before the body
+    assert seen.query == ("namespace=team&job=llm&uid=uid-1" if name == "failure_hint" else "")
 
 
 def test_every_path_of_both_apis_has_a_client_call() -> None:

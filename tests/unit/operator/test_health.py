@@ -1,4 +1,5 @@
-"""The operator's /healthz and /readyz (the probes' endpoints), served beside /metrics."""
+"""The operator's /healthz and /readyz (the probes' endpoints), served beside /metrics and on
+a port of their own."""
 
 from __future__ import annotations
 
@@ -6,11 +7,10 @@ import asyncio
 import json
 import urllib.error
 import urllib.request
-from typing import Any
 
 import pytest
 
-from gemini_operator.runtime.health import Health, make_app, start_metrics_server
+from gemini_operator.runtime.health import Health, start_metrics_server
 from gemini_operator.runtime.metrics import OperatorMetrics
 
 
@@ -64,51 +64,36 @@ async def test_an_ended_loop_fails_liveness() -> None:
         await beating
 
 
-def _call(app: Any, path: str) -> tuple[str, dict[str, str], bytes]:
-    answer: dict[str, Any] = {}
-
-    def start_response(status: str, headers: list[tuple[str, str]]) -> None:
-        answer.update(status=status, headers=dict(headers))
-
-    body = b"".join(app({"PATH_INFO": path, "REQUEST_METHOD": "GET", "QUERY_STRING": ""},
-                        start_response))
-    return answer["status"], answer["headers"], body
-
-
-def test_the_app_routes_the_probes_and_serves_metrics_elsewhere() -> None:
-    clock = Clock()
-    health = Health(clock)
-    app = make_app(OperatorMetrics().registry, health)
-    status, headers, body = _call(app, "/healthz")
-    assert status.startswith("503") and json.loads(body)["status"] == "failing"
-    health.beat()
-    status, headers, body = _call(app, "/healthz")
-    assert status == "200 OK" and headers["Content-Type"] == "application/json"
-    assert json.loads(body)["status"] == "ok"
-    assert _call(app, "/readyz")[0].startswith("503")
-    health.started()
-    assert _call(app, "/readyz")[0] == "200 OK"
-    status, _, body = _call(app, "/metrics")
-    assert status.startswith("200") and b"gemini_operator_build_info" in body
-
-
-def test_the_server_answers_probes_and_scrapes() -> None:
-    health = Health()
-    server, thread = start_metrics_server(0, OperatorMetrics().registry, health,
-                                          addr="127.0.0.1")
-    base = f"http://127.0.0.1:{server.server_port}"
+def _get(url: str) -> tuple[int, dict[str, str], bytes]:
     try:
-        with pytest.raises(urllib.error.HTTPError) as err:
-            urllib.request.urlopen(base + "/healthz", timeout=5)
-        assert err.value.code == 503
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return answer.status, dict(answer.headers), answer.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def test_the_servers_answer_probes_on_both_ports_and_scrapes_on_the_metrics_port() -> None:
+    health = Health()
+    server = start_metrics_server(0, OperatorMetrics().registry, health, addr="127.0.0.1",
+                                  probe_port=0)
+    metrics = f"http://127.0.0.1:{server.port}"
+    probes = f"http://127.0.0.1:{server.probe_port}"
+    try:
+        for base in (metrics, probes):
+            status, _, body = _get(base + "/healthz")
+            assert status == 503 and json.loads(body)["status"] == "failing"
         health.beat()
+        for base in (metrics, probes):
+            status, headers, body = _get(base + "/healthz")
+            assert status == 200 and headers["Content-Type"].startswith("application/json")
+            assert json.loads(body)["status"] == "ok"
+            assert _get(base + "/readyz")[0] == 503
         health.started()
-        for path in ("/healthz", "/readyz"):
-            with urllib.request.urlopen(base + path, timeout=5) as answer:
-                assert json.loads(answer.read())["status"] == "ok"
-        with urllib.request.urlopen(base + "/metrics", timeout=5) as answer:
-            assert b"process_resident_memory_bytes" in answer.read()
+        for base in (metrics, probes):
+            assert _get(base + "/readyz")[0] == 200
+        status, headers, body = _get(metrics + "/metrics")
+        assert status == 200 and b"process_resident_memory_bytes" in body
+        assert b"gemini_operator_build_info" in body
+        assert _get(probes + "/metrics")[0] == 404  # the probes' port serves nothing else
     finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+        server.stop()

@@ -95,8 +95,8 @@ def test_the_sidecar_is_probed_on_its_healthz():
                 "readinessProbe": (5, 2, 2)}
     for kind, (period, timeout, failures) in expected.items():
         probe = sidecar[kind]
-        assert probe["httpGet"] == {"path": "/healthz", "port": "sidecar-api"}, kind
-        assert ports[probe["httpGet"]["port"]] == CONFIG.sidecar_api_port
+        assert probe["httpGet"] == {"path": "/healthz", "port": "sidecar-probe"}, kind
+        assert ports[probe["httpGet"]["port"]] == CONFIG.sidecar_probe_port
         assert (probe["periodSeconds"], probe["timeoutSeconds"],
                 probe["failureThreshold"]) == (period, timeout, failures), kind
     trainer = _containers(_pod())[naming.TRAINER_CONTAINER]

@@ -53,8 +53,8 @@ def test_default_render_has_one_of_each_object_and_no_monitoring(helm: Helm):
     kinds = sorted(o["kind"] for o in helm.template())
     assert kinds == sorted([
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition",
-        "Deployment", "PriorityClass", "PriorityClass", "Role", "RoleBinding", "Secret",
-        "Service", "Service", "ServiceAccount",
+        "Deployment", "NetworkPolicy", "PriorityClass", "PriorityClass", "Role",
+        "RoleBinding", "Secret", "Service", "Service", "ServiceAccount",
     ])
 
 
@@ -93,6 +93,7 @@ def test_the_operator_runs_the_real_command_with_its_real_flags(helm: Helm):
     assert args.lease_namespace == "gemini-system"
     assert args.sidecar_image == "gemini-sidecar:0.1.0"
     assert args.metrics_port == 9090
+    assert args.health_port == 8081
     assert args.status_inline_bytes == 64 * 1024
 
 
@@ -115,7 +116,11 @@ def test_the_operator_container_is_non_root_read_only_and_probed(helm: Helm):
     ports = {p["name"]: p["containerPort"] for p in operator["ports"]}
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert operator[probe]["httpGet"]["port"] in ports, f"{probe} names an undeclared port"
-    # The health endpoints served beside /metrics (gemini_operator.runtime.health), not it.
+    # The health endpoints on their own port (gemini_operator.runtime.health), which a flood
+    # of connections to the metrics or hint port cannot starve.
+    assert {operator[p]["httpGet"]["port"] for p in (
+        "startupProbe", "livenessProbe", "readinessProbe")} == {"health"}
+    assert ports["health"] == 8081 and ports["metrics"] == 9090
     assert operator["startupProbe"]["httpGet"]["path"] == health.HEALTHZ_PATH
     assert operator["livenessProbe"]["httpGet"]["path"] == health.HEALTHZ_PATH
     assert operator["readinessProbe"]["httpGet"]["path"] == health.READYZ_PATH
@@ -614,3 +619,25 @@ def test_the_schema_describes_every_default_value():
             walk(child, node["properties"][key], f"{path}{key}.")
 
     walk(values, schema, "")
+
+
+def test_the_operator_pods_network_policy_admits_hints_only_from_worker_pods(helm: Helm):
+    objects = helm.template()
+    policy = one(objects, "NetworkPolicy")
+    pod = one(objects, "Deployment")["spec"]["template"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
+    assert rules["health"] is None and rules["metrics"] is None  # the kubelet; any scraper
+    (workers,) = rules["hints"]
+    assert workers == {"namespaceSelector": {},
+                       "podSelector": {"matchLabels": {naming.LABEL_MANAGED_BY: naming.MANAGER}}}
+    assert naming.worker_labels("llm", 0, 0)[naming.LABEL_MANAGED_BY] == naming.MANAGER
+    monitoring = [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}]
+    policy = one(helm.template("--set-json", f"operatorNetworkPolicy.metricsFrom="
+                               f"{json.dumps(monitoring)}", "--set", "failureHints.enabled=false"),
+                 "NetworkPolicy")
+    rules = {r["ports"][0]["port"]: r.get("from") for r in policy["spec"]["ingress"]}
+    assert rules == {"health": None, "metrics": monitoring}
+    assert not [o for o in helm.template("--set", "operatorNetworkPolicy.enabled=false")
+                if o["kind"] == "NetworkPolicy"]

@@ -31,6 +31,10 @@ def test_a_complete_environment_parses_into_a_config():
     assert not cfg.peer_encryption  # off unless the job asks (spec.checkpoint.peerEncryption)
     assert from_env(dict(BASE, GEMINI_PEER_ENCRYPTION="on")).peer_encryption
     assert "secret" not in repr(cfg)
+    assert cfg.probe_port is None  # /healthz on the API port only, unless a probe port is set
+    assert from_env(dict(BASE, GEMINI_SIDECAR_PROBE_PORT="7072")).probe_port == 7072
+    with pytest.raises(ConfigError, match="GEMINI_SIDECAR_PROBE_PORT"):
+        from_env(dict(BASE, GEMINI_SIDECAR_PROBE_PORT="70000"))
 
 
 def test_json_peer_maps_and_s3_settings_are_accepted():
