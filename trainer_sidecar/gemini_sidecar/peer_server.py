@@ -289,10 +289,28 @@ class PeerServer:
             log.error("%s", err)
             await chan.send_error(str(err))
             return
+        chan.began[frame.rank] = frame.version  # the rank's earlier transfer here is over
         self.ctx.on_change()
         await chan.send(Frame(FrameType.ACK, frame.rank, frame.version))
 
+    async def _not_begun_here(self, chan: Channel, frame: Frame) -> bool:
+        """A chunk or end of a transfer this connection did not begin is refused: every pod
+        of the job holds the token, but only the connection that passed the sender check at
+        PUT_BEGIN may write the transfer (another pod must not overwrite chunks in flight or
+        complete a version its owner abandoned)."""
+        if chan.began.get(frame.rank) == frame.version:
+            return False
+        if frame.type == FrameType.PUT_CHUNK:
+            await chan.discard(frame.length)
+        problem = (f"rank {frame.rank} version {frame.version} was not begun on this "
+                   "connection: its chunks come only on the connection that began it")
+        self._refusals.refuse(chan.peer, problem)
+        await chan.send_error(problem)
+        return True
+
     async def _put_chunk(self, chan: Channel, frame: Frame) -> None:
+        if await self._not_begun_here(chan, frame):
+            return
         try:
             view = self.ctx.store.chunk_view(frame.rank, frame.version, frame.offset, frame.length)
         except StoreError as err:
@@ -313,6 +331,8 @@ class PeerServer:
         await chan.send(ack)
 
     async def _put_end(self, chan: Channel, frame: Frame) -> None:
+        if await self._not_begun_here(chan, frame):
+            return
         try:
             self.ctx.store.finish(frame.rank, frame.version, frame.checksum)
         except WholeChecksumMismatch as err:  # kept open: the sender resends the bad chunks

@@ -108,6 +108,9 @@ class Channel:
             watch_for_silence(sock)
         self.sock = sock
         self.peer = peer  # the peer's address, for logs
+        # rank -> the version whose transfer this connection began last (a server writes
+        # only those)
+        self.began: dict[int, int] = {}
         self._bulk = sock.dup()
         self._bulk.settimeout(bulk_timeout)
         self._pools = pools

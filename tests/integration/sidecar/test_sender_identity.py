@@ -10,8 +10,8 @@ import pytest
 
 from gemini_sidecar.checksum import crc32
 from gemini_sidecar.config import PeerAddress, make_placement
-from gemini_sidecar.peer_client import connect, even_plan, send_version
-from gemini_sidecar.peer_frames import PeerRefused
+from gemini_sidecar.peer_client import _reply, _send_chunks, connect, even_plan, send_version
+from gemini_sidecar.peer_frames import FLAG_COMPLETE, Frame, FrameType, PeerRefused
 from gemini_sidecar.senders import plain_ip
 from tests.integration.sidecar.conftest import JOB, TOKEN, free_port, make_config, payload, started
 
@@ -62,3 +62,33 @@ def test_addresses_compare_as_plain_ips():
     assert plain_ip("::ffff:10.1.2.3") == "10.1.2.3"
     assert plain_ip("[fd00::1]") == "fd00::1"
     assert plain_ip("worker-0.job.ns.svc") == "worker-0.job.ns.svc"
+
+
+async def test_a_transfer_is_written_only_on_the_connection_that_began_it(tmp_path, caplog):
+    """Issue 45, item 2: rank 2 begins a version and goes quiet; another pod of the job (it
+    holds the token) cannot write its chunks or complete it. The owner then finishes it."""
+    data, poison = payload(5, SIZE), payload(6, SIZE)
+    plan = even_plan(SIZE, 1 << 20)
+    async with started(_holder_config(tmp_path)) as (holder,):
+        address = PeerAddress("127.0.0.1", holder.peer_port)
+        owner = await connect(address, JOB, TOKEN, 1 << 30, source="127.0.0.2")
+        attacker = await connect(address, JOB, TOKEN, 1 << 30, source="127.0.0.1")
+        try:
+            await owner.send(Frame(FrameType.PUT_BEGIN, 2, 1, total=SIZE,
+                                   checksum=crc32(data)))
+            assert (await _reply(owner)).type == FrameType.ACK
+            with pytest.raises(PeerRefused, match="not begun on this connection"):
+                await _send_chunks(attacker, 2, 1, memoryview(poison), plan, {}, 8)
+            await attacker.send(Frame(FrameType.PUT_END, 2, 1, checksum=crc32(poison)))
+            with pytest.raises(PeerRefused, match="not begun on this connection"):
+                await _reply(attacker)
+            assert not [r for r in holder.store.inventory() if r.rank == 2 and r.complete]
+            received: dict[int, int] = {}
+            await _send_chunks(owner, 2, 1, memoryview(data), plan, received, 8)
+            await owner.send(Frame(FrameType.PUT_END, 2, 1, checksum=crc32(data)))
+            assert (await _reply(owner)).flags & FLAG_COMPLETE
+            assert bytes(holder.store.get(2, 1)[1]) == data
+        finally:
+            owner.close()
+            attacker.close()
+    assert "not begun on this connection" in caplog.text
