@@ -38,6 +38,17 @@ class Invalid(KubeError):
     """The API server refused an object as invalid (422): retrying the same one cannot help."""
 
 
+class NotOwned(KubeError):
+    """An object of the name a job's child takes exists and is not that job's: it is neither
+    adopted nor replaced (a tenant could plant one: a Secret with a token it knows, a
+    ConfigMap, a permissive NetworkPolicy)."""
+
+
+def owner_uids(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return tuple(str(r.get("uid", "")) for r in refs)
+
+
 @dataclass(frozen=True)
 class Connection:
     """How to reach the API server (handed to kopf so both use the same credentials)."""
@@ -123,15 +134,17 @@ class KubeClient:
     def get_node(self, name: str) -> Obj | None:
         return self._read(lambda: self._core.read_node(name, _preload_content=False))
 
-    def exists(self, kind: str, namespace: str, name: str) -> bool:
-        """Whether the Service, Secret or NetworkPolicy `name` exists."""
+    def owners(self, kind: str, namespace: str, name: str) -> tuple[str, ...] | None:
+        """The owners' uids of the Service, Secret or NetworkPolicy `name`; None: there is
+        none of that name."""
         readers: dict[str, Callable[..., Any]] = {
             "Service": self._core.read_namespaced_service,
             "Secret": self._core.read_namespaced_secret,
             "NetworkPolicy": self._networking.read_namespaced_network_policy,
         }
         read = readers[kind]
-        return self._read(lambda: read(name, namespace, _preload_content=False)) is not None
+        found = self._read(lambda: read(name, namespace, _preload_content=False))
+        return None if found is None else owner_uids(found)
 
     def secret_value(self, namespace: str, name: str, key: str) -> str | None:
         """One decoded value of a Secret, or None when the Secret or key is missing. The
@@ -160,14 +173,17 @@ class KubeClient:
             name, namespace, _preload_content=False))
 
     def put_configmap(self, manifest: Mapping[str, Any]) -> None:
-        """Create the ConfigMap, or replace the one of that name (unconditionally: the
-        operator is its only writer)."""
+        """Create the ConfigMap, or replace the one of that name when it has the manifest's
+        owner (the operator is its only writer); NotOwned when it is someone else's."""
         namespace, name = manifest["metadata"]["namespace"], manifest["metadata"]["name"]
         what, body = f"write ConfigMap {namespace}/{name}", cast(Any, dict(manifest))
         if self._ignore(409, what, lambda: self._core.create_namespaced_config_map(
-                namespace, body)) is None:
-            self._call(what, lambda: self._core.replace_namespaced_config_map(
-                name, namespace, body))
+                namespace, body)) is not None:
+            return
+        existing = self.get_configmap(namespace, name)
+        if existing is not None and not set(owner_uids(manifest)) & set(owner_uids(existing)):
+            raise NotOwned(f"the ConfigMap {namespace}/{name} exists and is not this job's")
+        self._call(what, lambda: self._core.replace_namespaced_config_map(name, namespace, body))
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> bool:
         """Delete a pod; False when it was already gone."""

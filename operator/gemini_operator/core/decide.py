@@ -67,6 +67,14 @@ def decide(observed: Observed, config: ReconcileConfig) -> Decision:
         if observed.pod_refused is not None:
             raise SpecError("spec.template.spec", "the API server refused the worker pod "
                             f"rendered from it: {observed.pod_refused}")
+        if observed.workload is not None and observed.workload.owner_uid != observed.job.uid:
+            raise SpecError("metadata.name", f"the Workload {observed.job.namespace}/"
+                            f"{observed.workload.name} exists and is not this job's; it is not "
+                            "adopted: delete it, or give the job another name")
+        if observed.child_conflict is not None:
+            raise SpecError("metadata.name", f"{observed.child_conflict}; it is not adopted "
+                            "(it may hold a token or policy someone else chose): delete it, "
+                            "or give the job another name")
     except SpecError as err:
         _refuse(draft, err)
         _hold_spares(observed, None, config, draft)
@@ -135,7 +143,8 @@ def _finished(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft:
 
 
 def _suspended(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft: Draft) -> bool:
-    queued = queueing.holds(observed.queue, observed.workload)
+    queued = queueing.holds(observed.queue, observed.workload) or _unmatched_admission(
+        observed, spec, config)
     if not spec.suspend and queued is None:
         if draft.is_true(ConditionType.SUSPENDED):
             if observed.workload is not None and observed.queue is not None:
@@ -363,7 +372,10 @@ def _queue_workload(
         return
     if workload is None:
         draft.actions.append(CreateWorkload(_workload_manifest(observed, spec, config)))
-    elif not workload.quota_reserved and workload.evicted is None:
+    elif (not workload.quota_reserved or not observed.pods) and workload.evicted is None:
+        # Before any pod runs, even an admitted Workload must ask for what the pods take:
+        # one made with smaller pods (by anyone who may write Workloads) would let the job
+        # run past its quota.
         _remake_if_outdated(workload, _workload_manifest(observed, spec, config), draft)
     elif workload.evicted is not None:
         if workload.quota_reserved and not observed.pods:
@@ -386,9 +398,26 @@ def _workload_manifest(observed: Observed, spec: JobSpec, config: ReconcileConfi
                                       spec.num_nodes, spare, spec.failure_policy.spare_nodes)
 
 
+def _unmatched_admission(observed: Observed, spec: JobSpec, config: ReconcileConfig
+                         ) -> str | None:
+    """Why an admitted Workload does not admit these pods, before any runs: it asks for other
+    pod sets or resources than the job's (made for an older version, or by someone else)."""
+    workload = observed.workload
+    if (observed.queue is None or workload is None or not workload.admitted or observed.pods
+            or workload.finished or workload.evicted is not None):
+        return None
+    changed = workload.shape.differences(
+        queueing.shape_of(_workload_manifest(observed, spec, config)["spec"]))
+    if not changed:
+        return None
+    return (f"Workload {workload.name} was admitted for other pods than the job's "
+            f"({'; '.join(changed)}): it is made again")
+
+
 def _remake_if_outdated(workload: WorkloadView, wanted: Manifest, draft: Draft) -> None:
     """A waiting job whose queue label, priority label or spare nodes changed gets a new
-    Workload (as Kueue's job integrations do); an admitted one keeps its admission."""
+    Workload (as Kueue's job integrations do); an admitted one keeps its admission once its
+    pods run."""
     changed = workload.shape.differences(queueing.shape_of(wanted["spec"]))
     if changed:
         draft.actions.append(DeleteWorkload(workload.name, (

@@ -20,6 +20,7 @@ from typing import Any
 
 from gemini_operator.core import conditions as cond
 from gemini_operator.core import naming, render
+from gemini_operator.core.quantity import QuantityError, parse_quantity
 from gemini_operator.core.spec import JobSpec
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
@@ -60,19 +61,47 @@ class Shape:
     queue: str
     priority_class: str
     counts: tuple[tuple[str, int], ...]  # (pod set, pods)
+    # Each pod set's containers' resources, quantities exact: what Kueue charges the quota.
+    resources: tuple[tuple[str, str], ...] = ()  # (pod set, canonical text)
 
     def differences(self, wanted: Shape) -> list[str]:
         pairs = (("LocalQueue", self.queue, wanted.queue),
                  ("priority class", self.priority_class, wanted.priority_class),
                  ("pod sets", _counts_text(self.counts), _counts_text(wanted.counts)))
-        return [f"{what} {old!r} -> {new!r}" for what, old, new in pairs if old != new]
+        found = [f"{what} {old!r} -> {new!r}" for what, old, new in pairs if old != new]
+        if self.resources != wanted.resources:
+            found.append("the pods' resources differ from the job's")
+        return found
 
 
 def shape_of(workload_spec: Mapping[str, Any]) -> Shape:
+    pod_sets = workload_spec.get("podSets") or ()
     return Shape(str(workload_spec.get("queueName") or ""),
                  str((workload_spec.get("priorityClassRef") or {}).get("name") or ""),
-                 tuple((str(p.get("name")), int(p.get("count", 1)))
-                       for p in workload_spec.get("podSets") or ()))
+                 tuple((str(p.get("name")), int(p.get("count", 1))) for p in pod_sets),
+                 tuple((str(p.get("name")), _resources_text(p)) for p in pod_sets))
+
+
+def _resources_text(pod_set: Mapping[str, Any]) -> str:
+    """A pod set's containers' requests and limits, each quantity by its exact value (the
+    API may write "1000m" as "1"); unreadable quantities as given (they differ, then)."""
+    spec = (pod_set.get("template") or {}).get("spec") or {}
+    parts = []
+    for kind in ("initContainers", "containers"):
+        for container in spec.get(kind) or ():
+            resources = container.get("resources") or {}
+            for which in ("requests", "limits"):
+                for name, value in sorted((resources.get(which) or {}).items()):
+                    parts.append(f"{kind}/{container.get('name')}/{which}/{name}="
+                                 f"{_exact(value)}")
+    return ";".join(parts)
+
+
+def _exact(value: Any) -> str:
+    try:
+        return str(parse_quantity(value).normalize())
+    except (QuantityError, TypeError, AttributeError):
+        return repr(value)
 
 
 def _counts_text(counts: tuple[tuple[str, int], ...]) -> str:

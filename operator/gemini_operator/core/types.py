@@ -68,6 +68,9 @@ class Observed:
     spares: Mapping[int, SpareView] = field(default_factory=dict)  # by spare index
     # The API server refused a worker pod rendered from this spec (422): its message.
     pod_refused: str | None = None
+    # A child's name (Secret, Service, NetworkPolicy, rank-detail ConfigMap) taken by an
+    # object the job does not own, in words: the job fails naming it.
+    child_conflict: str | None = None
     # The job's Kueue Workload, read when the job names a queue (queueing.py).
     workload: WorkloadView | None = None
 

@@ -1,6 +1,7 @@
 """The children a job owns besides its pods: its peer-auth Secret, its Service and its
 NetworkPolicy. Each is looked for once per job and afterwards remembered (children are owned
-and never edited), and created once when missing."""
+and never edited), and created once when missing. One of the name that another owns (or no
+one) is never adopted: the job fails naming it (`conflict`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,14 @@ class JobChildren:
     def __init__(self, kube: KubeClient, tokens: JobTokens) -> None:
         self.kube, self.tokens = kube, tokens
         self._known: set[tuple[str, str]] = set()  # (job uid, kind) known to exist
+        self._conflicts: dict[str, str] = {}  # job uid -> the child of its name not its own
+
+    def conflict(self, job: JobView) -> str | None:
+        """A child's name taken by an object this job does not own, in words."""
+        return self._conflicts.get(job.uid)
+
+    def record_conflict(self, job: JobView, message: str) -> None:
+        self._conflicts[job.uid] = message
 
     def has_service(self, job: JobView) -> bool:
         return self._exists(job, "Service", naming.service_name(job.name))
@@ -55,7 +64,12 @@ class JobChildren:
     def _exists(self, job: JobView, kind: str, name: str) -> bool:
         if (job.uid, kind) in self._known:
             return True
-        if self.kube.exists(kind, job.namespace, name):
-            self._known.add((job.uid, kind))
+        owners = self.kube.owners(kind, job.namespace, name)
+        if owners is None:
+            return False
+        if job.uid not in owners:  # not created: the job fails naming it (decide)
+            self.record_conflict(job, f"the {kind} {job.namespace}/{name} exists and is not "
+                                 "this job's")
             return True
-        return False
+        self._known.add((job.uid, kind))
+        return True

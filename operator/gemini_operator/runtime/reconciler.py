@@ -26,7 +26,7 @@ from typing import Any
 
 from gemini_operator.calls.poller import CheckpointPoller
 from gemini_operator.cluster.cache import ClusterCache, JobKey, Snapshot
-from gemini_operator.cluster.kube import Invalid, KubeClient
+from gemini_operator.cluster.kube import Invalid, KubeClient, NotOwned
 from gemini_operator.core import naming
 from gemini_operator.core.actions import (
     CreateNetworkPolicy,
@@ -128,12 +128,18 @@ class Reconciler:
             snap = self._relist(key, snap)
         snap, decision = self._decide(key, job, snap)
         writer = JobStatusWriter(self.status, job, decision.status, self._clock)
-        if _new_failure(decision):
-            # On record before it is acted on: planning may wait seconds on sidecars, and
-            # the failure must show (Recovering, restarts) within a second of the API event.
-            writer.write()
-        self._act(writer, job, snap, decision)
-        final = writer.write()
+        try:
+            if _new_failure(decision):
+                # On record before it is acted on: planning may wait seconds on sidecars, and
+                # the failure must show (Recovering, restarts) within a second of the API
+                # event.
+                writer.write()
+            self._act(writer, job, snap, decision)
+            final = writer.write()
+        except NotOwned as err:  # the rank-detail ConfigMap's name is taken: fail the job
+            log.warning("%s/%s: %s", job.namespace, job.name, err)
+            self.children.record_conflict(job, str(err))
+            return 0.0
         self._send_events(job, [*decision.events, *final.events,
                                 *(e for o in writer.outcomes for e in o.events)])
         self.metrics.reconciled(key, _report(job, final.conditions, final.document,
@@ -198,6 +204,7 @@ class Reconciler:
             has_secret=self.children.has_secret(job),
             has_network_policy=self.config.render.network_policy
             and self.children.has_network_policy(job),
+            child_conflict=self.children.conflict(job),
             now=self._clock(), pending_creates=self._pending(key, snap),
             spares={i: s for i, s in snap.spares.items() if s.owner_uid == job.uid},
             pod_refused=self._pod_refusal(key, job),

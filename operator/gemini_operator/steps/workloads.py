@@ -32,8 +32,8 @@ class Workloads:
         if obj is None:
             return None
         view = queueing.workload_view(obj)
-        if view.owner_uid and view.owner_uid != job.uid:
-            return None  # not this job's (its name holds the uid's start: never expected)
+        if view.owner_uid != job.uid:
+            return view  # not this job's: never adopted (decide fails the job naming it)
         if not view.admitted:
             return view
         return view.with_placement([self._flavor(name) for name in view.flavors])

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from gemini_operator.cluster.kube import NotOwned, owner_uids
 from gemini_operator.core import naming
 from gemini_operator.core.status import merge_patched
 
@@ -74,9 +75,10 @@ class FakeKube:
                     found.append(copy.deepcopy(pod))
             return found
 
-    def exists(self, kind: str, namespace: str, name: str) -> bool:
+    def owners(self, kind: str, namespace: str, name: str) -> tuple[str, ...] | None:
         with self.lock:
-            return (kind, namespace, name) in self.objects
+            found = self.objects.get((kind, namespace, name))
+            return None if found is None else owner_uids(found)
 
     def secret_value(self, namespace: str, name: str, key: str) -> str | None:
         with self.lock:
@@ -114,6 +116,11 @@ class FakeKube:
     def put_configmap(self, manifest: Mapping[str, Any]) -> None:
         meta = manifest["metadata"]
         with self.lock:
+            existing = self.configmaps.get((meta["namespace"], meta["name"]))
+            if existing is not None and not set(owner_uids(existing)) & set(
+                    owner_uids(manifest)):
+                raise NotOwned(f"the ConfigMap {meta['namespace']}/{meta['name']} exists and "
+                               "is not this job's")
             self.writes += 1
             self.configmaps[(meta["namespace"], meta["name"])] = _copy(manifest)
 

@@ -4,6 +4,7 @@ frees it when it finishes."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any
 
@@ -37,8 +38,13 @@ def _workload(spec: dict[str, Any] | None = None, **conditions: str) -> dict[str
             {"name": "workers", "count": 4, "flavors": {"cpu": "gpu-a", "memory": "gpu-a"}}]}
     return {"metadata": {"name": "geminijob-train-uid-1", "resourceVersion": "7",
                          "ownerReferences": [{"uid": "uid-1", "controller": True}]},
-            "spec": spec or {"queueName": QUEUE, "podSets": [{"name": "workers", "count": 4}]},
-            "status": status}
+            "spec": spec or _made_spec(), "status": status}
+
+
+def _made_spec() -> dict[str, Any]:
+    """The Workload spec the operator makes for _queued()'s job."""
+    (create,) = _of(_queued().step(), CreateWorkload)
+    return dict(create.manifest["spec"])
 
 
 def _queued() -> Harness:
@@ -310,3 +316,34 @@ def test_the_cache_remembers_a_jobs_workloads_from_their_watch() -> None:
     assert cache.update_workload({"metadata": {"name": "other"}}, False) == []
     cache.update_workload(wl, True)
     assert not cache.snapshot(("ns", "train")).has_workload  # type: ignore[union-attr]
+
+
+def test_an_admission_for_smaller_pods_starts_no_pod_and_the_workload_is_made_again() -> None:
+    """Issue 45, item 6: a Workload of the job's name and owner asking for less than its pods
+    take (made by anyone who may write Workloads) would let the job run past its quota."""
+    h = _queued()
+    spec = _made_spec()
+    small = json.loads(json.dumps(spec).replace('"memory": "4Gi"', '"memory": "1Mi"'))
+    assert small != spec
+    h.workload = queueing.workload_view(_workload(small, QuotaReserved="True", Admitted="True"))
+    d = h.step()
+    assert not _of(d, CreatePods)
+    (delete,) = _of(d, DeleteWorkload)
+    assert "the pods' resources differ from the job's" in delete.why
+    assert "admitted for other pods than the job's" in h.condition("Suspended")["message"]
+    # the same quantities written another way are the same admission
+    same = json.loads(json.dumps(spec).replace('"memory": "4Gi"', '"memory": "4096Mi"'))
+    h.workload = queueing.workload_view(_workload(same, QuotaReserved="True", Admitted="True"))
+    d = h.step()
+    assert _of(d, CreatePods) and not _of(d, DeleteWorkload)
+
+
+def test_a_workload_of_the_jobs_name_that_is_not_its_own_fails_the_job() -> None:
+    h = _queued()
+    planted = _workload(QuotaReserved="True", Admitted="True")
+    planted["metadata"]["ownerReferences"] = []  # nobody's: made by hand, not adopted
+    h.workload = queueing.workload_view(planted)
+    d = h.step()
+    assert not _of(d, CreatePods)
+    failed = h.condition("Failed")
+    assert failed["status"] == "True" and "is not this job's" in failed["message"]
