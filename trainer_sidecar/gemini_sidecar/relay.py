@@ -53,9 +53,9 @@ async def _ask(session: aiohttp.ClientSession, address: str) -> tuple[Inventory 
     limit = control_inventory.MAX_RELAYED_INVENTORY_BYTES
     try:
         async with session.get(url, allow_redirects=False) as answer:
-            body = await answer.content.read(limit + 1)
             if answer.status != 200:
                 return None, f"answered {answer.status}"
+            body = await _read_up_to(answer.content, limit + 1)
     except TimeoutError:
         return None, "no answer within the deadline"
     except (aiohttp.ClientError, OSError) as err:
@@ -66,3 +66,15 @@ async def _ask(session: aiohttp.ClientSession, address: str) -> tuple[Inventory 
         return Inventory.from_json(control_strict.parse_json(body)), ""
     except ValueError as err:
         return None, f"not an inventory ({err})"[:300]
+
+
+async def _read_up_to(stream: aiohttp.StreamReader, most: int) -> bytes:
+    """The whole body, or its first `most` bytes: an answer comes in as many packets as
+    the network splits it into (one read returns only what has arrived)."""
+    body = bytearray()
+    while len(body) < most:
+        chunk = await stream.read(most - len(body))
+        if not chunk:
+            break
+        body += chunk
+    return bytes(body)

@@ -79,3 +79,46 @@ async def test_only_the_operator_may_relay_and_bad_requests_are_refused(tmp_path
     assert answers[0][0] == 200
     assert [a[0] for a in answers[1:]] == [400, 400, 400]
     assert b"at most 256" in answers[1][1] and b"host:port" in answers[2][1]
+
+
+async def test_an_answer_split_across_packets_is_read_whole(tmp_path):
+    """Issue 45, item 6: a sidecar's inventory that arrives in several pieces (as a large one
+    does over a real network) is relayed, not filed as "not an inventory"."""
+    async with started(*_configs(tmp_path)[:2]) as cars:
+        # rank 1's real answer, fetched once, then served in three pieces 50 ms apart
+        status, raw = await asyncio.to_thread(_get, cars[1].api_port, "/inventory")
+        assert status == 200
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(raw)).encode() + b"\r\n\r\n")
+            third = len(raw) // 3
+            for piece in (raw[:third], raw[third:2 * third], raw[2 * third:]):
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.05)
+            writer.close()
+
+        slow = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = slow.sockets[0].getsockname()[1]
+        body = json.dumps({"sidecars": {"1": f"127.0.0.1:{port}"},
+                           "timeout_seconds": 2.0}).encode()
+        async with slow:
+            status, answer_raw = await asyncio.to_thread(
+                _post, cars[0].api_port, "/inventories", body, b"Bearer " + CONTROL.encode())
+    assert status == 200
+    answer = inventory.InventoriesAnswer.from_json(json.loads(answer_raw))
+    assert answer.failed == {} and sorted(answer.inventories) == [0, 1]
+    assert answer.inventories[1].rank == 1
+
+
+def _get(port: int, path: str) -> tuple[int, bytes]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    conn.request("GET", path, headers={"Authorization": f"Bearer {TOKEN.decode()}"})
+    answer = conn.getresponse()
+    status, raw = answer.status, answer.read()
+    conn.close()
+    return status, raw
