@@ -44,6 +44,7 @@ from gemini_operator.core.apitime import api_time, parse_api_time
 from gemini_operator.core.conditions import FINISHED_TYPES, ConditionType, is_true
 from gemini_operator.core.decide import training_started
 from gemini_operator.core.failures import Progress
+from gemini_operator.core.fairness import FairQueue
 from gemini_operator.core.observed import PodView
 from gemini_operator.core.pace import replication_pace
 from gemini_operator.core.silence import PRESUME_S, SilenceTracker, suspects
@@ -360,29 +361,43 @@ class PollRounds:
     """Polls jobs side by side, so a job whose workers are slow or hostile costs only itself.
     Each round (`start`) polls every job not still being polled from its last round, in a
     pool of its own: never the event loop's default executor, which the reconciles share.
+    Namespaces take turns for the pool's workers (core.fairness), none holding more than
+    `workers - 1` of them, so one tenant's many or slow jobs cannot delay another's polls.
     `changed(key)` runs on the event loop for each job whose findings changed."""
 
     def __init__(self, poll: Callable[[JobKey], bool], changed: Callable[[JobKey], None],
                  workers: int = POLL_WORKERS,
                  observe: Callable[[float], None] = lambda seconds: None) -> None:
         self._poll, self._changed, self._observe = poll, changed, observe
+        self._workers = workers
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="poll")
-        self._polling: set[JobKey] = set()
+        self._waiting: FairQueue[str, JobKey] = FairQueue(max(1, workers - 1))
+        self._polling: set[JobKey] = set()  # waiting for a worker or being polled
+        self._busy = 0  # workers polling
         self._again: set[JobKey] = set()  # poll once more when the poll under way ends
 
     def start(self, keys: Iterable[JobKey], again: bool = False) -> None:
         """Start polling each of `keys` not still being polled (call on the event loop).
         `again`: a key still being polled is polled once more right after (a failure hint:
         the poll under way may have read the workers before the failure)."""
-        loop = asyncio.get_running_loop()
         for key in keys:
             if key in self._polling:
-                if again:
+                if again and key not in self._waiting:
                     self._again.add(key)
                 continue  # still in its last poll: it waits for itself, nobody else does
             self._polling.add(key)
-            future = loop.run_in_executor(self._pool, self._timed, key)
-            future.add_done_callback(partial(self._done, key))
+            self._waiting.add(key[0], key)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while self._busy < self._workers:
+            taken = self._waiting.take()
+            if taken is None:
+                return
+            self._busy += 1
+            future = loop.run_in_executor(self._pool, self._timed, taken[1])
+            future.add_done_callback(partial(self._done, taken[1]))
 
     def _timed(self, key: JobKey) -> bool:
         started = time.monotonic()
@@ -393,6 +408,8 @@ class PollRounds:
 
     def _done(self, key: JobKey, future: asyncio.Future[bool]) -> None:
         self._polling.discard(key)
+        self._busy -= 1
+        self._waiting.done(key[0])
         if future.cancelled():
             self._again.discard(key)
             return
@@ -404,6 +421,8 @@ class PollRounds:
         if key in self._again:
             self._again.discard(key)
             self.start([key])
+        else:
+            self._dispatch()
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

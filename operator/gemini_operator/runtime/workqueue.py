@@ -1,6 +1,8 @@
 """The work queue that runs reconciles: a job is queued at most once, a job changed while
-being reconciled is reconciled again right after, failures retry with backoff, and nothing runs
-unless this replica leads."""
+being reconciled is reconciled again right after, failures retry with backoff, nothing runs
+unless this replica leads, and namespaces take turns for the workers (core.fairness), none
+holding more than `workers - 1` of them: one tenant's many jobs, or jobs whose reconciles are
+slow (stuck in recovery), cannot hold another tenant's reconciles back."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import logging
 from collections.abc import Callable
 
 from gemini_operator.cluster.cache import JobKey
+from gemini_operator.core.fairness import FairQueue
 from gemini_operator.runtime.metrics import OperatorMetrics
 
 log = logging.getLogger(__name__)
@@ -22,8 +25,8 @@ class WorkQueue:
         metrics: OperatorMetrics, workers: int = 4,
     ) -> None:
         self._work, self._leads, self._metrics = work, leads, metrics
-        self._queue: asyncio.Queue[JobKey] = asyncio.Queue()
-        self._queued: set[JobKey] = set()
+        self._waiting: FairQueue[str, JobKey] = FairQueue(max(1, workers - 1))
+        self._ready = asyncio.Event()  # set while a waiting job may be taken
         self._running: set[JobKey] = set()
         self._dirty: set[JobKey] = set()
         self._failures: dict[JobKey, int] = {}
@@ -38,9 +41,8 @@ class WorkQueue:
             return
         if key in self._running:
             self._dirty.add(key)
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
+        elif self._waiting.add(key[0], key):
+            self._ready.set()
 
     def add_threadsafe(self, key: JobKey) -> None:
         """`add` from another thread (the queue belongs to the event loop)."""
@@ -75,11 +77,20 @@ class WorkQueue:
         self._timers.pop(key, None)
         self.add(key)
 
+    async def _next(self) -> JobKey:
+        """The next job whose namespace may run one more reconcile now."""
+        while True:
+            taken = self._waiting.take()
+            if taken is not None:
+                return taken[1]
+            self._ready.clear()
+            await self._ready.wait()
+
     async def _worker(self) -> None:
         while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
+            key = await self._next()
             if not self._leads():
+                self._waiting.done(key[0])
                 continue  # the leader reconciles; on becoming leader every job is queued
             self._running.add(key)
             try:
@@ -95,6 +106,8 @@ class WorkQueue:
                 self.add(key, delay)
             finally:
                 self._running.discard(key)
+                self._waiting.done(key[0])
+                self._ready.set()  # a job of this namespace may run now
                 if key in self._dirty:
                     self._dirty.discard(key)
                     self.add(key)
