@@ -76,9 +76,11 @@ def register(subparsers: Any) -> None:
                             help="labels of the operator's pods, admitted by the jobs' "
                             "NetworkPolicies to the launcher and sidecar APIs (default: "
                             "%(default)s)")
-    run_parser.add_argument("--operator-namespace-labels", type=_labels, default="",
+    run_parser.add_argument("--operator-namespace-labels", type=_labels, default=None,
                             help="labels of the operator's namespace, e.g. "
-                            "kubernetes.io/metadata.name=gemini-system (default: any namespace)")
+                            "kubernetes.io/metadata.name=gemini-system; '' admits the "
+                            "operator's pod labels from any namespace, which any tenant can "
+                            "put on a pod (default: the lease namespace's name)")
     run_parser.add_argument("--worker-metrics-from", type=_peers, default="[]",
                             help="JSON list of NetworkPolicy peers admitted to the sidecars' "
                             "/metrics port, e.g. your Prometheus (default: none)")
@@ -115,11 +117,12 @@ def run(args: argparse.Namespace) -> int:
     if (args.hint_port is None) != (args.hint_url is None):
         raise CliError("--hint-port and --hint-url go together: the port the operator "
                        "listens on and the URL the worker pods call it at", exit_code=2)
+    lease_namespace = args.lease_namespace or args.namespace or "default"
     options = OperatorOptions(
         kubeconfig=args.kubeconfig,
         namespace=args.namespace,
         sidecar_image=args.sidecar_image,
-        lease_namespace=args.lease_namespace or args.namespace or "default",
+        lease_namespace=lease_namespace,
         identity=args.identity,
         metrics_port=args.metrics_port,
         health_port=args.health_port,
@@ -127,7 +130,8 @@ def run(args: argparse.Namespace) -> int:
                             spare_priority_class=args.spare_priority_class,
                             network_policy=args.worker_network_policy,
                             operator_pod_labels=args.operator_pod_labels,
-                            operator_namespace_labels=args.operator_namespace_labels,
+                            operator_namespace_labels=operator_namespace_labels(
+                                args.operator_namespace_labels, lease_namespace),
                             metrics_from=args.worker_metrics_from,
                             hint_url=args.hint_url),
         create_priority_classes=args.create_priority_classes,
@@ -140,6 +144,15 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         raise CliError(f"the operator could not start: {err}") from err
     return 0
+
+
+def operator_namespace_labels(given: dict[str, str] | None, lease_namespace: str
+                              ) -> dict[str, str]:
+    """The namespace whose operator-labelled pods the jobs' NetworkPolicies admit: the one
+    given ({}: any), else the lease namespace's own name (the operator runs there)."""
+    if given is not None:
+        return given
+    return {"kubernetes.io/metadata.name": lease_namespace}
 
 
 def _non_negative(text: str) -> int:

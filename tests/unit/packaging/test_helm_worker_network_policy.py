@@ -32,3 +32,17 @@ def test_metrics_scrapers_and_opting_out_reach_the_operator(helm: Helm):
     assert args.worker_metrics_from == ({"namespaceSelector": {"matchLabels": {"team": "mon"}}},)
     args, _ = _operator(helm.template("--set", "workerNetworkPolicy.enabled=false"))
     assert args.worker_network_policy is False
+
+
+def test_the_operator_run_by_hand_admits_operator_pods_of_its_own_namespace_only() -> None:
+    """Issue 45, item 6: any tenant can label a pod like the operator's; by default only the
+    operator's own namespace (the lease's) is admitted, not every namespace."""
+    from gemini_cli import build_parser
+    from gemini_cli.operator import operator_namespace_labels
+
+    args = build_parser().parse_args(["operator", "run", "--lease-namespace", "ml-ops"])
+    assert args.operator_namespace_labels is None
+    assert operator_namespace_labels(args.operator_namespace_labels, "ml-ops") == {
+        "kubernetes.io/metadata.name": "ml-ops"}
+    args = build_parser().parse_args(["operator", "run", "--operator-namespace-labels", ""])
+    assert operator_namespace_labels(args.operator_namespace_labels, "x") == {}  # asked for
