@@ -49,11 +49,11 @@ def may_call(header: bytes, job_token: bytes, control_sha256: str, job_token_all
 
 @dataclass(frozen=True)
 class Credentials:
-    """The operator's bearer tokens for one job: its control token, and the job token to try
-    when a pod made before control tokens refuses it (401)."""
+    """The operator's bearer token for one job: its control token (the job token for a job
+    made before control tokens). Never another token after a refusal: a pod that answers 401
+    to the control token is not given the job token to try (it could be anyone's)."""
 
     token: str
-    fallback: str = ""
 
 
 Bearer = str | Credentials  # what a ControlClient is given to authenticate with

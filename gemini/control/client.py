@@ -201,7 +201,7 @@ class ControlClient:
         self.address = f"{ip}:{port}"
         self._scheme, self._host, self._port, self._prefix = "http", ip, port, ""
         creds = token if isinstance(token, Credentials) else Credentials(token)
-        self.token, self._fallback, self.timeout = creds.token, creds.fallback, timeout
+        self.token, self.timeout = creds.token, timeout
         self.max_answer_bytes = max_answer_bytes
 
     @classmethod
@@ -316,13 +316,8 @@ class ControlClient:
                                     f"answered an unexpected body: {err}") from err
 
     def _exchange(self, path: str, body: Mapping[str, Any] | None) -> tuple[int, bytearray]:
-        """Send the request and read the whole answer by the deadline: (status, body); a
-        401 is asked again once with the fallback token (a pod older than control tokens)."""
-        status, raw = self._exchange_once(path, body)
-        if status == 401 and self._fallback:
-            self.token, self._fallback = self._fallback, ""
-            status, raw = self._exchange_once(path, body)
-        return status, raw
+        """Send the request and read the whole answer by the deadline: (status, body)."""
+        return self._exchange_once(path, body)
 
     def _exchange_once(self, path: str, body: Mapping[str, Any] | None
                        ) -> tuple[int, bytearray]:

@@ -78,16 +78,17 @@ class JobTokens:
         return kept or control
 
     def of(self, job: JobRef) -> Credentials | None:
-        """What the operator calls the job's pods with: the control token, and the job token
-        for pods made before control tokens. None when a Secret it must read is missing."""
+        """What the operator calls the job's pods with: the control token (the job token for
+        a job made before control tokens, whose pods have no digest to check one against).
+        None when a Secret it must read is missing."""
         token = self.job_token(job)
         if token is None:
             return None
         if self._key is not None:
-            return Credentials(self._derive(job, CONTROL_LABEL), fallback=token)
+            return Credentials(self._derive(job, CONTROL_LABEL))
         control = self.kube.secret_value(job.namespace, naming.control_secret_name(job.name),
                                          naming.SECRET_TOKEN_KEY)
-        return Credentials(control or token, fallback=token if control else "")
+        return Credentials(control or token)
 
     def job_token(self, job: JobRef) -> str | None:
         """The token every pod of the job holds (None: its Secret is missing)."""

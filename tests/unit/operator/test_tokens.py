@@ -25,7 +25,7 @@ def test_a_derived_token_is_stable_per_job_and_differs_for_a_recreated_job() -> 
     tokens = JobTokens(NoSecretReads(), KEY)  # type: ignore[arg-type]
     job = JobRef("j", "ns", "uid-1")
     token, control = tokens.new(job)
-    assert tokens.derived and tokens.of(job) == Credentials(control, fallback=token)
+    assert tokens.derived and tokens.of(job) == Credentials(control)
     assert len(token) == len(control) == 43 and token != control
     others = [JobRef("j", "ns", "uid-2"), JobRef("j", "other", "uid-1"), JobRef("k", "ns", "uid-1")]
     assert len({tokens.of(job), *(tokens.of(o) for o in others)}) == 4
@@ -42,7 +42,7 @@ def test_without_a_key_tokens_are_random_and_read_back() -> None:
     assert tokens.of(job) == Credentials("random-token")
     assert tokens.keep_control(job, "control-1") == "control-1"
     assert tokens.keep_control(job, "control-2") == "control-1"  # the one kept wins
-    assert tokens.of(job) == Credentials("control-1", fallback="random-token")
+    assert tokens.of(job) == Credentials("control-1")  # and never the job token after a 401
 
 
 def test_a_short_key_is_refused_and_an_absent_one_means_random_tokens(tmp_path: Any) -> None:
