@@ -75,6 +75,8 @@ CAPABILITIES: tuple[Kind, ...] = (
          "clears", True),
     Kind("refused-pod-template", "a pod template the API server refuses fails the job, naming "
          "the field", False),
+    Kind("misspelled-pod-field", "a misspelled field of the pod template (strict field "
+         "validation) fails the job, naming the field", False),
 )
 
 # The registry the hooks read (through the module, so a test can replace it).

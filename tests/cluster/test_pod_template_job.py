@@ -104,7 +104,7 @@ def test_a_pod_template_job_runs_on_its_tainted_nodes_and_recovers_a_node_loss(
         scheduling.delete_priority_class(priority)
 
 
-@pytest.mark.proves("refused-pod-template")
+@pytest.mark.proves("refused-pod-template", "misspelled-pod-field")
 def test_a_template_whose_pods_the_api_server_refuses_fails_naming_the_field(
     local_cluster: Any, gemini_operator: OperatorThread, kube_api: client.ApiClient,
     job_namespace: str,
@@ -118,5 +118,14 @@ def test_a_template_whose_pods_the_api_server_refuses_fails_naming_the_field(
     assert failed["status"] == "True" and failed["reason"] == "InvalidSpec", failed
     assert "spec.template.spec" in failed["message"], failed["message"]
     assert "spec.tolerations[0].effect" in failed["message"], failed["message"]
-    wait_for(lambda: not jobs.pods("refused"), 60, "no pod left")
-    jobs.delete("refused")
+    # A misspelled field (issue 44): the pods are created with strict field validation, so
+    # the API server refuses it by name instead of dropping it with a warning.
+    misspelled = {"spec": {"nodeSelecter": {"pool": "training"}, "containers": [
+        {"name": "trainer", "image": "gemini:local", "command": ["true"]}]}}
+    jobs.create(make_job("misspelled").with_nodes(2).set("template", misspelled).obj())
+    typo = wait_for(lambda: jobs.condition("misspelled", "Failed"), 60, "the job to fail")
+    assert typo["status"] == "True" and typo["reason"] == "InvalidSpec", typo
+    assert 'unknown field "spec.nodeSelecter"' in typo["message"], typo["message"]
+    for name in ("refused", "misspelled"):
+        wait_for(lambda n=name: not jobs.pods(n), 60, "no pod left")
+        jobs.delete(name)

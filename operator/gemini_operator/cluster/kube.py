@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Any, cast
 
 from kubernetes import client, config
@@ -35,7 +36,8 @@ class KubeError(RuntimeError):
 
 
 class Invalid(KubeError):
-    """The API server refused an object as invalid (422): retrying the same one cannot help."""
+    """The API server refused an object as invalid (422), or a field of it as unknown (400,
+    strict field validation): retrying the same one cannot help."""
 
 
 class NotOwned(KubeError):
@@ -156,10 +158,13 @@ class KubeClient:
         return base64.b64decode(data[key]).decode() if key in data else None
 
     def create(self, manifest: Mapping[str, Any]) -> bool:
-        """Create a Pod, Service, Secret or NetworkPolicy; False when it already exists."""
+        """Create a Pod, Service, Secret or NetworkPolicy; False when it already exists. Pods
+        are created with strict field validation: a field the API does not know (a
+        misspelled `nodeSelecter` of the user's template) is refused (Invalid), not dropped
+        with a warning nobody reads."""
         kind, namespace = manifest["kind"], manifest["metadata"]["namespace"]
         creators: dict[str, Callable[..., Any]] = {
-            "Pod": self._core.create_namespaced_pod,
+            "Pod": partial(self._core.create_namespaced_pod, field_validation="Strict"),
             "Service": self._core.create_namespaced_service,
             "Secret": self._core.create_namespaced_secret,
             "NetworkPolicy": self._networking.create_namespaced_network_policy,
@@ -317,8 +322,14 @@ class KubeClient:
         except ApiException as err:
             if err.status == status:
                 return None
-            kind = Invalid if err.status == 422 else KubeError
-            raise kind(f"could not {what}: {_why(err)}") from err
+            raise _refusal(err, what) from err
+
+
+def _refusal(err: ApiException, what: str) -> KubeError:
+    """422 (invalid) and 400 (a strict decoding error: an unknown or duplicate field) are the
+    object's own fault: Invalid. Anything else may pass: KubeError (retried)."""
+    kind = Invalid if err.status in (400, 422) else KubeError
+    return kind(f"could not {what}: {_why(err)}")
 
 
 def _kueue_error(err: ApiException, what: str) -> KubeError:
