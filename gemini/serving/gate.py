@@ -39,6 +39,16 @@ def address_of(addr: Any) -> str:
     return str(addr)
 
 
+class _Uncounted:
+    """A counter for a listener whose refusals nobody counts."""
+
+    def inc(self) -> None:
+        pass
+
+
+UNCOUNTED = _Uncounted()
+
+
 def nobody_trusted(host: str) -> bool:
     return False
 

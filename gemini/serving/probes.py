@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gemini.serving.gate import ConnectionGate, RefusalLog, address_of, host_of
+from gemini.serving.gate import UNCOUNTED, ConnectionGate, RefusalLog, address_of, host_of
 from gemini.serving.http import LISTEN_BACKLOG
 
 log = logging.getLogger(__name__)
@@ -32,18 +32,13 @@ class ProbeLimits:
     max_connections_per_host: int = PROBES_PER_HOST
 
 
-class _Uncounted:
-    def inc(self) -> None:
-        pass
-
-
 class ProbeListener:
     def __init__(self, checks: Mapping[str, Check], name: str = "probes",
                  refused: Any = None, deadline_s: float = PROBE_DEADLINE_S) -> None:
         self._checks = dict(checks)
         self._deadline = deadline_s
         self.gate = ConnectionGate(ProbeLimits(), env_prefix="PROBE")
-        self.refusals = RefusalLog(name, refused or _Uncounted())
+        self.refusals = RefusalLog(name, refused or UNCOUNTED)
         self.server: asyncio.Server | None = None
 
     async def start(self, host: str, port: int) -> int:

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gemini.control import auth, client, messages, paths, strict
-from gemini.serving.gate import ConnectionGate, RefusalLog, address_of, host_of
+from gemini.serving.gate import UNCOUNTED, ConnectionGate, RefusalLog, address_of, host_of
 from gemini_trainer import launcher_metrics
 from gemini_trainer.launch_config import LauncherConfig
 from gemini_trainer.launch_state import LauncherError, RestartConflict, RestartRequest
@@ -89,7 +89,7 @@ class _GatedServer(ThreadingHTTPServer):
                  limits: LauncherLimits) -> None:
         super().__init__(address, handler)
         self.gate = ConnectionGate(limits, env_prefix="GEMINI_LAUNCHER")
-        self.refusals = RefusalLog("launcher API", _Uncounted())
+        self.refusals = RefusalLog("launcher API", UNCOUNTED)
         self._hosts: dict[Any, str] = {}  # admitted connection -> its host
         self._hosts_lock = threading.Lock()
 
@@ -110,11 +110,6 @@ class _GatedServer(ThreadingHTTPServer):
         super().shutdown_request(request)
         if host is not None:
             self.gate.release(host)
-
-
-class _Uncounted:
-    def inc(self) -> None:
-        pass
 
 
 class LauncherServer:

@@ -32,7 +32,7 @@ from gemini.control.launcher import FailureHint, HintAnswer
 from gemini.control.paths import FAILURE_HINT_PATH, MAX_HINT_BYTES
 from gemini.control.strict import parse_json
 from gemini.serving.fds import log_accept_errors_once
-from gemini.serving.gate import ConnectionGate
+from gemini.serving.gate import UNCOUNTED, ConnectionGate
 from gemini.serving.http import GatedHttpListener
 from gemini_operator.cluster.cache import JobKey
 from gemini_operator.core.render import JobRef
@@ -89,7 +89,7 @@ class HintServer:
         self._gate = gate or HintGate()
         self._observe = observe  # counts each hint by result (metrics)
         self._lookups = asyncio.Semaphore(TOKEN_LOOKUPS)
-        self._refused = refused or _Uncounted()  # connections refused (a Counter)
+        self._refused = refused or UNCOUNTED  # connections refused (a Counter)
         self._limits = limits
         self._runner: web.AppRunner | None = None
         self.listener: GatedHttpListener | None = None
@@ -167,8 +167,3 @@ def _named_job(query: Mapping[str, str]) -> JobRef:
                          "a launcher older than this operator sends none; its failures are "
                          "still found by the next poll")
     return JobRef(query["job"], query["namespace"], query["uid"])
-
-
-class _Uncounted:
-    def inc(self) -> None:
-        pass

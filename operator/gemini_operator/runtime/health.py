@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from gemini.serving.fds import log_accept_errors_once
-from gemini.serving.gate import ConnectionGate
+from gemini.serving.gate import UNCOUNTED, ConnectionGate
 from gemini.serving.http import GatedHttpListener
 from gemini.serving.probes import Check as ProbeCheck
 from gemini.serving.probes import ProbeListener
@@ -157,7 +157,7 @@ class MetricsServer:
     def __init__(self, registry: CollectorRegistry, health: Health, refused: Any = None,
                  limits: MetricsLimits = MetricsLimits()) -> None:
         self._registry, self._health = registry, health
-        self._refused = refused or (lambda listener: _Uncounted())
+        self._refused = refused or (lambda listener: UNCOUNTED)
         self._limits = limits
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="metrics-server",
@@ -204,15 +204,9 @@ class MetricsServer:
             self._thread.join(10)
 
 
-class _Uncounted:
-    def inc(self) -> None:
-        pass
-
-
 def start_metrics_server(port: int | None, registry: CollectorRegistry, health: Health,
                          addr: str = "0.0.0.0", probe_port: int | None = None,
                          refused: Any = None) -> MetricsServer:
     """Serve `make_app` on `port` and the probes alone on `probe_port` (None: not that one);
-    `refused(listener)`:
-    the counter of refused connections of a listener."""
+    `refused(listener)`: the counter of refused connections of a listener."""
     return MetricsServer(registry, health, refused).start(addr, port, probe_port)
