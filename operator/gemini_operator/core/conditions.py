@@ -19,6 +19,9 @@ class ConditionType(StrEnum):
     RUNNING = "Running"
     RECOVERING = "Recovering"
     SUCCEEDED = "Succeeded"
+    # Set with Succeeded, under a batch/v1 Job's name for it: `kubectl wait
+    # --for=condition=Complete` and tools written for Jobs work as they do there.
+    COMPLETE = "Complete"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
     # Whether every sidecar has the current status.placement (published before delivery).
@@ -133,6 +136,9 @@ RECOVERY_SUSPENDED = Reason(
 )
 ALL_WORKERS_SUCCEEDED = Reason(
     T.SUCCEEDED, True, "AllWorkersSucceeded", "all {total} workers finished successfully"
+)
+JOB_COMPLETE = Reason(
+    T.COMPLETE, True, "AllWorkersSucceeded", "all {total} workers finished successfully"
 )
 INVALID_SPEC = Reason(
     T.FAILED, True, "InvalidSpec", "the spec cannot be run: {detail}", warning=True

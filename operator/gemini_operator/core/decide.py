@@ -234,6 +234,7 @@ def _succeeded(observed: Observed, spec: JobSpec, config: ReconcileConfig, draft
     if len(current) < spec.num_nodes or any(p.phase != "Succeeded" for p in current.values()):
         return False
     draft.set(cond.ALL_WORKERS_SUCCEEDED, total=spec.num_nodes)
+    draft.set(cond.JOB_COMPLETE, total=spec.num_nodes)
     finish(draft)
     if spec.ttl_seconds_after_finished is not None:
         draft.requeue.append(float(spec.ttl_seconds_after_finished))

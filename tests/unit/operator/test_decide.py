@@ -151,6 +151,8 @@ def test_workers_finishing_one_by_one_keep_the_job_running_until_all_succeeded()
         h.pods[rank] = replace(h.pods[rank], phase="Succeeded", ready=False)
     h.step()
     assert h.status()["state"] == "Succeeded"
+    # and Complete, as a batch/v1 Job says it (kubectl wait --for=condition=Complete)
+    assert h.condition("Complete")["status"] == "True" == h.condition("Succeeded")["status"]
 
 
 def test_trainers_done_while_their_sidecars_stop_keep_the_job_running():
