@@ -135,6 +135,11 @@ def test_helm_install_runs_a_job_to_completion_and_uninstall_cleans_up(
         wait_until(lambda: _lease_holder(api, system), 30, "a Lease holder")
         wait_until(lambda: "gemini_operator_leader 1.0" in _scrape(pod_ip, 9090), 30,
                    "the operator to report that it leads")
+        # GeminiJobs in the default roles, by the controller manager's aggregation (issue 44)
+        rbac = client.RbacAuthorizationV1Api(api)
+        for role, verb in (("view", "watch"), ("edit", "create"), ("admin", "delete")):
+            wait_until(lambda r=role, v=verb: _grants(rbac, r, "geminijobs", v), 30,
+                       f"the {role} role to cover GeminiJobs")
 
         body = make_job("done", jobs_ns).with_nodes(2).set(
             "template.command", ["python", "-c", "print('trained')"]).obj()
@@ -152,7 +157,6 @@ def test_helm_install_runs_a_job_to_completion_and_uninstall_cleans_up(
         result = helm.run(["uninstall", release, "--namespace", system, "--wait",
                            "--timeout", "60s"], kubeconfig=kubeconfig, timeout=120)
         assert result.returncode == 0, result.stderr
-        rbac = client.RbacAuthorizationV1Api(api)
         apps = client.AppsV1Api(api)
         assert not _exists(lambda: apps.read_namespaced_deployment("gemini-operator", system))
         assert not _exists(lambda: rbac.read_cluster_role("gemini-operator"))
@@ -165,6 +169,12 @@ def test_helm_install_runs_a_job_to_completion_and_uninstall_cleans_up(
         helm.run(["uninstall", release, "--namespace", system], kubeconfig=kubeconfig)
         core.delete_namespace(jobs_ns)
         core.delete_namespace(system)
+
+
+def _grants(rbac: client.RbacAuthorizationV1Api, role: str, resource: str, verb: str) -> bool:
+    rules = rbac.read_cluster_role(role).rules or []
+    return any(resource in (r.resources or []) and verb in (r.verbs or [])
+               and naming.GROUP in (r.api_groups or []) for r in rules)
 
 
 def _operator_diagnosis(core: client.CoreV1Api, namespace: str) -> str:

@@ -52,7 +52,8 @@ def test_helm_lint_strict_passes_with_default_and_minimal_values(helm: Helm):
 def test_default_render_has_one_of_each_object_and_no_monitoring(helm: Helm):
     kinds = sorted(o["kind"] for o in helm.template())
     assert kinds == sorted([
-        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "CustomResourceDefinition",
+        "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap",
+        "CustomResourceDefinition",
         "Deployment", "NetworkPolicy", "PriorityClass", "PriorityClass", "Role",
         "RoleBinding", "Secret", "Service", "Service", "ServiceAccount",
     ])
@@ -236,13 +237,23 @@ def build_run_args(args: list[str]) -> Any:
 
 # --- RBAC ---------------------------------------------------------------------------------------
 
+def operator_roles(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The operator's own Roles and ClusterRoles (not those aggregated to view and edit)."""
+    return [o for kind in ("ClusterRole", "Role") for o in by_kind(objects, kind)
+            if not any(k.startswith("rbac.authorization.k8s.io/aggregate-to-")
+                       for k in o["metadata"].get("labels") or {})]
+
+
 def rbac_rules(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for kind in ("ClusterRole", "Role") for o in by_kind(objects, kind)
-            for r in o["rules"]]
+    return [r for o in operator_roles(objects) for r in o["rules"]]
 
 
 def test_rbac_has_no_wildcards_and_no_escalation_verbs(helm: Helm):
-    for rule in rbac_rules(helm.template()):
+    objects = helm.template()
+    every = [r for kind in ("ClusterRole", "Role") for o in by_kind(objects, kind)
+             for r in o["rules"]]
+    assert len(every) > len(rbac_rules(objects))  # the aggregated roles' too
+    for rule in every:
         for field in ("apiGroups", "resources", "verbs"):
             assert "*" not in rule.get(field, []), f"wildcard in {rule}"
         assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
@@ -316,7 +327,8 @@ def test_leases_are_granted_only_in_the_release_namespace(helm: Helm):
     objects = helm.template(namespace="ops")
     role = one(objects, "Role")
     assert role["metadata"]["namespace"] == "ops"
-    assert all("leases" not in r["resources"] for r in one(objects, "ClusterRole")["rules"])
+    (cluster_role,) = [o for o in operator_roles(objects) if o["kind"] == "ClusterRole"]
+    assert all("leases" not in r["resources"] for r in cluster_role["rules"])
 
 
 def test_rbac_binds_the_operators_service_account(helm: Helm):
@@ -641,3 +653,16 @@ def test_the_operator_pods_network_policy_admits_hints_only_from_worker_pods(hel
     assert rules == {"health": None, "metrics": monitoring}
     assert not [o for o in helm.template("--set", "operatorNetworkPolicy.enabled=false")
                 if o["kind"] == "NetworkPolicy"]
+
+
+def test_geminijobs_join_the_default_view_edit_and_admin_roles(helm: Helm):
+    roles = {o["metadata"]["name"]: o for o in helm.template() if o["kind"] == "ClusterRole"}
+    view, edit = roles["gemini-gemini-operator-view"], roles["gemini-gemini-operator-edit"]
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k, v in view["metadata"]["labels"].items() if v == "true"} >= {
+        aggregate + "view", aggregate + "edit", aggregate + "admin"}
+    assert aggregate + "view" not in edit["metadata"]["labels"]  # viewers do not write
+    assert view["rules"][0]["verbs"] == ["get", "list", "watch"]
+    assert "create" in edit["rules"][0]["verbs"] and "delete" in edit["rules"][0]["verbs"]
+    assert not [o for o in helm.template("--set", "rbac.aggregateToDefaultRoles=false")
+                if o["metadata"]["name"].endswith(("-view", "-edit"))]
