@@ -666,3 +666,12 @@ def test_geminijobs_join_the_default_view_edit_and_admin_roles(helm: Helm):
     assert "create" in edit["rules"][0]["verbs"] and "delete" in edit["rules"][0]["verbs"]
     assert not [o for o in helm.template("--set", "rbac.aggregateToDefaultRoles=false")
                 if o["metadata"]["name"].endswith(("-view", "-edit"))]
+
+
+def test_a_disruption_budget_keeps_one_replica_once_there_is_a_standby(helm: Helm):
+    assert not by_kind(helm.template(), "PodDisruptionBudget")  # one replica: nothing to keep
+    objects = helm.template("--set", "replicaCount=2")
+    budget = one(objects, "PodDisruptionBudget")
+    pod = one(objects, "Deployment")["spec"]["template"]
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
