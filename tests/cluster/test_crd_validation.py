@@ -134,6 +134,8 @@ INVALID_UPDATES: list[Any] = [
     pytest.param({"persistence": {"bucketURI": "s3://other-bucket"}},
                  "spec.persistence.bucketURI can only change",
                  id="the bucket is frozen while the job runs"),
+    pytest.param({"managedBy": "kueue.x-k8s.io/multikueue"}, "spec.managedBy is immutable",
+                 id="the controller that runs a job is chosen at its creation"),
 ]
 
 

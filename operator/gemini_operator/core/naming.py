@@ -22,6 +22,17 @@ ROLE_SPARE = "spare"  # a placeholder pod holding a spare node (spares.py)
 LABEL_SPARE_INDEX = "gemini.io/spare-index"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "gemini-operator"
+# spec.managedBy of the jobs this operator runs (also when unset); any other value is another
+# controller's job (MultiKueue's: kueue.x-k8s.io/multikueue), left alone.
+CONTROLLER_NAME = f"{GROUP}/gemini-operator"
+
+
+def managed_elsewhere(spec: object) -> str | None:
+    """The other controller a job's spec names in managedBy, or None when it is this one's."""
+    managed_by = spec.get("managedBy") if isinstance(spec, dict) else None
+    if not managed_by or managed_by == CONTROLLER_NAME:
+        return None
+    return str(managed_by)
 
 TRAINER_CONTAINER = "trainer"
 SIDECAR_CONTAINER = "gemini-sidecar"

@@ -120,6 +120,10 @@ class Reconciler:
         if snap is None or (snap.job.get("metadata") or {}).get("deletionTimestamp"):
             self._forget(key)
             return None
+        other = naming.managed_elsewhere(snap.job.get("spec"))
+        if other is not None:  # MultiKueue's, say: that controller writes its status
+            log.debug("%s/%s is managed by %s: left alone", *key, other)
+            return None
         started = time.monotonic()
         self.metrics.reconciles.inc()
         job = JobView.from_object(snap.job)

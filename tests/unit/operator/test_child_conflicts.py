@@ -1,8 +1,9 @@
-"""A child's name taken by an object the job does not own (issue 45, item 6): a tenant who can
+"""Whose a job and its children are. A child's name taken by an object the job does not own (issue 45, item 6): a tenant who can
 create Secrets, Services, NetworkPolicies or ConfigMaps in the namespace could plant one ahead
 of a job (a peer-auth Secret holding a token it knows, a permissive NetworkPolicy, a
 rank-detail ConfigMap). Such an object is neither adopted nor replaced: the job fails naming
-it, and no pod is made. The API server is tests/unit/operator/fake_kube.py here."""
+it, and no pod is made. A job another controller manages (spec.managedBy) is left alone.
+The API server is tests/unit/operator/fake_kube.py here."""
 
 from __future__ import annotations
 
@@ -40,13 +41,13 @@ def _planted(kind: str, name: str, owner_uid: str | None) -> dict[str, Any]:
     return {"kind": kind, "metadata": meta}
 
 
-def _reconciled(kube: FakeKube) -> dict[str, Any]:
+def _reconciled(kube: FakeKube) -> Any:
     cache = ClusterCache()
     cache.update_job(copy.deepcopy(kube.jobs[("ns", "llm")]), deleted=False)
     config = ReconcileConfig(default_sidecar_image="gemini-sidecar:1")
     reconciler = build_reconciler(kube, cache, config, clock=lambda: NOW)  # type: ignore[arg-type]
     reconciler.reconcile(("ns", "llm"))
-    return kube.jobs[("ns", "llm")]["status"]
+    return kube.jobs[("ns", "llm")].get("status")
 
 
 @pytest.mark.parametrize(("kind", "name"), [
@@ -86,3 +87,17 @@ def test_a_rank_detail_configmap_someone_else_owns_is_not_replaced() -> None:
     with pytest.raises(NotOwned, match="ConfigMap ns/big-rank-detail exists and is not"):
         store.stored_patch(job({}), big_status(16))
     assert kube.configmaps[("ns", "big-rank-detail")] == planted
+
+
+def test_a_job_managed_by_another_controller_is_left_alone() -> None:
+    """Issue 44 (MultiKueue): spec.managedBy other than this operator's: no pod, no status."""
+    other = _job()
+    other["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
+    kube = FakeKube(jobs=[other])
+    assert _reconciled(kube) in (None, {})  # nothing written
+    assert not kube.pods and not kube.objects and kube.writes == 0
+    ours = _job()
+    ours["spec"]["managedBy"] = naming.CONTROLLER_NAME
+    kube = FakeKube(jobs=[ours])
+    status = _reconciled(kube)
+    assert status["state"] != "Failed" and len(kube.pods) == 2
