@@ -1,9 +1,9 @@
-"""Whose a job and its children are. A child's name taken by an object the job does not own (issue 45, item 6): a tenant who can
-create Secrets, Services, NetworkPolicies or ConfigMaps in the namespace could plant one ahead
-of a job (a peer-auth Secret holding a token it knows, a permissive NetworkPolicy, a
-rank-detail ConfigMap). Such an object is neither adopted nor replaced: the job fails naming
-it, and no pod is made. A job another controller manages (spec.managedBy) is left alone.
-The API server is tests/unit/operator/fake_kube.py here."""
+"""Whose a job and its children are (issue 45, item 6). A child's name taken by an object the
+job does not own: a tenant who can create Secrets, Services, NetworkPolicies or ConfigMaps in
+the namespace could plant one ahead of a job (a peer-auth Secret holding a token it knows, a
+permissive NetworkPolicy, a rank-detail ConfigMap). Such an object is neither adopted nor
+replaced: the job fails naming it, and no pod is made. A job another controller manages
+(spec.managedBy) is left alone. The API server is tests/unit/operator/fake_kube.py here."""
 
 from __future__ import annotations
 
