@@ -58,10 +58,10 @@ class ConnectionGate:
     addresses not `trusted` within `max_connections` together. Thread-safe (the launcher's
     server admits on its threads)."""
 
-    def __init__(self, limits: Limits, env_prefix: str = "GEMINI",
+    def __init__(self, limits: Limits, env_prefix: str | None = None,
                  trusted: Callable[[str], bool] = nobody_trusted) -> None:
         self.limits = limits
-        self._prefix = env_prefix  # where the refusal says the limits are set
+        self._prefix = env_prefix  # the settings' environment names, where there are any
         self._trusted = trusted
         self._lock = threading.Lock()
         self.open = 0  # every connection, trusted or not
@@ -74,19 +74,21 @@ class ConnectionGate:
         with self._lock:
             if self._per_host[host] >= self.limits.max_connections_per_host:
                 return (f"{self._per_host[host]} connections open from {host}, the limit "
-                        f"({self._prefix}_MAX_CONNECTIONS_PER_HOST="
-                        f"{self.limits.max_connections_per_host})")
+                        f"({self._setting('_PER_HOST', self.limits.max_connections_per_host)})")
             counted = self._counted.get(host)
             if counted is None:
                 counted = not self._trusted(host)
             if counted and self.untrusted >= self.limits.max_connections:
                 return (f"{self.untrusted} connections open from addresses outside the job, the "
-                        f"limit ({self._prefix}_MAX_CONNECTIONS={self.limits.max_connections})")
+                        f"limit ({self._setting('', self.limits.max_connections)})")
             self._counted[host] = counted  # a host keeps its standing while connected
             self._per_host[host] += 1
             self.open += 1
             self.untrusted += counted
             return None
+
+    def _setting(self, suffix: str, value: int) -> str:
+        return f"{self._prefix}_MAX_CONNECTIONS{suffix}={value}" if self._prefix else str(value)
 
     def release(self, host: str) -> None:
         with self._lock:

@@ -37,7 +37,7 @@ class ProbeListener:
                  refused: Any = None, deadline_s: float = PROBE_DEADLINE_S) -> None:
         self._checks = dict(checks)
         self._deadline = deadline_s
-        self.gate = ConnectionGate(ProbeLimits(), env_prefix="PROBE")
+        self.gate = ConnectionGate(ProbeLimits())
         self.refusals = RefusalLog(name, refused or UNCOUNTED)
         self.server: asyncio.Server | None = None
 

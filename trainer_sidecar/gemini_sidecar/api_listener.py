@@ -18,7 +18,7 @@ from gemini_sidecar.peer_server import ListenerHealth
 class ApiListener(GatedHttpListener):
     def __init__(self, runner: web.AppRunner, limits: ServerLimits, metrics: SidecarMetrics,
                  trusted: Callable[[str], bool] = lambda host: False) -> None:
-        super().__init__(runner, ConnectionGate(limits, trusted=trusted), "API",
+        super().__init__(runner, ConnectionGate(limits, "GEMINI", trusted=trusted), "API",
                          metrics.api_refused, metrics.api_connections.set)
 
     def health(self) -> ListenerHealth:

@@ -109,7 +109,7 @@ class PeerServer:
         self._accept: asyncio.Task[None] | None = None
         self._senders = SenderCheck(ctx.peer_of)
         self.known = KnownPeers(ctx.peers, self._senders)
-        self._gate = ConnectionGate(ctx.limits, trusted=self.known.has)
+        self._gate = ConnectionGate(ctx.limits, "GEMINI", trusted=self.known.has)
         self._refusals = RefusalLog("peer server", ctx.metrics.refused_frames)
         # a connection holds at most one thread of each pool: none can starve another
         self._pools = ChannelPools.sized(ctx.limits.max_connections, "peer")

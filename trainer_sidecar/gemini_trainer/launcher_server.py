@@ -73,8 +73,8 @@ class LauncherLimits:
     """Connections to the launcher's API (a thread each, REQUEST_TIMEOUT_S at most): the
     operator's calls, Prometheus, the kubelet."""
 
-    max_connections: int = 256  # open in total (GEMINI_LAUNCHER_MAX_CONNECTIONS)
-    max_connections_per_host: int = 32  # from one address (..._PER_HOST)
+    max_connections: int = 256  # open in total
+    max_connections_per_host: int = 32  # from one address
 
 
 class _GatedServer(ThreadingHTTPServer):
@@ -88,7 +88,7 @@ class _GatedServer(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
                  limits: LauncherLimits) -> None:
         super().__init__(address, handler)
-        self.gate = ConnectionGate(limits, env_prefix="GEMINI_LAUNCHER")
+        self.gate = ConnectionGate(limits)
         self.refusals = RefusalLog("launcher API", UNCOUNTED)
         self._hosts: dict[Any, str] = {}  # admitted connection -> its host
         self._hosts_lock = threading.Lock()

@@ -48,8 +48,8 @@ class HintLimits:
     """Connections to the hint server. Launchers send one hint at a time, from their pod's
     address (every pod of a host-network node shares one)."""
 
-    max_connections: int = 1024  # open in total (GEMINI_OPERATOR_MAX_CONNECTIONS)
-    max_connections_per_host: int = 64  # from one address (..._PER_HOST)
+    max_connections: int = 1024  # open in total
+    max_connections_per_host: int = 64  # from one address
 TOKEN_LOOKUPS = 2  # at once: random tokens are read from the job's Secret
 
 
@@ -107,7 +107,7 @@ class HintServer:
                                      keepalive_timeout=HEADER_TIMEOUT_SECONDS, lingering_time=0)
         await self._runner.setup()
         self.listener = GatedHttpListener(
-            self._runner, ConnectionGate(self._limits, env_prefix="GEMINI_OPERATOR"),
+            self._runner, ConnectionGate(self._limits),
             "hint server", self._refused)
         log_accept_errors_once(asyncio.get_running_loop(), "hint server")
         self.port = await self.listener.start(host, port)

@@ -110,8 +110,8 @@ class Health:
 class MetricsLimits:
     """Connections to the metrics port: Prometheus holds one or two per replica."""
 
-    max_connections: int = 256  # open in total (GEMINI_OPERATOR_MAX_CONNECTIONS)
-    max_connections_per_host: int = 16  # from one address (..._PER_HOST)
+    max_connections: int = 256  # open in total
+    max_connections_per_host: int = 16  # from one address
 
 
 def make_app(registry: CollectorRegistry, health: Health) -> web.Application:
@@ -188,7 +188,7 @@ class MetricsServer:
                                keepalive_timeout=HEADER_TIMEOUT_SECONDS, lingering_time=0)
         await runner.setup()
         listener = GatedHttpListener(
-            runner, ConnectionGate(self._limits, env_prefix="GEMINI_OPERATOR"),
+            runner, ConnectionGate(self._limits),
             "metrics server", self._refused("metrics"))
         self.port = await listener.start(addr, port)
         self._stops += [listener.stop, runner.cleanup]
