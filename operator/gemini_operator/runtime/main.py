@@ -40,7 +40,9 @@ class OperatorOptions:
     # The probes' /healthz and /readyz alone on a listener a flood cannot starve (also served
     # on the metrics port). None: only there.
     health_port: int | None = None
-    workers: int = 4
+    # Reconcile workers: one namespace runs at most workers - 1 at once (runtime.workqueue), so
+    # one is kept for another tenant and a single namespace still has four.
+    workers: int = 5
     render: RenderConfig = field(default_factory=RenderConfig)
     # Create the worker and spare PriorityClasses the pods name when missing (needs the right
     # to create PriorityClasses; the Helm chart creates its own and turns this off).

@@ -22,7 +22,7 @@ class WorkQueue:
 
     def __init__(
         self, work: Callable[[JobKey], float | None], leads: Callable[[], bool],
-        metrics: OperatorMetrics, workers: int = 4,
+        metrics: OperatorMetrics, workers: int = 5,
     ) -> None:
         self._work, self._leads, self._metrics = work, leads, metrics
         self._waiting: FairQueue[str, JobKey] = FairQueue(max(1, workers - 1))
