@@ -19,6 +19,7 @@ from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
 
 from gemini_operator.core import naming
 from gemini_operator.core.apitime import api_time
@@ -323,6 +324,8 @@ class KubeClient:
             if err.status == status:
                 return None
             raise _refusal(err, what) from err
+        except ValidationError as err:  # the client's own models refused the body
+            raise Invalid(f"could not {what}: {_fields_refused(err)}") from err
 
 
 def _refusal(err: ApiException, what: str) -> KubeError:
@@ -330,6 +333,19 @@ def _refusal(err: ApiException, what: str) -> KubeError:
     object's own fault: Invalid. Anything else may pass: KubeError (retried)."""
     kind = Invalid if err.status in (400, 422) else KubeError
     return kind(f"could not {what}: {_why(err)}")
+
+
+def _fields_refused(err: ValidationError) -> str:
+    """The fields the client's models refused, as the API server names them: an unknown
+    field as strict field validation says it (`unknown field "spec.nodeSelecter"`)."""
+    said = []
+    for problem in err.errors()[:5]:
+        path = ".".join(str(p) for p in problem.get("loc", ()) if not isinstance(p, int))
+        if problem.get("type") == "extra_forbidden":
+            said.append(f'unknown field "{path}"')
+        else:
+            said.append(f"{path}: {problem.get('msg', 'invalid')}")
+    return "; ".join(said) or str(err)
 
 
 def _kueue_error(err: ApiException, what: str) -> KubeError:

@@ -1,7 +1,7 @@
 """Fair shares per namespace (issue 45, item 5): the operator's polls and reconciles are taken
 by namespace in turn, none holding every worker, so sixteen slow jobs of one tenant do not
 delay a quiet tenant's job. Real threads and event loop; the polls and reconciles are stand-ins
-that take as long as a hostile job's (a second each)."""
+that take as long as a slow job's (half a second each)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from gemini_operator.runtime.workqueue import WorkQueue
 
 NOISY = [("noisy", f"job-{i}") for i in range(16)]
 QUIET: JobKey = ("quiet", "job")
-SLOW_S = 1.0
+SLOW_S = 0.5
 
 
 def test_namespaces_take_turns_and_none_runs_more_than_its_share() -> None:
@@ -49,7 +49,7 @@ async def test_a_quiet_namespaces_polls_keep_their_pace_beside_sixteen_slow_jobs
     rounds = PollRounds(poll, lambda key: None, workers=4)
     started = time.monotonic()
     try:
-        for _ in range(16):  # a round every 0.25 s for 4 s, as the operator's poll loop
+        for _ in range(8):  # a round every 0.25 s for 2 s, as the operator's poll loop
             rounds.start([*NOISY, QUIET])
             await asyncio.sleep(0.25)
     finally:
@@ -57,9 +57,9 @@ async def test_a_quiet_namespaces_polls_keep_their_pace_beside_sixteen_slow_jobs
     quiet = polls.get(QUIET, [])
     first = quiet[0] - started if quiet else float("inf")
     print(f"quiet job beside 16 slow ones: first poll after {first:.3f} s, "
-          f"{len(quiet)} polls in 4 s (16 rounds)")
-    assert first < 0.2  # first come, first served: after the sixteen, 4 s
-    assert len(quiet) >= 12  # first come, first served: 1 or 2
+          f"{len(quiet)} polls in 2 s (8 rounds)")
+    assert first < 0.2  # first come, first served: after the sixteen, 2 s
+    assert len(quiet) >= 6  # first come, first served: 0 or 1
 
 
 async def test_a_quiet_namespaces_reconcile_starts_at_once_beside_sixteen_slow_ones() -> None:
@@ -86,4 +86,4 @@ async def test_a_quiet_namespaces_reconcile_starts_at_once_beside_sixteen_slow_o
         await queue.stop()
     latency = began[QUIET] - added
     print(f"quiet job's reconcile beside 16 slow ones: started after {latency:.3f} s")
-    assert latency < 0.2  # first come, first served: after four rounds of the sixteen, 4 s
+    assert latency < 0.2  # first come, first served: after four rounds of the sixteen, 2 s
