@@ -13,6 +13,7 @@ import threading
 import time
 from collections import Counter as Tally
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,15 @@ class Limits(Protocol):
 
     @property
     def max_connections_per_host(self) -> int: ...  # open from one address
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """Limits of a listener with no other settings (the sidecar's ServerLimits carries its
+    own, with its timeouts)."""
+
+    max_connections: int  # open in total from addresses not trusted
+    max_connections_per_host: int  # open from one address
 
 
 def host_of(peer: str) -> str:

@@ -11,25 +11,28 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from gemini.serving.gate import UNCOUNTED, ConnectionGate, RefusalLog, address_of, host_of
+from gemini.serving.gate import (
+    UNCOUNTED,
+    ConnectionGate,
+    ConnectionLimits,
+    RefusalLog,
+    address_of,
+    host_of,
+)
 from gemini.serving.http import LISTEN_BACKLOG
 
 log = logging.getLogger(__name__)
 PROBE_DEADLINE_S = 2.0  # the kubelet sends its request at once
 MAX_REQUEST_BYTES = 8192
 PROBES_PER_HOST = 8  # the kubelet runs at most three probes of one container at a time
+# no total: a few addresses must not be able to fill it
+PROBE_LIMITS = ConnectionLimits(sys.maxsize, PROBES_PER_HOST)
 
 # path -> () -> (healthy, JSON body)
 Check = Callable[[], tuple[bool, Mapping[str, Any]]]
 
-
-@dataclass(frozen=True)
-class ProbeLimits:
-    max_connections: int = sys.maxsize
-    max_connections_per_host: int = PROBES_PER_HOST
 
 
 class ProbeListener:
@@ -37,7 +40,7 @@ class ProbeListener:
                  refused: Any = None, deadline_s: float = PROBE_DEADLINE_S) -> None:
         self._checks = dict(checks)
         self._deadline = deadline_s
-        self.gate = ConnectionGate(ProbeLimits())
+        self.gate = ConnectionGate(PROBE_LIMITS)
         self.refusals = RefusalLog(name, refused or UNCOUNTED)
         self.server: asyncio.Server | None = None
 

@@ -10,13 +10,19 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gemini.control import auth, client, messages, paths, strict
-from gemini.serving.gate import UNCOUNTED, ConnectionGate, RefusalLog, address_of, host_of
+from gemini.serving.gate import (
+    UNCOUNTED,
+    ConnectionGate,
+    ConnectionLimits,
+    RefusalLog,
+    address_of,
+    host_of,
+)
 from gemini_trainer import launcher_metrics
 from gemini_trainer.launch_config import LauncherConfig
 from gemini_trainer.launch_state import LauncherError, RestartConflict, RestartRequest
@@ -68,13 +74,9 @@ def read_body(rfile: io.BufferedIOBase, content_length: str | None) -> object:
     return body
 
 
-@dataclass(frozen=True)
-class LauncherLimits:
-    """Connections to the launcher's API (a thread each, REQUEST_TIMEOUT_S at most): the
-    operator's calls, Prometheus, the kubelet."""
-
-    max_connections: int = 256  # open in total
-    max_connections_per_host: int = 32  # from one address
+# Connections to the launcher's API (a thread each, REQUEST_TIMEOUT_S at most): the operator's
+# calls, Prometheus, the kubelet.
+LAUNCHER_LIMITS = ConnectionLimits(256, 32)
 
 
 class _GatedServer(ThreadingHTTPServer):
@@ -86,7 +88,7 @@ class _GatedServer(ThreadingHTTPServer):
     request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 limits: LauncherLimits) -> None:
+                 limits: ConnectionLimits) -> None:
         super().__init__(address, handler)
         self.gate = ConnectionGate(limits)
         self.refusals = RefusalLog("launcher API", UNCOUNTED)
@@ -117,7 +119,7 @@ class LauncherServer:
     ``start`` serves it on a thread of its own, ``close`` ends it."""
 
     def __init__(self, supervisor: Supervisor, config: LauncherConfig,
-                 limits: LauncherLimits = LauncherLimits()) -> None:
+                 limits: ConnectionLimits = LAUNCHER_LIMITS) -> None:
         handler = _handler_for(supervisor, config)
         self._server = _GatedServer((config.host, config.port), handler, limits)
 

@@ -22,7 +22,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -32,7 +31,7 @@ from gemini.control.launcher import FailureHint, HintAnswer
 from gemini.control.paths import FAILURE_HINT_PATH, MAX_HINT_BYTES
 from gemini.control.strict import parse_json
 from gemini.serving.fds import log_accept_errors_once
-from gemini.serving.gate import UNCOUNTED, ConnectionGate
+from gemini.serving.gate import UNCOUNTED, ConnectionGate, ConnectionLimits
 from gemini.serving.http import GatedHttpListener
 from gemini_operator.cluster.cache import JobKey
 from gemini_operator.core.render import JobRef
@@ -42,14 +41,9 @@ MIN_INTERVAL_SECONDS = 0.25
 HEADER_TIMEOUT_SECONDS = 5.0  # a connection must send its request by then (aiohttp keep-alive)
 READ_TIMEOUT_SECONDS = 5.0  # the body (a few hundred bytes) after the token was checked
 
-
-@dataclass(frozen=True)
-class HintLimits:
-    """Connections to the hint server. Launchers send one hint at a time, from their pod's
-    address (every pod of a host-network node shares one)."""
-
-    max_connections: int = 1024  # open in total
-    max_connections_per_host: int = 64  # from one address
+# Launchers send one hint at a time, from their pod's address (every pod of a host-network
+# node shares one): 64 per address, 1024 in total.
+HINT_LIMITS = ConnectionLimits(1024, 64)
 TOKEN_LOOKUPS = 2  # at once: random tokens are read from the job's Secret
 
 
@@ -83,7 +77,7 @@ class HintServer:
                  poll_now: Callable[[JobKey], None], leading: Callable[[], bool],
                  gate: HintGate | None = None,
                  observe: Callable[[str], None] = lambda result: None,
-                 refused: Any = None, limits: HintLimits = HintLimits()) -> None:
+                 refused: Any = None, limits: ConnectionLimits = HINT_LIMITS) -> None:
         self._job_uid, self._job_token = job_uid, job_token
         self._poll_now, self._leading = poll_now, leading
         self._gate = gate or HintGate()

@@ -29,7 +29,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from gemini.serving.fds import log_accept_errors_once
-from gemini.serving.gate import UNCOUNTED, ConnectionGate
+from gemini.serving.gate import UNCOUNTED, ConnectionGate, ConnectionLimits
 from gemini.serving.http import GatedHttpListener
 from gemini.serving.probes import Check as ProbeCheck
 from gemini.serving.probes import ProbeListener
@@ -106,12 +106,8 @@ class Health:
         return Check(True, "started")
 
 
-@dataclass(frozen=True)
-class MetricsLimits:
-    """Connections to the metrics port: Prometheus holds one or two per replica."""
-
-    max_connections: int = 256  # open in total
-    max_connections_per_host: int = 16  # from one address
+# Connections to the metrics port: Prometheus holds one or two per replica.
+METRICS_LIMITS = ConnectionLimits(256, 16)
 
 
 def make_app(registry: CollectorRegistry, health: Health) -> web.Application:
@@ -125,15 +121,15 @@ def make_app(registry: CollectorRegistry, health: Health) -> web.Application:
             body, headers["Content-Encoding"] = gzip.compress(body), "gzip"
         return web.Response(body=body, headers=headers)
 
-    def probe(check: Callable[[], Check]) -> Callable[[web.Request], Awaitable[web.Response]]:
+    def probe(check: ProbeCheck) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def answer(request: web.Request) -> web.Response:
-            result = check()
-            return web.json_response(result.to_json(), status=200 if result.ok else 503)
+            ok, body = check()
+            return web.json_response(dict(body), status=200 if ok else 503)
         return answer
 
     app = web.Application(client_max_size=4096)
-    app.router.add_get(HEALTHZ_PATH, probe(health.live))
-    app.router.add_get(READYZ_PATH, probe(health.ready))
+    for path, check in probe_checks(health).items():
+        app.router.add_get(path, probe(check))
     app.router.add_get("/{tail:.*}", metrics)
     return app
 
@@ -155,7 +151,7 @@ class MetricsServer:
     itself from /healthz (the loop's beat says that)."""
 
     def __init__(self, registry: CollectorRegistry, health: Health, refused: Any = None,
-                 limits: MetricsLimits = MetricsLimits()) -> None:
+                 limits: ConnectionLimits = METRICS_LIMITS) -> None:
         self._registry, self._health = registry, health
         self._refused = refused or (lambda listener: UNCOUNTED)
         self._limits = limits

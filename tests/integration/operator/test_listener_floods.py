@@ -20,10 +20,11 @@ from gemini.control import paths
 from gemini.control.client import ControlClient
 from gemini.control.launcher import FailureHint
 from gemini.serving import probes
+from gemini.serving.gate import ConnectionLimits
 from gemini_operator.calls import hints
-from gemini_operator.calls.hints import HintGate, HintLimits, HintServer
+from gemini_operator.calls.hints import HintGate, HintServer
 from gemini_operator.core.render import JobRef
-from gemini_operator.runtime.health import Health, MetricsLimits, start_metrics_server
+from gemini_operator.runtime.health import METRICS_LIMITS, Health, start_metrics_server
 from gemini_operator.runtime.metrics import OperatorMetrics
 
 pytestmark = pytest.mark.integration
@@ -78,7 +79,7 @@ async def hint_server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[HintServ
     tokens = {JobRef("llm", "team", UID): TOKEN}
     server = HintServer(lambda key: UID if key == ("team", "llm") else None, tokens.get,
                         lambda key: None, lambda: True, gate=HintGate(0),
-                        limits=HintLimits(max_connections=1000, max_connections_per_host=4))
+                        limits=ConnectionLimits(max_connections=1000, max_connections_per_host=4))
     await server.start("127.0.0.1", 0)
     yield server
     await server.stop()
@@ -158,7 +159,7 @@ async def test_probes_are_answered_while_both_ports_are_flooded(
     assert server.probe_port is not None
     socks: list[socket.socket] = []
     try:
-        per_host = MetricsLimits().max_connections_per_host
+        per_host = METRICS_LIMITS.max_connections_per_host
         socks += await asyncio.to_thread(flood, server.port, per_host + 2)
         socks += await asyncio.to_thread(flood, server.probe_port, probes.PROBES_PER_HOST + 2)
         status, took = await asyncio.to_thread(probe, server.probe_port)
