@@ -78,6 +78,8 @@ def inventory(rank: int, world: int) -> Inventory:
 def serve(world: int) -> None:
     from aiohttp import web
 
+    from gemini.control.signing import audience_of
+    from gemini.control.verifier import RequestVerifier
     from gemini_sidecar.relay import relay_inventories
 
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -89,8 +91,12 @@ def serve(world: int) -> None:
     def rank_of(request: web.Request) -> int:
         return ranks[request.transport.get_extra_info("sockname")[0]]
 
+    verifier = RequestVerifier(TOKEN.encode(), None)  # signed as a sidecar checks it
+
     def allowed(request: web.Request) -> bool:
-        return request.headers.get("Authorization") == f"Bearer {TOKEN}"
+        header = request.headers.get("Authorization", "").encode()
+        here = audience_of(request.transport.get_extra_info("sockname"))
+        return verifier.check(header, request.method, request.raw_path, here) is not None
 
     async def get_inventory(request: web.Request) -> web.Response:
         if not allowed(request):

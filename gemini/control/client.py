@@ -16,7 +16,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from gemini.control.auth import Bearer, Credentials
+from gemini.control.auth import Bearer, Credentials, signer_of
 from gemini.control.inventory import InventoriesAnswer, InventoriesRequest, Inventory
 from gemini.control.launcher import (
     FailureHint,
@@ -52,6 +52,7 @@ from gemini.control.paths import (
     STATUS_PATH,
     STOP_PATH,
 )
+from gemini.control.signing import audience_of
 from gemini.control.strict import parse_json, shown
 from gemini.control.transfers import (
     CommitAnswer,
@@ -67,6 +68,7 @@ from gemini.control.transfers import (
     RestoreRequest,
     TransferRunning,
 )
+from gemini.control.verifier import signed_header
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_SECONDS = 5.0
@@ -197,22 +199,27 @@ class ControlClient:
 
     def __init__(self, ip: str, port: int, token: Bearer = "",
                  timeout: float = DEFAULT_TIMEOUT_SECONDS,
-                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES) -> None:
+                 max_answer_bytes: int = DEFAULT_MAX_ANSWER_BYTES,
+                 audience: str | None = None) -> None:
+        """`token`: Credentials sign as the operator, a job token as the job (auth.signer_of).
+        `audience`: what the server checks the signature's address against; by default the
+        address this client connects to."""
         self.address = f"{ip}:{port}"
         self._scheme, self._host, self._port, self._prefix = "http", ip, port, ""
-        creds = token if isinstance(token, Credentials) else Credentials(token)
-        self.token, self.timeout = creds.token, timeout
-        self.max_answer_bytes = max_answer_bytes
+        self.token = token.token if isinstance(token, Credentials) else token
+        self._signer, self._audience = signer_of(token), audience
+        self.timeout, self.max_answer_bytes = timeout, max_answer_bytes
 
     @classmethod
-    def for_url(cls, url: str, token: str = "",
-                timeout: float = DEFAULT_TIMEOUT_SECONDS) -> ControlClient:
+    def for_url(cls, url: str, token: str = "", timeout: float = DEFAULT_TIMEOUT_SECONDS,
+                audience: str | None = None) -> ControlClient:
         """A client of the API at a base URL (the trainer is given its sidecar's URL)."""
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"the control API URL {url!r} is not http://host:port")
         default_port = 443 if parts.scheme == "https" else 80
-        client = cls(parts.hostname, parts.port or default_port, token, timeout)
+        client = cls(parts.hostname, parts.port or default_port, token, timeout,
+                     audience=audience)
         client._scheme, client._prefix = parts.scheme, parts.path.rstrip("/")
         client.address = url.rstrip("/")
         return client
@@ -330,7 +337,7 @@ class ControlClient:
             conn.connect()
             connected = conn.sock
             conn.sock = DeadlineSocket(connected, deadline)  # type: ignore[assignment]
-            self._send(conn, path, body)
+            self._send(conn, path, body, audience_of(connected.getpeername()))
             with conn.getresponse() as answer:
                 ok = 200 <= answer.status < 300
                 limit = self.max_answer_bytes if ok else MAX_ERROR_ANSWER_BYTES
@@ -350,12 +357,14 @@ class ControlClient:
                 connected.close()
 
     def _send(self, conn: http.client.HTTPConnection, path: str,
-              body: Mapping[str, Any] | None) -> None:
+              body: Mapping[str, Any] | None, dialed: str) -> None:
         headers = {"Content-Type": "application/json", "Connection": "close"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
         data = None if body is None else json.dumps(body).encode()
-        conn.request("GET" if body is None else "POST", self._prefix + path, data, headers)
+        method, target = "GET" if body is None else "POST", self._prefix + path
+        if self._signer is not None:
+            headers["Authorization"] = signed_header(
+                self._signer, method, target, self._audience or dialed, data or b"")
+        conn.request(method, target, data, headers)
 
     def _refused(self, path: str, status: int, raw: bytearray) -> ControlError:
         """The server's refusal (a status other than 2xx), with its ErrorAnswer when sent."""

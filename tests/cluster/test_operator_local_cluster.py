@@ -4,14 +4,12 @@ the launcher runs the command, the native sidecar starts before it and stops aft
 from __future__ import annotations
 
 import base64
-import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from gemini.control.client import ControlClient, ControlError
 from tests.cluster.test_operator import Jobs, wait_for
 from tests.fixtures.operator import OperatorThread
 from tests.unit.operator.builders import make_job
@@ -81,14 +79,16 @@ def test_a_running_job_gets_a_domain_aware_placement_delivered_to_its_sidecars(
     token = base64.b64decode(secret.data["token"]).decode()
     for pod in jobs.pods("placed"):
         rank = pod.metadata.labels["gemini.io/rank"]
-        inventory = _get(f"http://{pod.status.pod_ip}:7071/inventory", token)
+        inventory = _sidecar(pod, token).call_json("/inventory")
         holders = placement["holders"][rank]
         assert inventory["placement"]["send_to"] == holders[1:]
         assert set(inventory["placement"]["peers"]) >= {str(r) for r in holders[1:]}
         # the job token every pod holds cannot re-place a sidecar: only the operator's
-        # control token can (it just delivered the placement above)
+        # signature can (it just delivered the placement above)
         body = {"peers": {}, "hold_ranks": [], "send_to": []}
-        assert _post_status(f"http://{pod.status.pod_ip}:7071/peers", token, body) == 401
+        with pytest.raises(ControlError) as refused:
+            _sidecar(pod, token).call_json("/peers", body)
+        assert refused.value.status == 401
     # Every shard's m = 2 copies (its own and its peer's) complete: the poller counts them.
     coverage = wait_for(lambda: _full((jobs.get("placed") or {})["status"]), 120,
                         "every shard fully replicated in status.checkpoint.replicaCoverage")
@@ -101,17 +101,6 @@ def _full(status: dict[str, Any]) -> dict[str, Any] | None:
     return coverage if coverage.get("total") and coverage["complete"] == coverage["total"] else None
 
 
-def _post_status(url: str, token: str, body: Any) -> int:
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                     headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as err:
-        return int(err.code)
-
-
-def _get(url: str, token: str) -> Any:
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(request, timeout=5) as response:
-        return json.loads(response.read())
+def _sidecar(pod: Any, token: str) -> ControlClient:
+    """The pod's sidecar API, called signed with the job token (no token on the wire)."""
+    return ControlClient(pod.status.pod_ip, 7071, token, timeout=5)

@@ -4,15 +4,14 @@ reads its assertions need (pod logs, statuses, steps, losses)."""
 from __future__ import annotations
 
 import base64
-import json
 import re
-import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
+from gemini.control.client import ControlClient, ControlError
 from gemini_local import cluster, images
 from gemini_local.cluster import RACK_LABEL, ZONE_LABEL, Topology
 from gemini_operator.core import naming
@@ -226,13 +225,11 @@ def held_replicas(core: client.CoreV1Api, job: str, pod: str, newer_than: int) -
     (its /inventory over the pod network, with the job's token); empty while it does not
     answer."""
     found = core.read_namespaced_pod(pod, "default")
-    url = f"http://{found.status.pod_ip}:{sidecar_port(found)}/inventory"
     token = job_token(core, job)
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-    try:
-        with urllib.request.urlopen(request, timeout=2) as answer:
-            inventory = json.loads(answer.read())
-    except OSError:
+    try:  # signed with the job token (issue 45: no token on the wire)
+        inventory = ControlClient(found.status.pod_ip, sidecar_port(found), token,
+                                  timeout=2).call_json("/inventory")
+    except ControlError:
         return set()
     return {int(r["rank"]) for r in inventory.get("replicas") or ()
             if r.get("complete") and int(r["version"]) > newer_than}

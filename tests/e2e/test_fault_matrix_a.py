@@ -13,11 +13,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import functools
-import json
 import os
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gemini.control.client import ControlClient, ControlError
 from gemini_local import faults
 from gemini_operator.core import naming
 from gemini_operator.core.render import RenderConfig
@@ -109,14 +108,10 @@ class Job:
         """Rank's sidecar inventory, None while it does not answer."""
         time.sleep(0.2)  # callers poll this: keep the load off the API server and sidecar
         ip = self.pods()[rank].status.pod_ip
-        request = urllib.request.Request(
-            f"http://{ip}:{PORTS.sidecar_api_port}/inventory",
-            headers={"Authorization": f"Bearer {self.token}"})
-        try:
-            with urllib.request.urlopen(request, timeout=2) as resp:
-                doc: dict[str, Any] = json.loads(resp.read())
-                return doc
-        except OSError:
+        try:  # signed with the job token (issue 45: no token on the wire)
+            return ControlClient(ip, PORTS.sidecar_api_port, self.token,
+                                 timeout=2).call_json("/inventory")
+        except ControlError:
             return None
 
     def finish_with(self, world: int, reference: Any) -> dict[str, Any]:
@@ -194,11 +189,7 @@ def test_a_crashed_sidecar_restarts_and_holds_its_peers_replicas_again(
 
 def _launcher_status(job: Job, rank: int) -> dict[str, Any]:
     ip = job.pods()[rank].status.pod_ip
-    request = urllib.request.Request(f"http://{ip}:{PORTS.launcher_port}/status",
-                                     headers={"Authorization": f"Bearer {job.token}"})
-    with urllib.request.urlopen(request, timeout=10) as resp:
-        doc: dict[str, Any] = json.loads(resp.read())
-        return doc
+    return ControlClient(ip, PORTS.launcher_port, job.token, timeout=10).call_json("/status")
 
 
 @pytest.mark.proves("hang")

@@ -9,11 +9,9 @@ checks that training went on and that rank 0's per-step losses equal an uninterr
 from __future__ import annotations
 
 import base64
-import json
 import os
 import signal
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ import pytest
 from boto3.s3.transfer import TransferConfig
 from kubernetes import client
 
+from gemini.control.client import ControlClient
 from gemini_local import faults
 from gemini_operator.core import naming
 from gemini_operator.core.render import RenderConfig
@@ -218,10 +217,9 @@ def _sidecar_pid(state: Path, namespace: str, pod: str) -> int:
 
 
 def sidecar_inventory(ip: str, token: str) -> dict[str, Any]:
-    url = f"http://{ip}:{RenderConfig().sidecar_api_port}/inventory"
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        return dict(json.loads(resp.read()))
+    # signed with the job token (issue 45: no token on the wire)
+    return ControlClient(ip, RenderConfig().sidecar_api_port, token,
+                         timeout=5).call_json("/inventory")
 
 
 def sending_to(doc: dict[str, Any], rank: int) -> int:

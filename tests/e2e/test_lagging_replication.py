@@ -34,13 +34,11 @@ timing still varies); GEMINI_LAG_LOSSES and GEMINI_LAG_HEALED_LOSSES change the 
 from __future__ import annotations
 
 import base64
-import json
 import os
 import random
 import shutil
 import statistics
 import time
-import urllib.request
 from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -51,6 +49,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from gemini.control.client import ControlClient, ControlError
 from gemini_local import faults
 from gemini_operator.core import naming
 from tests.cluster.test_operator import Jobs, sidecar_port
@@ -233,13 +232,10 @@ class LaggingJob:
         token, pods = self.token, self.pods()
 
         def read(rank: int) -> dict[str, Any] | None:
-            request = urllib.request.Request(
-                f"http://{pods[rank].status.pod_ip}:{sidecar_port(pods[rank])}/inventory",
-                headers={"Authorization": f"Bearer {token}"})
-            try:
-                with urllib.request.urlopen(request, timeout=5) as resp:
-                    return dict(json.loads(resp.read()))
-            except (OSError, ValueError):
+            try:  # signed with the job token (issue 45: no token on the wire)
+                return ControlClient(pods[rank].status.pod_ip, sidecar_port(pods[rank]), token,
+                                     timeout=5).call_json("/inventory")
+            except ControlError:
                 return None
 
         asked = [r for r in ranks if r in pods]

@@ -1,13 +1,13 @@
 """Control and inventory HTTP API (aiohttp) of one sidecar: the server side of gemini.control.
 
-GET /healthz and GET /metrics are open (probes and Prometheus); everything else needs the
-job token as `Authorization: Bearer <token>`. Every body is read with the contract's types
-(a bad one is answered 400 naming the field) and every answer written with them; errors are
-ErrorAnswer, {"error": "<what to fix>"}, with a 4xx/5xx status. The order callers must keep
-(placement before fetches, persist before commit, ...) is stated in gemini.control. Bodies
-must arrive within the read timeout, be plain JSON with finite numbers nested at most
-control.MAX_JSON_DEPTH deep, and name versions the slot files can hold (< 2^63): anything else is a
-4xx, never a 500.
+GET /healthz and GET /metrics are open (probes and Prometheus); everything else must be signed,
+as the operator or with the job token (gemini.control.verifier.admitted). Every body is read
+with the contract's types (a bad one is answered 400 naming the field) and every answer written
+with them; errors are ErrorAnswer, {"error": "<what to fix>"}, with a 4xx/5xx status. The order
+callers must keep (placement before fetches, persist before commit, ...) is stated in
+gemini.control. Bodies must arrive within the read timeout, be plain JSON with finite numbers
+nested at most control.MAX_JSON_DEPTH deep, and name versions the slot files can hold (< 2^63):
+anything else is a 4xx, never a 500.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from aiohttp import web
 from boto3.exceptions import Boto3Error
 from botocore.exceptions import BotoCoreError, ClientError
 
-from gemini.control import auth, paths, strict
+from gemini.control import auth, paths, strict, verifier
 from gemini.control.files import parked_path, read_heartbeat, read_parked
 from gemini.control.inventory import (
     InventoriesRequest,
@@ -42,6 +42,7 @@ from gemini.control.messages import (
     ProfileAnswer,
     ProfileRequest,
 )
+from gemini.control.signing import Signed, audience_of
 from gemini.control.transfers import (
     CommitRequest,
     FetchAnswer,
@@ -52,8 +53,9 @@ from gemini.control.transfers import (
     RestoreRequest,
     TransferRunning,
 )
+from gemini.control.verifier import RequestVerifier
 from gemini.domain.traffic import IterationTimeline
-from gemini.serving.gate import address_of
+from gemini.serving.gate import address_of, host_of
 from gemini.slots.layout import SlotBusy
 from gemini_sidecar.config import (
     ConfigError,
@@ -108,6 +110,9 @@ class SidecarParts(Protocol):
 
 
 SIDECAR_KEY: web.AppKey[SidecarParts] = web.AppKey("sidecar")
+VERIFIER_KEY: web.AppKey[RequestVerifier] = web.AppKey("verifier")
+# the request's checked signature (the body is checked by it)
+SIGNED_KEY: web.RequestKey[Signed] = web.RequestKey("signed", Signed)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -122,11 +127,13 @@ def _answer(answer: Any, status: int = 200) -> web.Response:
 @web.middleware
 async def _auth_and_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     sidecar = request.app[SIDECAR_KEY]
-    if request.path not in OPEN_PATHS and not _authorized(request, sidecar.cfg):
-        sidecar.refuse_call(_peer_of(request), f"{request.method} {request.path[:100]} "
-                            "without a token that may make it")
-        return _error(401, "send the job token (reads, the trainer's calls) or the operator's "
-                      "control token (the rest) as 'Authorization: Bearer <token>'")
+    if request.path not in OPEN_PATHS:
+        signed = _admitted(request)
+        if signed is None:
+            sidecar.refuse_call(_peer_of(request), f"{request.method} {request.path[:100]} "
+                                "without a signature that may make it")
+            return _error(401, auth.CALL_REFUSED)
+        request[SIGNED_KEY] = signed
     try:
         return await handler(request)
     except web.HTTPException:
@@ -155,11 +162,14 @@ def _peer_of(request: web.Request) -> str:
     return address_of(transport.get_extra_info("peername") if transport else request.remote)
 
 
-def _authorized(request: web.Request, cfg: SidecarConfig) -> bool:
+def _admitted(request: web.Request) -> Signed | None:
     # a header that is not UTF-8 reaches us with surrogate escapes: compare its raw bytes
     given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
     job_token_allowed = request.method == "GET" or request.path in paths.SIDECAR_TRAINER_PATHS
-    return auth.may_call(given, cfg.auth_token, cfg.control_sha256, job_token_allowed)
+    transport = request.transport
+    arrived = audience_of(transport.get_extra_info("sockname")) if transport else ""
+    return verifier.admitted(request.app[VERIFIER_KEY], given, request.method, request.raw_path,
+                         arrived, host_of(_peer_of(request)), job_token_allowed)
 
 
 class _SlowBody(Exception):
@@ -173,6 +183,9 @@ async def _body(request: web.Request) -> object:
         raw = await asyncio.wait_for(request.read(), limit)
     except TimeoutError as err:
         raise _SlowBody from err
+    signed = request.get(SIGNED_KEY)
+    if signed is not None and not signed.body_matches(raw):
+        raise ValueError("the body is not the one signed")
     return strict.parse_json(raw or b"{}")
 
 
@@ -365,6 +378,7 @@ async def committed_steps(request: web.Request) -> web.Response:
 def make_app(sidecar: SidecarParts) -> web.Application:
     app = web.Application(middlewares=[_auth_and_errors], client_max_size=1 << 20)
     app[SIDECAR_KEY] = sidecar
+    app[VERIFIER_KEY] = RequestVerifier(sidecar.cfg.auth_token, sidecar.cfg.control_public_key)
     app.add_routes([
         web.get(paths.HEALTHZ_PATH, healthz),
         web.get(paths.METRICS_PATH, metrics),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from gemini.control.auth import control_digest_setting
+from gemini.control.signing import PublicKey, public_key_setting
 from gemini.metric_labels import DEFAULT_NAMESPACE, namespace_from_env
 
 TrafficMode = Literal["interleaved", "immediate"]
@@ -100,9 +100,9 @@ class SidecarConfig:
     limits: ServerLimits = field(default_factory=ServerLimits)  # GEMINI_*_TIMEOUT_S, _MAX_*
     # GEMINI_PEER_SENDER_CHECK (address | off): a rank's replica only from that rank's address
     check_senders: bool = True
-    # GEMINI_CONTROL_TOKEN_SHA256: the operator's control token's digest; with it, the job
-    # token only reads and makes the trainer's calls (gemini.control.auth.may_call)
-    control_sha256: str = ""
+    # GEMINI_CONTROL_PUBLIC_KEY: the key the operator signs its calls with; with it, the job
+    # token only reads and makes the trainer's calls (gemini.control.verifier.admitted)
+    control_public_key: PublicKey | None = field(default=None, repr=False)
     # GEMINI_NAMESPACE and GEMINI_JOB_UID (the GeminiJob's metadata.uid): with the job name,
     # whose S3 checkpoints these are, and the metrics' geminijob_namespace label. The operator
     # always sets both; a sidecar started by hand without them keeps its checkpoints under
@@ -118,9 +118,9 @@ class SidecarConfig:
     probe_port: int | None = None
 
 
-def _control_digest(env: Mapping[str, str]) -> str:
+def _control_public_key(env: Mapping[str, str]) -> PublicKey | None:
     try:
-        return control_digest_setting(env)
+        return public_key_setting(env)
     except ValueError as err:
         raise ConfigError(str(err)) from err
 
@@ -301,7 +301,7 @@ def from_env(env: Mapping[str, str] | None = None) -> SidecarConfig:
         replicas=_int("GEMINI_REPLICAS", env.get("GEMINI_REPLICAS", "0"), 0, world),
         limits=_limits_from_env(env),
         check_senders=_sender_check(env),
-        control_sha256=_control_digest(env),
+        control_public_key=_control_public_key(env),
         namespace=namespace_from_env(env, "S3 keys and the metrics' geminijob_namespace label"),
         job_uid=env.get("GEMINI_JOB_UID", "").strip(),
         peer_encryption=_peer_encryption(env),

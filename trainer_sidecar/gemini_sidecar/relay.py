@@ -3,7 +3,8 @@ operator's behalf, so the operator of a large job makes one call per batch of ra
 of one per rank (gemini_operator.calls.sidecars.inventories_each).
 
 Every relayed GET goes out at once (asyncio, no thread per call), each under the request's
-deadline and size cap, with this sidecar's job token (GET /inventory takes it). Whatever did
+deadline and size cap, signed with this sidecar's job token (GET /inventory takes it; the
+token itself never crosses the network). Whatever did
 not answer in time, or answered something that is not an inventory of the rank asked, is
 filed under `failed` with the reason: the operator tells silence from answers per rank, as
 when it asks each sidecar itself.
@@ -19,6 +20,8 @@ from gemini.control import inventory as control_inventory
 from gemini.control import paths
 from gemini.control import strict as control_strict
 from gemini.control.inventory import InventoriesAnswer, InventoriesRequest, Inventory
+from gemini.control.signing import Signer, audience
+from gemini.control.verifier import signed_header
 
 # Sockets one relay call opens at once: a batch is a few dozen ranks.
 MAX_CONNECTIONS = 128
@@ -30,11 +33,10 @@ async def relay_inventories(own: Inventory, request: InventoriesRequest, token: 
     others = {r: a for r, a in request.sidecars.items() if r != own.rank}
     timeout = aiohttp.ClientTimeout(total=request.timeout_seconds)
     connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, force_close=True)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector,
-                                     headers=headers) as session:
+    signer = Signer.job(token) if token else None
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         ranks = sorted(others)
-        answers = await asyncio.gather(*(_ask(session, others[r]) for r in ranks))
+        answers = await asyncio.gather(*(_ask(session, others[r], signer) for r in ranks))
     inventories: dict[int, Inventory] = {own.rank: own}
     failed: dict[int, str] = {}
     for rank, (inventory, why) in zip(ranks, answers, strict=True):
@@ -47,12 +49,18 @@ async def relay_inventories(own: Inventory, request: InventoriesRequest, token: 
     return InventoriesAnswer(inventories, failed)
 
 
-async def _ask(session: aiohttp.ClientSession, address: str) -> tuple[Inventory | None, str]:
+async def _ask(session: aiohttp.ClientSession, address: str, signer: Signer | None
+               ) -> tuple[Inventory | None, str]:
     """(the inventory, "") or (None, why not)."""
     url = f"http://{address}{paths.INVENTORY_PATH}"
     limit = control_inventory.MAX_RELAYED_INVENTORY_BYTES
+    headers = {}
+    if signer is not None:  # for the address asked: the answerer checks it is its own
+        host, _, port = address.rpartition(":")
+        headers["Authorization"] = signed_header(signer, "GET", paths.INVENTORY_PATH,
+                                                 audience(host, int(port)))
     try:
-        async with session.get(url, allow_redirects=False) as answer:
+        async with session.get(url, allow_redirects=False, headers=headers) as answer:
             if answer.status != 200:
                 return None, f"answered {answer.status}"
             body = await _read_up_to(answer.content, limit + 1)

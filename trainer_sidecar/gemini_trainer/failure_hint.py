@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from gemini.control.client import ControlClient, ControlError
 from gemini.control.launcher import FailureHint
+from gemini.control.signing import HINTS_AUDIENCE
 
 log = logging.getLogger(__name__)
 URL_ENV = "GEMINI_OPERATOR_HINT_URL"
@@ -52,7 +53,8 @@ class FailureHints:
     def _send(self, epoch: int) -> None:
         hint = FailureHint(self.namespace, self.job, self.uid, self.rank, epoch)
         try:
-            client = ControlClient.for_url(self.url, self.token, timeout=TIMEOUT_SECONDS)
+            client = ControlClient.for_url(self.url, self.token, timeout=TIMEOUT_SECONDS,
+                                           audience=HINTS_AUDIENCE)
         except ValueError as err:  # a URL that is not http(s)://host[:port]
             log.warning("no failure hints: %s", err)
             return

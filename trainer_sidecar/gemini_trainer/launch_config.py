@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gemini.control import auth
+from gemini.control.signing import PublicKey, public_key_setting
 from gemini_trainer import resume_link
 from gemini_trainer import standby as warm
 from gemini_trainer.failure_hint import FailureHints
@@ -31,8 +31,9 @@ class LauncherConfig:
     host: str = "127.0.0.1"
     port: int = 7071
     token: str = field(default="", repr=False)
-    # the operator's control token's SHA-256: with it, the job token may only read (/status)
-    control_sha256: str = field(default="", repr=False)
+    # the key the operator signs with (GEMINI_CONTROL_PUBLIC_KEY): with it, the job token may
+    # only read (/status)
+    control_public_key: PublicKey | None = field(default=None, repr=False)
     status_file: Path | None = None
     heartbeat_file: Path | None = None  # default: a file in a private temp dir
     grace_s: float = 10.0
@@ -64,7 +65,7 @@ class LauncherConfig:
             "host": env.get("GEMINI_LAUNCHER_HOST") or env.get("GEMINI_POD_IP") or "127.0.0.1",
             "port": int(env.get("GEMINI_LAUNCHER_PORT", "7071")),
             "token": env.get("GEMINI_AUTH_TOKEN", ""),
-            "control_sha256": _control_digest(env),
+            "control_public_key": _control_public_key(env),
             "status_file": Path(status) if status else None,
             "heartbeat_file": Path(heartbeat) if heartbeat else None,
             "grace_s": float(env.get("GEMINI_LAUNCHER_GRACE_S", "10")),
@@ -84,9 +85,9 @@ class LauncherConfig:
         return cls(**values)
 
 
-def _control_digest(env: Mapping[str, str]) -> str:
+def _control_public_key(env: Mapping[str, str]) -> PublicKey | None:
     try:
-        return auth.control_digest_setting(env)
+        return public_key_setting(env)
     except ValueError as err:
         raise LauncherConfigError(str(err)) from err
 

@@ -1,5 +1,5 @@
 """The launcher's HTTP API (gemini.control's launcher paths): routes, request reading, the
-bearer token check, in front of the supervisor (gemini_trainer.supervisor). See
+signature check, in front of the supervisor (gemini_trainer.supervisor). See
 gemini_trainer.launcher for what each call does and who may make it."""
 
 from __future__ import annotations
@@ -15,6 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gemini.control import auth, client, messages, paths, strict
+from gemini.control import verifier as checks
+from gemini.control.signing import Caller, Signed, audience_of
+from gemini.control.verifier import RequestVerifier
 from gemini.serving.gate import (
     UNCOUNTED,
     ConnectionGate,
@@ -48,23 +51,29 @@ def status_of(err: LauncherError) -> HTTPStatus:
     return HTTPStatus.BAD_REQUEST
 
 
-def authorized(config: LauncherConfig, header: str | None, method: str = "GET") -> bool:
-    """The job token may read (GET); restarts and stops need the operator's control
-    token once the pod has its digest (gemini.control.auth.may_call)."""
+def admitted(config: LauncherConfig, verifier: RequestVerifier, header: str | None,
+             method: str, target: str, arrived: str, peer_host: str) -> Signed | None:
+    """A call's checked signature (None: refuse it). The job's signature may read (GET);
+    restarts and stops need the operator's once the pod has its public key
+    (gemini.control.verifier.admitted)."""
     if not config.token:  # only with insecure_local on loopback (launch_config.check_token)
-        return True
+        return Signed(Caller.OPERATOR, None)
     given = (header or "").encode("utf-8", "surrogateescape")
-    return auth.may_call(given, config.token.encode(), config.control_sha256,
+    return checks.admitted(verifier, given, method, target, arrived, peer_host,
                          job_token_allowed=method == "GET")
 
 
-def read_body(rfile: io.BufferedIOBase, content_length: str | None) -> object:
+def read_body(rfile: io.BufferedIOBase, content_length: str | None,
+              signed: Signed | None = None) -> object:
     """A request's JSON object (an empty body reads as {}), parsed as strictly as the control
-    client parses answers; LauncherError when it is too large or not a JSON object."""
+    client parses answers; LauncherError when it is too large, not the body `signed` covers,
+    or not a JSON object."""
     length = int(content_length or 0)
     if length > MAX_BODY:
         raise BodyTooLarge("request body too large")
-    raw = rfile.read(length) if length else b"{}"
+    raw = rfile.read(length) if length else b""
+    if signed is not None and not signed.body_matches(raw):
+        raise LauncherError("the body is not the one signed")
     try:
         body = strict.parse_json(raw or b"{}")
     except ValueError as err:
@@ -139,8 +148,11 @@ class LauncherServer:
 
 def _handler_for(supervisor: Supervisor, config: LauncherConfig
                  ) -> type[BaseHTTPRequestHandler]:
+    verifier = RequestVerifier(config.token.encode(), config.control_public_key)
+
     class Handler(BaseHTTPRequestHandler):
         server_version = "gemini-launcher"
+        signed: Signed | None = None
 
         def setup(self) -> None:
             # One request per connection (HTTP/1.0): its deadline covers the request line,
@@ -169,10 +181,13 @@ def _handler_for(supervisor: Supervisor, config: LauncherConfig
             self._reply(status, messages.ErrorAnswer(message).to_json())
 
         def _guard(self) -> bool:
-            if authorized(config, self.headers.get("Authorization"), self.command):
+            self.signed = admitted(
+                config, verifier, self.headers.get("Authorization"), self.command, self.path,
+                audience_of(self.connection.getsockname()), str(self.client_address[0]))
+            if self.signed is not None:
                 return True
             log.warning("refused an unauthenticated %s %s", self.command, self.path)
-            self._refuse(HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token")
+            self._refuse(HTTPStatus.UNAUTHORIZED, auth.CALL_REFUSED)
             return False
 
         def do_GET(self) -> None:
@@ -194,7 +209,7 @@ def _handler_for(supervisor: Supervisor, config: LauncherConfig
             if not self._guard():
                 return
             try:
-                body = read_body(self.rfile, self.headers.get("Content-Length"))
+                body = read_body(self.rfile, self.headers.get("Content-Length"), self.signed)
                 if self.path == paths.RESTART_PATH:
                     answer = supervisor.restart(RestartRequest.parse(body))
                     self._reply(HTTPStatus.OK, answer.to_json())

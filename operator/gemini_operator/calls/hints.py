@@ -2,8 +2,9 @@
 operator polls that job now instead of at its next round (up to POLL_SECONDS later).
 
 ``POST /v1/hints/failure?namespace=..&job=..&uid=..`` (gemini.control.launcher.FailureHint)
-with the job's own token, which every pod of the job holds. The job is named in the query, so
-the token is checked before any body byte is read; the body (the same hint) must then come
+signed with the job's own token, which every pod of the job holds (gemini.control.signing; the
+token itself never crosses the network). The job is named in the query, so the signature is
+checked before any body byte is read; the body (the same hint, the one signed) must then come
 within READ_TIMEOUT_SECONDS and name the same job. Any pod of the cluster can reach this port:
 connections are gated (gemini.serving: per address and in total), a connection must send its
 request header within HEADER_TIMEOUT_SECONDS, and refusals are logged folded and counted.
@@ -11,9 +12,10 @@ request header within HEADER_TIMEOUT_SECONDS, and refusals are logged folded and
 A hint is only "poll this job now": what failed, and whether anything did, still comes from
 the operator's own poll of the job's launchers and sidecars, so a forged or repeated hint
 costs a poll of the sender's own job, at most one per `min_interval_s`.
-Answers: 202 HintAnswer; 400 a malformed query or body; 401 not that job's token; 404 no such
-job (or another job of that name: the uid differs); 503 this replica is not the leader (the
-launcher tries again, and a Service in front of several replicas may pick the leader).
+Answers: 202 HintAnswer; 400 a malformed query or body; 401 not signed by that job's token (or
+stale, or replayed); 404 no such job (or another job of that name: the uid differs); 503 this
+replica is not the leader (the launcher tries again, and a Service in front of several replicas
+may pick the leader).
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from typing import Any
 
 from aiohttp import web
 
-from gemini.control.auth import may_call
 from gemini.control.launcher import FailureHint, HintAnswer
 from gemini.control.paths import FAILURE_HINT_PATH, MAX_HINT_BYTES
+from gemini.control.signing import HINTS_AUDIENCE
 from gemini.control.strict import parse_json
+from gemini.control.verifier import NonceLog, RequestVerifier
 from gemini.serving.fds import log_accept_errors_once
 from gemini.serving.gate import UNCOUNTED, ConnectionGate, ConnectionLimits
 from gemini.serving.http import GatedHttpListener
@@ -85,6 +88,7 @@ class HintServer:
         self._lookups = asyncio.Semaphore(TOKEN_LOOKUPS)
         self._refused = refused or UNCOUNTED  # connections refused (a Counter)
         self._limits = limits
+        self._nonces = NonceLog()  # one for every job's hints: a recorded hint is not replayed
         self._runner: web.AppRunner | None = None
         self.listener: GatedHttpListener | None = None
         self.port = 0
@@ -127,12 +131,16 @@ class HintServer:
         async with self._lookups:
             token = await asyncio.to_thread(self._job_token, named)
         sent = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-        # no control digest: the job token is the credential here, as in the pods' own APIs
-        if not token or not may_call(sent, token.encode(), "", job_token_allowed=True):
-            return self._answer("unauthorized", 401, {"error": "not this job's token"})
+        signed = None if not token else RequestVerifier(token.encode(), None, self._nonces).check(
+            sent, request.method, request.raw_path, HINTS_AUDIENCE)
+        if signed is None:
+            return self._answer("unauthorized", 401, {
+                "error": "not signed by this job's token (or stale, or replayed)"})
         try:
             async with asyncio.timeout(READ_TIMEOUT_SECONDS):
                 body = await request.read()
+            if not signed.body_matches(body):
+                raise ValueError("the body is not the one signed")
             hint = FailureHint.from_json(parse_json(body))
         except (ValueError, web.HTTPRequestEntityTooLarge, TimeoutError) as err:
             return self._answer("malformed", 400, {"error": str(err)[:500] or "no body in time"})

@@ -38,8 +38,8 @@ TRAINER_CONTAINER = "trainer"
 SIDECAR_CONTAINER = "gemini-sidecar"
 SHM_VOLUME = "gemini-shm"
 SECRET_TOKEN_KEY = "token"
-# The job Secret's SHA-256 of the operator's control token (the pods check it by that)
-SECRET_CONTROL_DIGEST_KEY = "control-sha256"
+# The job Secret's public key of the operator's signatures (the pods check its calls by it)
+SECRET_CONTROL_PUBLIC_KEY_KEY = "control-public-key"
 
 # Keys a persistence credentials Secret carries (the AWS SDK's names).
 S3_ACCESS_KEY_KEY = "AWS_ACCESS_KEY_ID"

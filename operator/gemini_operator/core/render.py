@@ -20,8 +20,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gemini.control.auth import CONTROL_DIGEST_ENV
 from gemini.control.paths import HEALTHZ_PATH
+from gemini.control.signing import CONTROL_PUBLIC_KEY_ENV
 from gemini_operator.core import naming
 from gemini_operator.core.pod_template import merged
 from gemini_operator.core.spec import JobSpec, Persistence, RunAs, TrainerTemplate
@@ -298,10 +298,10 @@ def _common_env(job: JobRef, spec: JobSpec, rank: int, config: RenderConfig) -> 
         _value("GEMINI_REPLICAS", spec.checkpoint.replicas),
         {"name": "GEMINI_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": naming.secret_name(job.name), "key": naming.SECRET_TOKEN_KEY}}},
-        # optional: a Secret made by an older operator has none (the job token then does all)
-        {"name": CONTROL_DIGEST_ENV, "valueFrom": {"secretKeyRef": {
-            "name": naming.secret_name(job.name), "key": naming.SECRET_CONTROL_DIGEST_KEY,
-            "optional": True}}},
+        # not optional: a pod without it would let the job token make every call. A Secret
+        # made by an operator before signatures has none: re-create such a job (install.md).
+        {"name": CONTROL_PUBLIC_KEY_ENV, "valueFrom": {"secretKeyRef": {
+            "name": naming.secret_name(job.name), "key": naming.SECRET_CONTROL_PUBLIC_KEY_KEY}}},
     ]
 
 

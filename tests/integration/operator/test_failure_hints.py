@@ -6,6 +6,7 @@ that name, or from a replica that does not lead starts no poll."""
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import threading
 import time
@@ -18,6 +19,8 @@ import pytest
 from gemini.control import paths
 from gemini.control.client import ControlClient, ControlError
 from gemini.control.launcher import FailureHint
+from gemini.control.signing import HINTS_AUDIENCE, Signer
+from gemini.control.verifier import signed_header
 from gemini_operator.calls.hints import HintGate, HintServer
 from gemini_operator.cluster.cache import JobKey
 from gemini_operator.core.render import JobRef
@@ -98,7 +101,7 @@ async def test_a_launcher_whose_process_died_gets_its_job_polled_at_once(
 async def send(operator: Operator, token: str = TOKEN, **fields: Any) -> int:
     hint = FailureHint(**{"namespace": "team", "job": "llm", "uid": UID, "rank": 0,
                           "epoch": 2, **fields})
-    client = ControlClient.for_url(operator.url, token, timeout=5)
+    client = ControlClient.for_url(operator.url, token, timeout=5, audience=HINTS_AUDIENCE)
     try:
         await asyncio.to_thread(client.failure_hint, hint)
         return 202
@@ -134,12 +137,39 @@ async def test_malformed_or_oversized_hints_are_refused(operator: Operator, body
         import http.client
 
         conn = http.client.HTTPConnection("127.0.0.1", operator.server.port, timeout=5)
-        conn.request("POST", f"{paths.FAILURE_HINT_PATH}?namespace=team&job=llm&uid={UID}",
-                     body=body,
-                     headers={"Authorization": f"Bearer {TOKEN}"})
+        target = f"{paths.FAILURE_HINT_PATH}?namespace=team&job=llm&uid={UID}"
+        conn.request("POST", target, body=body, headers={"Authorization": signed_header(
+            Signer.job(TOKEN), "POST", target, HINTS_AUDIENCE, body)})
         status = conn.getresponse().status
         conn.close()
         return status
 
     assert await asyncio.to_thread(post) in (400, 413)
     assert operator.polled == []
+
+
+async def test_a_recorded_hint_is_refused_again_and_a_bearer_token_is_nobodys(
+        operator: Operator) -> None:
+    """Issue 45, item 3: the job token never crosses the network, and a recorded hint is of
+    no use: replayed, or with another body, it is refused."""
+    target = f"{paths.FAILURE_HINT_PATH}?namespace=team&job=llm&uid={UID}"
+    body = json.dumps(FailureHint("team", "llm", UID, 0, 2).to_json()).encode()
+    recorded = signed_header(Signer.job(TOKEN), "POST", target, HINTS_AUDIENCE, body)
+
+    def post(header: str, sent: bytes = body) -> int:
+        import http.client
+
+        conn = http.client.HTTPConnection("127.0.0.1", operator.server.port, timeout=5)
+        conn.request("POST", target, body=sent, headers={"Authorization": header})
+        status = conn.getresponse().status
+        conn.close()
+        return status
+
+    assert TOKEN not in recorded
+    assert await asyncio.to_thread(post, recorded) == 202
+    assert await asyncio.to_thread(post, recorded) == 401  # replayed
+    other = json.dumps(FailureHint("team", "llm", UID, 1, 2).to_json()).encode()
+    fresh = signed_header(Signer.job(TOKEN), "POST", target, HINTS_AUDIENCE, body)
+    assert await asyncio.to_thread(post, fresh, other) == 400  # not the body signed
+    assert await asyncio.to_thread(post, f"Bearer {TOKEN}") == 401
+    assert len(operator.polled) == 1

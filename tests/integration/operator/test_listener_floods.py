@@ -19,6 +19,8 @@ import pytest
 from gemini.control import paths
 from gemini.control.client import ControlClient
 from gemini.control.launcher import FailureHint
+from gemini.control.signing import HINTS_AUDIENCE, Signer
+from gemini.control.verifier import signed_header
 from gemini.serving import probes
 from gemini.serving.gate import ConnectionLimits
 from gemini_operator.calls import hints
@@ -87,7 +89,8 @@ async def hint_server(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[HintServ
 
 def send_hint(port: int) -> float:
     """A launcher's hint, as the launcher sends it; how long it took."""
-    client = ControlClient.for_url(f"http://127.0.0.1:{port}", TOKEN, timeout=5)
+    client = ControlClient.for_url(f"http://127.0.0.1:{port}", TOKEN, timeout=5,
+                                   audience=HINTS_AUDIENCE)
     started = time.monotonic()
     assert client.failure_hint(FailureHint("team", "llm", UID, 0, 1)).polling
     return time.monotonic() - started
@@ -128,8 +131,9 @@ async def test_a_wrong_token_is_refused_before_any_body_byte_is_read(
 
 async def test_a_body_that_does_not_come_is_given_up_at_the_read_deadline(
         hint_server: HintServer) -> None:
-    head = (f"POST {paths.FAILURE_HINT_PATH}?namespace=team&job=llm&uid={UID} HTTP/1.1\r\n"
-            f"Host: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+    target = f"{paths.FAILURE_HINT_PATH}?namespace=team&job=llm&uid={UID}"
+    signed = signed_header(Signer.job(TOKEN), "POST", target, HINTS_AUDIENCE, b"x" * 4000)
+    head = (f"POST {target} HTTP/1.1\r\nHost: x\r\nAuthorization: {signed}\r\n"
             "Content-Type: application/json\r\nContent-Length: 4000\r\n\r\n")
     status, took = await asyncio.to_thread(post_raw, hint_server.port, head, b'{"name')
     assert status == 400 and 0.4 < took < 2.0
@@ -137,8 +141,10 @@ async def test_a_body_that_does_not_come_is_given_up_at_the_read_deadline(
 
 async def test_a_hint_that_names_no_job_in_its_query_is_refused_unread(
         hint_server: HintServer) -> None:
+    signed = signed_header(Signer.job(TOKEN), "POST", paths.FAILURE_HINT_PATH, HINTS_AUDIENCE,
+                           b"x" * 4000)
     head = (f"POST {paths.FAILURE_HINT_PATH} HTTP/1.1\r\nHost: x\r\n"
-            f"Authorization: Bearer {TOKEN}\r\nContent-Length: 4000\r\n\r\n")
+            f"Authorization: {signed}\r\nContent-Length: 4000\r\n\r\n")
     status, took = await asyncio.to_thread(post_raw, hint_server.port, head)
     assert status == 400 and took < 1.0
 

@@ -67,7 +67,7 @@ async def test_two_sidecar_processes_replicate_and_a_replacement_fetches_back(tm
 
             # the API refuses callers without a token; probes and metrics are open
             status, body = await _json(http, "GET", procs[0].url + "/inventory", headers={})
-            assert status == 401 and "Bearer" in body["error"]
+            assert status == 401 and "sign the request" in body["error"]
             status, _ = await _json(http, "GET", procs[0].url + "/healthz", headers={})
             assert status == 200
             async with http.get(procs[0].url + "/metrics") as resp:

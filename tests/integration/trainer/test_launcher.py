@@ -19,6 +19,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gemini.control import auth, files
+from gemini.control.signing import (
+    CONTROL_PUBLIC_KEY_ENV,
+    PublicKey,
+    control_public_key,
+    public_key_setting,
+)
+from gemini.control.verifier import signed_header
 from gemini_trainer import standby as warm
 from gemini_trainer.launch_config import LauncherConfig
 from gemini_trainer.launcher import Launcher
@@ -62,12 +69,17 @@ class Running:
             self.thread.join(timeout)
 
     def call(
-        self, method: str, path: str, body: Any = None, token: str | None = TOKEN
+        self, method: str, path: str, body: Any = None,
+        token: str | auth.Credentials | None = TOKEN,
     ) -> tuple[int, dict[str, Any]]:
+        """A bearer job token (taken from loopback), or signed as the operator (Credentials)."""
         data = None if body is None else json.dumps(body).encode()
         url = f"http://127.0.0.1:{self.launcher.port}{path}"
         req = urllib.request.Request(url, data=data, method=method)
-        if token:
+        if isinstance(token, auth.Credentials):
+            req.add_header("Authorization", signed_header(
+                token.signer(), method, path, f"127.0.0.1:{self.launcher.port}", data or b""))
+        elif token:
             req.add_header("Authorization", f"Bearer {token}")
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
@@ -92,15 +104,15 @@ class Running:
 def start(tmp_path: Path) -> Iterator[Any]:
     started: list[Running] = []
 
-    def _start(*child_args: str, status_file: Path | None = None, control_sha256: str = "",
-               **env: str) -> Running:
+    def _start(*child_args: str, status_file: Path | None = None,
+               control_public_key: PublicKey | None = None, **env: str) -> Running:
         config = LauncherConfig(
             command=(sys.executable, "-c", CHILD, str(tmp_path / "starts"), *child_args),
             port=0,
             token=TOKEN,
             status_file=status_file,
             grace_s=2.0,
-            control_sha256=control_sha256,
+            control_public_key=control_public_key,
         )
         running = Running(Launcher(config, env={**os.environ, **env}))
         started.append(running)
@@ -178,15 +190,18 @@ def test_requests_without_the_job_token_or_with_bad_bodies_are_refused(start: An
     assert running.status()["restarts"] == 0
 
 
-def test_with_the_control_digest_the_job_token_only_reads(start: Any) -> None:
+def test_with_the_operators_key_the_job_token_only_reads(start: Any) -> None:
     """Another pod of the job holds the job token: it must not restart or stop this one."""
-    running = start("-1", control_sha256=auth.control_digest(CONTROL))
+    key = public_key_setting({CONTROL_PUBLIC_KEY_ENV: control_public_key(CONTROL)})
+    running = start("-1", control_public_key=key)
     running.until(lambda s: s["state"] == "running")
     assert running.call("GET", "/status")[0] == 200  # the job token reads
     assert running.call("POST", "/restart", {"epoch": 2})[0] == 401
     assert running.call("POST", "/stop")[0] == 401
     assert running.status()["restarts"] == 0 and running.status()["state"] == "running"
-    assert running.call("POST", "/restart", {"epoch": 2}, token=CONTROL)[0] == 200
+    assert running.call("POST", "/restart", {"epoch": 2}, token=CONTROL)[0] == 401  # bearer
+    assert running.call("POST", "/restart", {"epoch": 2},
+                        token=auth.Credentials(CONTROL))[0] == 200  # signed
     running.until(lambda s: s["restarts"] == 1)
 
 

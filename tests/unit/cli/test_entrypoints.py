@@ -16,7 +16,7 @@ from packaging.requirements import Requirement
 DEV_ONLY = ("gemini_local", "gemini_demo", "matplotlib")
 # The modules of the `sidecar` extra (pyproject.toml; botocore comes with boto3): the operator
 # image does not install them, so `gemini operator run` and `gemini launch` must not load them.
-SIDECAR_ONLY = ("boto3", "botocore", "numpy", "isal", "cryptography")
+SIDECAR_ONLY = ("boto3", "botocore", "numpy", "isal")
 PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 
 # What each command imports to run: its parser, then the modules its `func` imports.
@@ -57,7 +57,7 @@ def test_only_the_sidecar_loads_the_sidecar_extra(name):
     argv, modules = ENTRYPOINTS[name]
     assert loaded_dev_modules(argv, modules, SIDECAR_ONLY) == []
     assert set(loaded_dev_modules(*ENTRYPOINTS["sidecar"], SIDECAR_ONLY)) >= {
-        "boto3", "numpy", "isal", "cryptography"}
+        "boto3", "numpy", "isal"}
 
 
 def test_the_sidecar_extra_is_what_the_check_above_looks_for():

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import base64
-import hashlib
 
+from gemini.control.signing import control_public_key
 from gemini_operator.core import children, naming, render
 from gemini_operator.core.spec import parse_spec
 from tests.unit.operator.builders import make_job
@@ -75,9 +75,9 @@ def test_env_carries_rank_world_rendezvous_and_the_token_from_the_secret():
         assert env["GEMINI_AUTH_TOKEN"] == {"secretKeyRef": {"name": "train-peer-auth",
                                                              "key": "token"}}
         assert env["GEMINI_POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}
-        # the control token's digest, not the token; optional for Secrets of older operators
-        assert env["GEMINI_CONTROL_TOKEN_SHA256"] == {"secretKeyRef": {
-            "name": "train-peer-auth", "key": "control-sha256", "optional": True}}
+        # the public key of the operator's signatures, not the control token; not optional
+        assert env["GEMINI_CONTROL_PUBLIC_KEY"] == {"secretKeyRef": {
+            "name": "train-peer-auth", "key": "control-public-key"}}
     assert trainer_env["MASTER_ADDR"] == "train-worker-0.train.ml.svc.cluster.local"
     assert trainer_env["RANK"] == "2" and trainer_env["WORLD_SIZE"] == "4"
     assert trainer_env["PET_NNODES"] == "4"
@@ -137,12 +137,13 @@ def test_headless_service_publishes_not_ready_workers():
     assert service["spec"]["selector"] == naming.worker_selector("train")
 
 
-def test_peer_secret_holds_the_job_token_and_only_a_digest_of_the_control_token():
+def test_peer_secret_holds_the_job_token_and_only_the_public_key_of_the_control_token():
     secret = children.peer_secret(JOB, "s3cr3t-token-0123456789", "c0ntrol-token-0123456789")
     assert secret["metadata"]["name"] == "train-peer-auth"
     values = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
     assert values == {"token": "s3cr3t-token-0123456789",
-                      "control-sha256": hashlib.sha256(b"c0ntrol-token-0123456789").hexdigest()}
+                      "control-public-key": control_public_key("c0ntrol-token-0123456789")}
+    assert "c0ntrol-token-0123456789" not in str(secret)
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     kept = children.control_secret(JOB, "c0ntrol-token-0123456789")
     assert kept["metadata"]["name"] == "train-control"

@@ -12,6 +12,13 @@ from typing import Any, ClassVar
 import pytest
 
 from gemini.control import paths
+from gemini.control.signing import (
+    CONTROL_PUBLIC_KEY_ENV,
+    Caller,
+    control_public_key,
+    public_key_setting,
+)
+from gemini.control.verifier import RequestVerifier
 from gemini_operator.calls.tokens import JobTokens
 from gemini_operator.calls.worker_calls import WorkerCalls
 from gemini_operator.core import naming
@@ -89,7 +96,13 @@ def _calls(kube: FakeKube, port: int) -> WorkerCalls:
 def test_the_steps_come_from_the_jobs_own_sidecar_and_no_credentials_are_read(sidecar):
     kube = _kube([_pod(0), _pod(1, owner="another-job")])
     assert _calls(kube, sidecar).committed_steps(JOB, PERSISTENCE) == [2, 4]
-    assert FakeSidecar.seen == [(paths.COMMITTED_STEPS_PATH, f"Bearer {CONTROL}")]
+    [(path, header)] = FakeSidecar.seen
+    # signed as the operator with this job's control token, which itself is not sent
+    key = public_key_setting({CONTROL_PUBLIC_KEY_ENV: control_public_key(CONTROL)})
+    signed = RequestVerifier(TOKEN.encode(), key).check(
+        header.encode(), "GET", path, f"127.0.0.1:{sidecar}")
+    assert path == paths.COMMITTED_STEPS_PATH and signed is not None
+    assert signed.caller is Caller.OPERATOR and CONTROL not in header
     assert kube.secret_reads == [("team-a", naming.secret_name("train"), "token"),
                                  ("team-a", naming.control_secret_name("train"), "token")]
 
