@@ -1,12 +1,12 @@
 """The control API between the operator, the checkpoint sidecar and the launcher: its paths,
 and the ordering rules its servers require of their callers.
 
-Both APIs are JSON over HTTP with the job token as ``Authorization: Bearer <token>`` (only
-the health and metrics paths are open; gemini.control.auth). This module names their paths;
-the body of every request and answer is a frozen dataclass with ``to_json`` and ``from_json``
-(gemini.control.messages, .inventory, .transfers, .launcher), a refusal is the error answer
-``{"error": "<what to fix>"}`` with a 4xx/5xx status (messages.ErrorAnswer), and the one
-client is gemini.control.client.ControlClient. The field names are the wire names;
+Both APIs are JSON over HTTP, every call signed by the operator or with the job token (only the
+health and metrics paths are open; gemini.control.auth, gemini.control.signing). This module
+names their paths; the body of every request and answer is a frozen dataclass with ``to_json``
+and ``from_json`` (gemini.control.messages, .inventory, .transfers, .launcher), a refusal is the
+error answer ``{"error": "<what to fix>"}`` with a 4xx/5xx status (messages.ErrorAnswer), and
+the one client is gemini.control.client.ControlClient. The field names are the wire names;
 ``to_json`` writes the same JSON the hand-built dicts did before, so older and newer peers
 understand each other. Reading is strict (gemini.control.strict).
 
@@ -76,7 +76,8 @@ RESTORE_PATH = "/restore"  # POST RestoreRequest -> RestoreAnswer
 COMMITTED_STEPS_PATH = "/committed-steps"  # GET -> CommittedStepsAnswer
 INVENTORIES_PATH = "/inventories"  # POST InventoriesRequest -> InventoriesAnswer (a relay)
 SIDECAR_OPEN_PATHS = frozenset({HEALTHZ_PATH, METRICS_PATH})
-# What the trainer of the pod calls with the job token (reads go with it too; see may_call).
+# What the trainer of the pod calls with the job token (reads go with it too; see
+# gemini.control.verifier.admitted).
 SIDECAR_TRAINER_PATHS = frozenset({NOTIFY_PATH, COMMITTED_PATH, PROFILE_PATH})
 
 # -- paths of the launcher's API -------------------------------------------------------------

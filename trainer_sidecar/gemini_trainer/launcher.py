@@ -24,15 +24,16 @@ ErrorAnswer), where the ordering rules of restarts are stated too:
                     process's process_*); no token.
     GET  /healthz   {"status": "ok"} while the API answers; no token.
 
-Every other request needs ``Authorization: Bearer <GEMINI_AUTH_TOKEN>`` (compared in constant
-time); others get 401. With GEMINI_CONTROL_TOKEN_SHA256 (the operator renders it) the job
-token, which every pod of the job holds, may only read (GET); restart and stop need the
-operator's control token, whose SHA-256 that is. The launcher refuses to start without a
-token of at least 16 characters, unless GEMINI_LAUNCHER_INSECURE_LOCAL=1 (``--insecure-local``)
-asks for an open API on a loopback address, for local runs without an operator. A request must
-arrive whole (headers and body) within 10 s, or its connection is closed. It listens on
-GEMINI_LAUNCHER_HOST (default 127.0.0.1; the pod IP so the operator can reach it) and
-GEMINI_LAUNCHER_PORT (default 7071; 0 picks a free port, written to the status file).
+Every other request must be signed (gemini.control.signing: with the job token
+GEMINI_AUTH_TOKEN, or by the operator; a bearer job token only from loopback); others get 401.
+With GEMINI_CONTROL_PUBLIC_KEY (the operator renders it) the job's signature, which every pod of
+the job can make, may only read (GET); restart and stop need the operator's. The launcher
+refuses to start without a token of at least 16 characters, unless
+GEMINI_LAUNCHER_INSECURE_LOCAL=1 (``--insecure-local``) asks for an open API on a loopback
+address, for local runs without an operator. A request must arrive whole (headers and body)
+within 10 s, or its connection is closed. It listens on GEMINI_LAUNCHER_HOST (default 127.0.0.1;
+the pod IP so the operator can reach it) and GEMINI_LAUNCHER_PORT (default 7071; 0 picks a free
+port, written to the status file).
 
 The same status is written atomically to GEMINI_LAUNCHER_STATUS_FILE (if set) on every change.
 Progress: the child gets GEMINI_HEARTBEAT_FILE; the trainer library writes "<step> <unix time>"

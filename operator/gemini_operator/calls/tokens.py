@@ -1,6 +1,7 @@
 """Each job's tokens: the job token (peer auth; every pod holds it) and the operator's
-control token (the only bearer that may drive a pod's sidecar and launcher beyond reads and
-the trainer's own calls; the pods hold only its SHA-256, gemini.control.auth.may_call).
+control token (the only one that may drive a pod's sidecar and launcher beyond reads and
+the trainer's own calls: the operator signs with a key derived from it, and the pods hold only
+its public key, gemini.control.signing; neither token crosses the network).
 
 With a token key (GEMINI_OPERATOR_TOKEN_KEY; the Helm chart makes one and hands it to the
 operator from a Secret of its own namespace), a job's token is HMAC-SHA256(key, namespace/name/

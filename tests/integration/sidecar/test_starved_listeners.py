@@ -210,7 +210,7 @@ async def test_connections_over_the_per_host_limit_are_refused_and_logged_once(
     assert [m.split(":")[0] for m in over if "refused 127.0.0.1:" in m] == [
         "peer server", "API"], lines
     assert any("refused 4 more from 127.0.0.1" in m for m in over), lines
-    assert sum("without a token that may make it" in m for m in lines) == 2, lines  # + count
+    assert sum("without a signature that may make it" in m for m in lines) == 2, lines  # + count
     assert not any("not-the-token" in m or TOKEN.decode() in m for m in lines)
 
 
