@@ -140,6 +140,7 @@ def test_two_processes_per_node_recover_every_failure_with_the_reference_losses(
 
 
 @pytest.mark.integration
+@pytest.mark.long  # CI: every run through failures equals its reference run, bit for bit
 def test_the_reference_run_is_deterministic_to_the_bit(tmp_path: Path) -> None:
     """Two reference runs side by side print the same loss at every step: what makes a
     comparison with the run through failures meaningful."""

@@ -37,7 +37,11 @@ def run(
     return r.start()
 
 
-@pytest.mark.parametrize("engine", ["deepspeed", "ddp", "fsdp2"])
+# CI: DDP (the engine no other test restores whole). DeepSpeed's and FSDP2's whole-job restores
+# from memory are CI's in test_inprocess_training, datapath/test_fsdp2_recovery and the e2e
+# layer; their twins here run in ./dev long.
+@pytest.mark.parametrize("engine", [pytest.param("deepspeed", marks=pytest.mark.long), "ddp",
+                                    pytest.param("fsdp2", marks=pytest.mark.long)])
 def test_killing_all_trainers_and_restoring_latest_from_memory_continues_bit_exactly(
     engine: str, tmp_path: Path, training_runs: list[TrainingRun],
     shared_references: SharedReferences,
