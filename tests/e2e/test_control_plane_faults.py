@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
 
 from gemini_local import faults, processes
 from gemini_local.controlplane import ControlPlane
@@ -79,8 +80,13 @@ def replicas(gemini_operator: OperatorThread, control_plane: ControlPlane, job_n
 
 
 def lease_holder(kube_api: client.ApiClient, namespace: str) -> str | None:
-    spec: Any = client.CoordinationV1Api(kube_api).read_namespaced_lease(LEASE, namespace).spec
-    return spec.holder_identity
+    try:
+        lease: Any = client.CoordinationV1Api(kube_api).read_namespaced_lease(LEASE, namespace)
+    except ApiException as err:
+        if err.status == 404:  # not taken yet
+            return None
+        raise
+    return lease.spec.holder_identity
 
 
 def recovery_in(job: Job, phases: tuple[str, ...]) -> dict[str, Any] | None:
