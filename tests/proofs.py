@@ -60,7 +60,7 @@ FAULTS: tuple[Kind, ...] = (
 CAPABILITIES: tuple[Kind, ...] = (
     Kind("helm-install", "the operator installed with the Helm chart", True),
     Kind("shipped-examples", "the shipped example manifests train to the reference losses", True),
-    Kind("demo", "`gemini demo` through a crash, a node loss and a group loss", True),
+    Kind("demo", "`gemini demo` through a crash and a node loss", True),
     Kind("kueue-admission", "a queued job admitted by the real Kueue and run", True),
     Kind("kueue-preemption", "a job preempted by Kueue saves to S3 and resumes from it", False),
     Kind("two-procs-per-node", "two training processes per worker pod (numProcPerNode)", True),

@@ -85,6 +85,9 @@ def _fault(state_dir: Path, *args: str) -> None:
     assert result.returncode == 0, result.stderr
 
 
+# ./dev long: every kubelet test of the e2e layer trains across these nodes and recovers from
+# these faults, which would fail without them.
+@pytest.mark.long
 def test_pods_on_different_kubelet_nodes_talk_and_faults_act_on_real_nodes(
         kubelet_cluster: dict[str, Any], core: client.CoreV1Api) -> None:
     state_dir = kubelet_cluster["state_dir"]

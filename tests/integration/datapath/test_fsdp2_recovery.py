@@ -56,6 +56,10 @@ def wait_printed(run: TrainingRun, step: int) -> None:
         time.sleep(0.05)
 
 
+# ./dev long: CI restores FSDP2 in the shipped example's image on kubelet nodes
+# (test_kubelet_nodes.py), and restores from a peer with DeepSpeed; the sidecar's peer path does
+# not depend on the engine.
+@pytest.mark.long
 def test_fsdp2_two_ranks_recover_bit_exactly_from_memory_and_from_the_peer(
     reference: TrainingRun, job: Job
 ) -> None:
