@@ -138,6 +138,7 @@ def force_down(state: Path | None) -> None:
                 os.kill(int(entry.name), signal.SIGKILL)
 
 
+@pytest.mark.long  # CI's demo (tests/e2e/test_demo.py) checks its teardown after a normal end
 def test_sigterm_tears_down_the_demo_once_its_operator_runs(tmp_path: Path) -> None:
     state = tmp_path / "demo"
     log = tmp_path / "demo.log"
@@ -166,7 +167,7 @@ def test_sigterm_tears_down_the_demo_once_its_operator_runs(tmp_path: Path) -> N
         force_down(state)
 
 
-@pytest.mark.long  # a benchmark's clean-up: `./dev long`, the demo's own is in CI above
+@pytest.mark.long  # a benchmark's clean-up, as the demo's above
 def test_sigterm_to_the_recovery_bench_mid_bring_up_tears_down_its_demo(
         tmp_path: Path) -> None:
     """bench/recovery_downtime.py passes the signal on to the demo it runs, waits for its

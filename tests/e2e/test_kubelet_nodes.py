@@ -868,7 +868,8 @@ def test_node_losses_while_replication_lags_over_slowed_kubelet_links_restore_fr
     retire(state_dir, core, added)  # seven kubelets fewer to run beside the next tests
 
 
-@pytest.mark.proves("s3-outage", "suspend-resume", "group-loss-s3", "prometheus-dashboards")
+@pytest.mark.proves("s3-outage", "suspend-resume", "group-loss-s3", "prometheus-dashboards",
+                    "live-metrics")
 def test_one_s3_job_rides_out_an_outage_suspends_resumes_and_restores_a_lost_shard_from_s3(
         kubelet_cluster: dict[str, Any], installed_operator: str, training_nodes: None,
         shared_references: SharedReferences) -> None:

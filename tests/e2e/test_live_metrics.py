@@ -30,7 +30,9 @@ from tests.fixtures.s3 import S3Server, create_credentials_secret, persistence_s
 from tests.unit.operator.builders import make_job
 from tests.unit.packaging.test_dashboard import metric_names, queries
 
-pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.s3,
+# ./dev long: CI's proof of live scrapes counting recoveries is the kubelet S3 case's real
+# Prometheus (test_kubelet_nodes.py, with every dashboard panel and an alert).
+pytestmark = [pytest.mark.cluster, pytest.mark.e2e, pytest.mark.s3, pytest.mark.long,
               pytest.mark.proves("live-metrics")]
 
 REPO = Path(__file__).resolve().parents[2]
