@@ -14,6 +14,7 @@ the network.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from gemini.control.signing import Signer
@@ -30,7 +31,9 @@ class Credentials:
 
     token: str
 
+    @functools.cached_property
     def signer(self) -> Signer:
+        """Derived once per Credentials: one call's clients (a rank each) share it."""
         return Signer.operator(self.token)
 
 
@@ -41,5 +44,5 @@ def signer_of(token: Bearer) -> Signer | None:
     """How a client signs: as the operator (Credentials), as the job (a job token), or not at
     all (no token: the open paths only)."""
     if isinstance(token, Credentials):
-        return token.signer()
+        return token.signer
     return Signer.job(token) if token else None

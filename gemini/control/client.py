@@ -52,7 +52,7 @@ from gemini.control.paths import (
     STATUS_PATH,
     STOP_PATH,
 )
-from gemini.control.signing import audience_of
+from gemini.control.signing import Signer, audience_of
 from gemini.control.strict import parse_json, shown
 from gemini.control.transfers import (
     CommitAnswer,
@@ -68,7 +68,6 @@ from gemini.control.transfers import (
     RestoreRequest,
     TransferRunning,
 )
-from gemini.control.verifier import signed_header
 
 T = TypeVar("T")
 DEFAULT_TIMEOUT_SECONDS = 5.0
@@ -189,6 +188,12 @@ class _RefusalLog:
 
 
 _REFUSALS = _RefusalLog()
+
+
+def signed_header(signer: Signer, method: str, target: str, audience: str,
+                  body: bytes = b"") -> str:
+    """The Authorization header for a request sent now (gemini.control.signing)."""
+    return signer.header(method, target, audience, body, time.time())
 
 
 class ControlClient:

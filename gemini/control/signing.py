@@ -56,17 +56,24 @@ class Caller(Enum):
     JOB = "job"
 
 
+def plain_ip(text: str) -> str:
+    """`text` as an IP without brackets, zone or an IPv4-mapped IPv6 prefix ("::ffff:10.0.0.1");
+    a name as it is."""
+    text = text.strip("[]")
+    try:
+        ip = ipaddress.ip_address(text.split("%", 1)[0])
+    except ValueError:
+        return text
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ip)
+
+
 def audience(host: str, port: int) -> str:
     """The canonical form of an address, the same on both ends: IPv4 as dotted quad (also when
     an IPv6 listener sees it mapped), IPv6 in brackets, a name in lower case."""
-    host = host.strip("[]")
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return f"{host.lower()}:{port}"
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+    ip = plain_ip(host)
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip.lower()}:{port}"
 
 
 def audience_of(sockaddr: object) -> str:
@@ -183,9 +190,6 @@ def signer_caller(scheme: str, data: bytes, signature: bytes, job_token: bytes,
 def is_loopback(host: str) -> bool:
     """Whether a peer's host is this machine (or, in a pod, this pod's network namespace)."""
     try:
-        ip = ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
-    except ValueError:
+        return ipaddress.ip_address(plain_ip(host)).is_loopback
+    except ValueError:  # a name
         return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback

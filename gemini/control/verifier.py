@@ -14,18 +14,11 @@ from gemini.control.signing import (
     Caller,
     PublicKey,
     Signed,
-    Signer,
     canonical,
     is_loopback,
     parse_header,
     signer_caller,
 )
-
-
-def signed_header(signer: Signer, method: str, target: str, audience: str,
-                  body: bytes = b"") -> str:
-    """The Authorization header for a request sent now."""
-    return signer.header(method, target, audience, body, time.time())
 
 
 class NonceLog:

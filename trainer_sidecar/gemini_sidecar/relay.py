@@ -19,9 +19,9 @@ import aiohttp
 from gemini.control import inventory as control_inventory
 from gemini.control import paths
 from gemini.control import strict as control_strict
+from gemini.control.client import signed_header
 from gemini.control.inventory import InventoriesAnswer, InventoriesRequest, Inventory
 from gemini.control.signing import Signer, audience
-from gemini.control.verifier import signed_header
 
 # Sockets one relay call opens at once: a batch is a few dozen ranks.
 MAX_CONNECTIONS = 128

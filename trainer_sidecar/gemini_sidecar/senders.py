@@ -18,22 +18,11 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 
+from gemini.control.signing import plain_ip
 from gemini_sidecar.config import PeerAddress
 
 RESOLVED_FOR_S = 30.0  # a name's addresses are looked up again after this (pods come and go)
 KNOWN_REFRESH_S = 5.0
-
-
-def plain_ip(text: str) -> str:
-    """`text` as an IP without brackets or an IPv4-mapped IPv6 prefix ("::ffff:10.0.0.1")."""
-    text = text.strip("[]")
-    try:
-        ip = ipaddress.ip_address(text)
-    except ValueError:
-        return text
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return str(ip.ipv4_mapped)
-    return str(ip)
 
 
 class SenderCheck:

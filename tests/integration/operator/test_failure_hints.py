@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 
 from gemini.control import paths
-from gemini.control.client import ControlClient, ControlError
+from gemini.control.client import ControlClient, ControlError, signed_header
 from gemini.control.launcher import FailureHint
 from gemini.control.signing import HINTS_AUDIENCE, Signer
-from gemini.control.verifier import signed_header
 from gemini_operator.calls.hints import HintGate, HintServer
 from gemini_operator.cluster.cache import JobKey
 from gemini_operator.core.render import JobRef

@@ -17,10 +17,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from gemini.control import paths
-from gemini.control.client import ControlClient
+from gemini.control.client import ControlClient, signed_header
 from gemini.control.launcher import FailureHint
 from gemini.control.signing import HINTS_AUDIENCE, Signer
-from gemini.control.verifier import signed_header
 from gemini.serving import probes
 from gemini.serving.gate import ConnectionLimits
 from gemini_operator.calls import hints

@@ -11,9 +11,9 @@ import json
 
 import pytest
 
+from gemini.control.client import signed_header
 from gemini.control.signing import CONTROL_PUBLIC_KEY_ENV, Signer, public_key_setting
 from gemini.control.signing import control_public_key as public_key
-from gemini.control.verifier import signed_header
 from tests.integration.sidecar.conftest import TOKEN, free_port, make_config, started
 from tests.integration.sidecar.test_api_hostile_input import _http, _post
 

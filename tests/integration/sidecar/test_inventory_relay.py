@@ -10,13 +10,14 @@ import json
 import pytest
 
 from gemini.control import auth, inventory
+from gemini.control.client import signed_header
 from gemini.control.signing import (
     CONTROL_PUBLIC_KEY_ENV,
     Signer,
     control_public_key,
     public_key_setting,
 )
-from gemini.control.verifier import RequestVerifier, signed_header
+from gemini.control.verifier import RequestVerifier
 from gemini_operator.calls import sidecars as calls
 from tests.integration.sidecar.conftest import TOKEN, free_port, make_config, started
 from tests.integration.sidecar.test_api_hostile_input import _post

@@ -19,13 +19,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gemini.control import auth, files
+from gemini.control.client import signed_header
 from gemini.control.signing import (
     CONTROL_PUBLIC_KEY_ENV,
     PublicKey,
     control_public_key,
     public_key_setting,
 )
-from gemini.control.verifier import signed_header
 from gemini_trainer import standby as warm
 from gemini_trainer.launch_config import LauncherConfig
 from gemini_trainer.launcher import Launcher
@@ -78,7 +78,7 @@ class Running:
         req = urllib.request.Request(url, data=data, method=method)
         if isinstance(token, auth.Credentials):
             req.add_header("Authorization", signed_header(
-                token.signer(), method, path, f"127.0.0.1:{self.launcher.port}", data or b""))
+                token.signer, method, path, f"127.0.0.1:{self.launcher.port}", data or b""))
         elif token:
             req.add_header("Authorization", f"Bearer {token}")
         try:
